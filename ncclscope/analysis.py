@@ -1,0 +1,371 @@
+"""The ``analyze`` pipeline: sources -> first pass -> records -> identity -> tables.
+
+``run_analysis`` returns an :class:`Analysis` holding every table; outputs (terminal,
+JSON) read it and never parse.  Nothing here prints: progress goes to a callback.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+import polars as pl
+
+from ncclscope.parsers.nccl import errors as E
+from ncclscope.parsers.nccl.collectives import (
+    CollSummary,
+    build_collectives,
+    coll_lines,
+    coll_only_comms,
+    proc_comm_stats,
+    summarise,
+)
+from ncclscope.parsers.nccl.identity import Identity, resolve_identity
+from ncclscope.parsers.nccl.records import LineRecords, collect_records
+from ncclscope.parsers.nccl.scan import ScanTarget, scan_inputs
+from ncclscope.schema import (
+    COMMUNICATORS_SCHEMA,
+    CONNECTIONS_SCHEMA,
+    ERRORS_SCHEMA,
+    INPUTS_SCHEMA,
+    validate,
+)
+from ncclscope.sources import Input, Problem, expand_inputs
+
+__all__ = ["Analysis", "Gap", "Progress", "run_analysis"]
+
+#: progress(stage, done, total): stages are "read", "scan", "build".
+Progress = Callable[[str, int, int], None]
+
+_SKIP_REASONS = ("blank", "other", "malformed", "binary", "too_long")
+
+
+@dataclass(frozen=True)
+class Gap:
+    """Something these logs cannot tell, and the settings that would make them tell it."""
+
+    what: str
+    settings: tuple[str, ...]
+
+
+@dataclass
+class Analysis:
+    """Every table ``analyze`` builds, plus what the reports need to say about the inputs."""
+
+    paths: list[str]
+    inputs: pl.DataFrame  # INPUTS_SCHEMA
+    notes: dict[str, list[str]]  # path -> messages about that input
+    problems: list[Problem]
+    nccl_versions: list[str]
+    cuda_versions: list[str]
+    hosts: list[str]
+    identity: Identity
+    communicators: pl.DataFrame  # COMMUNICATORS_SCHEMA
+    connections: pl.DataFrame  # CONNECTIONS_SCHEMA
+    transports: list[str]
+    errors: pl.DataFrame  # ERRORS_SCHEMA
+    collectives: pl.LazyFrame | None  # COLLECTIVES_SCHEMA, in Parquet
+    summary: CollSummary | None
+    timestamps: str  # none | partial | full
+    env: dict[str, list[str]]
+    gaps: list[Gap] = field(default_factory=list)
+    workdir: Path | None = None
+
+
+def run_analysis(
+    names: Sequence[str],
+    *,
+    workdir: Path,
+    stdin: BinaryIO | None = None,
+    progress: Progress | None = None,
+) -> Analysis:
+    """Analyse the logs named by ``names`` (files, directories, globs, ``.gz``, ``-``).
+
+    ``workdir`` holds the Parquet stores and decompressed copies; the caller owns it
+    (and should keep it alive while reading ``Analysis.collectives``).
+    """
+
+    def report(stage: str, done: int, total: int) -> None:
+        if progress is not None:
+            progress(stage, done, total)
+
+    inputs, problems = expand_inputs(
+        names, workdir=workdir / "inputs", stdin=stdin, on_copy=lambda _n, b: report("read", b, 0)
+    )
+    paths = [inp.display for inp in inputs]
+    targets = [ScanTarget(k, inp.path) for k, inp in enumerate(inputs) if inp.size_bytes > 0]
+    coll_store = workdir / "coll.parquet"
+    text_store = workdir / "text.parquet"
+    total_bytes = sum(inp.size_bytes for inp in inputs)
+    report("scan", 0, total_bytes)
+    targets = _scan(targets, inputs, coll_store, text_store, problems)
+    report("scan", total_bytes, total_bytes)
+
+    if targets:
+        fast_hosts = (
+            pl.scan_parquet(coll_store).filter(pl.col("fast")).select(pl.col("host").unique())
+            .collect(engine="streaming")["host"].to_list()
+        )
+        text_rows = pl.scan_parquet(text_store).sort("file_id", "i").collect().iter_rows()
+        records = collect_records(text_rows, known_hosts=fast_hosts)
+        lines = coll_lines(coll_store, records)
+        stats = proc_comm_stats(lines)
+    else:
+        records = LineRecords()
+        lines = None
+        stats = pl.DataFrame()
+    report("build", 0, 1)
+    identity = resolve_identity(records, coll_only_comms(stats) if len(stats) else [], paths)
+    collectives = summary = None
+    if lines is not None and len(stats):
+        collectives = build_collectives(lines, stats, identity.members, workdir / "collectives")
+        summary = summarise(collectives)
+    account = _account(inputs, coll_store if targets else None, records)
+    hosts = sorted(set(identity.members["host"].to_list()) | records.hosts)
+    errors = _errors(records, identity)
+    analysis = Analysis(
+        paths=paths,
+        inputs=account,
+        notes={inp.display: list(inp.notes) for inp in inputs if inp.notes},
+        problems=problems,
+        nccl_versions=sorted({v.version for *_, v in records.versions}, key=_version_key),
+        cuda_versions=sorted({v.cuda for *_, v in records.versions}, key=_version_key),
+        hosts=hosts,
+        identity=identity,
+        communicators=_communicators(identity, summary),
+        connections=_connections(records),
+        transports=sorted({c.transport for _p, _l, c in records.connections}),
+        errors=errors,
+        collectives=collectives,
+        summary=summary,
+        timestamps=_timestamps(records, summary),
+        env={k: sorted(v) for k, v in sorted(records.env.items())},
+        workdir=workdir,
+    )
+    analysis.gaps = _gaps(analysis, records)
+    report("build", 1, 1)
+    return analysis
+
+
+def _scan(
+    targets: list[ScanTarget],
+    inputs: list[Input],
+    coll_store: Path,
+    text_store: Path,
+    problems: list[Problem],
+) -> list[ScanTarget]:
+    if not targets:
+        return []
+    try:
+        scan_inputs(targets, coll_store, text_store)
+        return targets
+    except pl.exceptions.PolarsError:
+        pass
+    # One file broke the combined query: find it, report it, scan the rest.
+    good: list[ScanTarget] = []
+    for target in targets:
+        try:
+            scan_inputs([target], coll_store, text_store)
+            good.append(target)
+        except pl.exceptions.PolarsError as err:
+            reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+            problems.append(Problem(inputs[target.file_id].display, f"cannot be read: {reason}"))
+    if good:
+        scan_inputs(good, coll_store, text_store)
+    return good
+
+
+def _version_key(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in v.split(".") if x.isdigit())
+
+
+def _account(inputs: list[Input], coll_store: Path | None, records: LineRecords) -> pl.DataFrame:
+    per_file: dict[int, tuple[int, int]] = {}
+    if coll_store is not None:
+        counts = (
+            pl.scan_parquet(coll_store)
+            .group_by("file_id")
+            .agg(pl.len().alias("lines"), pl.col("fast").sum().alias("fast"))
+            .collect(engine="streaming")
+        )
+        per_file = {r["file_id"]: (r["lines"], r["fast"]) for r in counts.iter_rows(named=True)}
+    rows = []
+    for k, inp in enumerate(inputs):
+        n_lines, fast = per_file.get(k, (0, 0))
+        skipped = records.unparsed.get(k, Counter())
+        parsed = fast + records.parsed.get(k, 0)
+        rows.append(
+            {
+                "path": inp.display,
+                "size_bytes": inp.size_bytes,
+                "lines": n_lines,
+                "parsed": parsed,
+                "unparsed": n_lines - parsed,
+                **{reason: skipped.get(reason, 0) for reason in _SKIP_REASONS},
+                "spliced": records.spliced.get(k, 0),
+            }
+        )
+    return validate(pl.DataFrame(rows, schema=INPUTS_SCHEMA), INPUTS_SCHEMA, "inputs")
+
+
+def _communicators(identity: Identity, summary: CollSummary | None) -> pl.DataFrame:
+    members = identity.members
+    if members.is_empty():
+        return pl.DataFrame(schema=COMMUNICATORS_SCHEMA)
+    grouped = members.group_by("comm_key").agg(
+        pl.col("comm_id").drop_nulls().first().alias("comm_id"),
+        pl.col("nranks").max().cast(pl.Int32).alias("nranks"),
+        pl.len().cast(pl.Int32).alias("members_seen"),
+        pl.coalesce("rank", "comm_rank").drop_nulls().unique().sort().alias("ranks_seen"),
+    )
+    nnodes = pl.DataFrame(
+        {"comm_key": list(identity.nnodes), "nnodes": list(identity.nnodes.values())},
+        schema={"comm_key": pl.String, "nnodes": pl.Int32},
+    )
+    matched = pl.DataFrame(
+        {"comm_key": list(identity.matched_by), "matched_by": list(identity.matched_by.values())},
+        schema={"comm_key": pl.String, "matched_by": pl.String},
+    )
+    per_comm = (
+        summary.per_comm
+        if summary is not None
+        else pl.DataFrame(schema={"comm_key": pl.String, "calls": pl.UInt32, "last_seq": pl.Int64})
+    )
+    frame = (
+        grouped.join(nnodes, on="comm_key", how="left")
+        .join(matched, on="comm_key", how="left")
+        .join(per_comm, on="comm_key", how="left")
+        .with_columns(
+            pl.col("calls").fill_null(0).cast(pl.Int64),
+            pl.col("ranks_seen").cast(pl.List(pl.Int32)),
+        )
+        .select(list(COMMUNICATORS_SCHEMA))
+        .sort(["nranks", "comm_id", "comm_key"], descending=[True, False, False], nulls_last=True)
+    )
+    return validate(frame, COMMUNICATORS_SCHEMA, "communicators")
+
+
+def _connections(records: LineRecords) -> pl.DataFrame:
+    rows = [
+        {
+            "file_id": proc[0],
+            "host": proc[1],
+            "pid": proc[2],
+            "channel": c.channel,
+            "src": c.src,
+            "dst": c.dst,
+            "direction": c.direction,
+            "transport": c.transport,
+            "via": c.via,
+            "line_no": line_no,
+        }
+        for proc, line_no, c in records.connections
+    ]
+    return validate(pl.DataFrame(rows, schema=CONNECTIONS_SCHEMA), CONNECTIONS_SCHEMA, "connections")
+
+
+def _errors(records: LineRecords, identity: Identity) -> pl.DataFrame:
+    ranks: dict[tuple[int, str, int], dict[int | None, int]] = {}
+    for r in identity.members.filter(pl.col("rank").is_not_null()).iter_rows(named=True):
+        ranks.setdefault((r["file_id"], r["host"], r["pid"]), {})[r["cuda_dev"]] = r["rank"]
+    rows = []
+    for group in records.errors:
+        if group.from_warn:
+            kind, severity = E.classify_warn(group.message)
+        else:
+            kind, severity = E.kind_of_code(group.code or 0), "error"
+        by_dev = ranks.get(group.proc, {})
+        rank = next(iter(by_dev.values())) if len(set(by_dev.values())) == 1 else by_dev.get(group.dev)
+        rows.append(
+            {
+                "file_id": group.proc[0],
+                "line_no": group.line_no,
+                "host": group.proc[1],
+                "pid": group.proc[2],
+                "tid": group.tid,
+                "rank": rank,
+                "kind": kind,
+                "severity": severity,
+                "message": group.message,
+                "signature": E.signature(group.message),
+                "src": group.src,
+                "chain": group.chain,
+                "code": group.code,
+                "ts": group.ts,
+            }
+        )
+    frame = pl.DataFrame(rows, schema=ERRORS_SCHEMA).sort("file_id", "line_no")
+    return validate(frame, ERRORS_SCHEMA, "errors")
+
+
+def _timestamps(records: LineRecords, summary: CollSummary | None) -> str:
+    total = records.header_lines + (summary.calls if summary else 0) - len(records.colls)
+    with_ts = records.header_lines_with_ts + (summary.with_ts if summary else 0)
+    with_ts -= sum(1 for *_x, ts in records.colls if ts is not None)
+    if total <= 0 or with_ts <= 0:
+        return "none"
+    return "full" if with_ts >= total else "partial"
+
+
+def _gaps(analysis: Analysis, records: LineRecords) -> list[Gap]:
+    gaps: list[Gap] = []
+    has_nccl = records.header_lines > 0 or (analysis.summary is not None)
+    if not has_nccl:
+        gaps.append(
+            Gap(
+                "No NCCL lines at all: nothing about communicators, transports or collectives.",
+                ("NCCL_DEBUG=INFO", "NCCL_DEBUG_SUBSYS=INIT,COLL"),
+            )
+        )
+        return gaps
+    if analysis.summary is None:
+        gaps.append(
+            Gap(
+                "No COLL lines: collective sequences, hangs and stragglers cannot be followed.",
+                ("NCCL_DEBUG_SUBSYS=INIT,COLL (add COLL to the list you use)",),
+            )
+        )
+    if analysis.identity.members.filter(pl.col("comm_rank").is_not_null()).is_empty():
+        gaps.append(
+            Gap(
+                "No communicator init lines: ranks cannot be tied to hosts, pids and GPUs.",
+                ("NCCL_DEBUG=INFO from process start", "NCCL_DEBUG_SUBSYS must include INIT"),
+            )
+        )
+    if analysis.timestamps != "full":
+        gaps.append(
+            Gap(
+                "NCCL INFO lines carry no time: lateness (stragglers) and how long a collective "
+                "was stuck cannot be measured, only the order of events.",
+                (
+                    "NCCL >= 2.26: NCCL_DEBUG_TIMESTAMP_LEVELS=WARN,INFO",
+                    "NCCL_DEBUG_TIMESTAMP_FORMAT='[%F %T.%6f] '",
+                    "older NCCL: run `ncclscope agent --follow LOG` beside the job to stamp lines",
+                ),
+            )
+        )
+    if "order" in analysis.identity.matched_by.values():
+        gaps.append(
+            Gap(
+                "Some communicators have no commId (NCCL < 2.17): they were matched across "
+                "ranks by size and creation order.",
+                ("NCCL >= 2.18 prints commId on Init lines",),
+            )
+        )
+    if not analysis.nccl_versions:
+        gaps.append(
+            Gap(
+                "No NCCL version banner: the log starts after NCCL initialised, or it was cut.",
+                ("keep the log from process start (NCCL_DEBUG=VERSION at least)",),
+            )
+        )
+    return gaps
+
+
+def new_workdir() -> tempfile.TemporaryDirectory[str]:
+    """A work directory for one analysis (Parquet stores, decompressed inputs)."""
+    return tempfile.TemporaryDirectory(prefix="ncclscope-")

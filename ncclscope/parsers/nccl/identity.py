@@ -1,0 +1,250 @@
+"""Who is who: processes to ranks, communicators matched across ranks (DESIGN §3).
+
+* A process is ``(file_id, host, pid)``: host names repeat across nodes.
+* A communicator pointer is unique only inside one process.  Members of one
+  communicator are matched across processes by ``commId`` (2.17+); before that by
+  (nranks, order of creation in the process), split further when that puts two
+  members with the same rank together (e.g. one 8-rank group per host).
+* The *world* communicator is the largest one (first created on a tie); a rank in it
+  is the global rank.  Processes holding several GPUs map by CUDA device.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+import polars as pl
+
+from ncclscope.parsers.nccl.records import LineRecords, ProcKey
+from ncclscope.schema import MEMBERS_SCHEMA, RANKS_SCHEMA, validate
+
+__all__ = ["CollOnlyComm", "Identity", "Member", "resolve_identity"]
+
+
+@dataclass
+class Member:
+    """One process's handle on one communicator."""
+
+    proc: ProcKey
+    comm: str
+    nranks: int
+    first_line: int
+    comm_rank: int | None = None
+    cuda_dev: int | None = None
+    nvml_dev: int | None = None
+    bus_id: str | None = None
+    comm_id: str | None = None
+    complete: bool = False
+    nnodes: int | None = None
+    local_rank: int | None = None
+    comm_key: str = ""
+    rank: int | None = None  # global rank
+
+
+@dataclass(frozen=True)
+class CollOnlyComm:
+    """A (process, comm pointer) seen only on COLL lines: no init line names its rank."""
+
+    proc: ProcKey
+    comm: str
+    nranks: int
+    first_line: int
+
+
+@dataclass
+class Identity:
+    """The resolved identity tables."""
+
+    members: pl.DataFrame
+    ranks: pl.DataFrame
+    world_key: str | None
+    world_size: int | None
+    matched_by: dict[str, str] = field(default_factory=dict)
+    nnodes: dict[str, int] = field(default_factory=dict)
+
+
+def resolve_identity(
+    records: LineRecords, coll_only: list[CollOnlyComm], paths: list[str]
+) -> Identity:
+    """Build members and ranks from init lines, layouts and (as a fallback) COLL lines."""
+    members = _members_from_init(records)
+    for extra in coll_only:
+        if (extra.proc, extra.comm) not in members:
+            members[(extra.proc, extra.comm)] = Member(
+                extra.proc, extra.comm, extra.nranks, extra.first_line
+            )
+    matched_by = _assign_keys(list(members.values()))
+    world_key, world_size = _world(list(members.values()))
+    _global_ranks(list(members.values()), world_key, records)
+    nnodes = _nnodes(list(members.values()))
+    return Identity(
+        members=_members_frame(list(members.values())),
+        ranks=_ranks_frame(list(members.values()), world_key, paths),
+        world_key=world_key,
+        world_size=world_size,
+        matched_by=matched_by,
+        nnodes=nnodes,
+    )
+
+
+def _members_from_init(records: LineRecords) -> dict[tuple[ProcKey, str], Member]:
+    members: dict[tuple[ProcKey, str], Member] = {}
+    for proc, line_no, ev in records.comm_events:
+        if ev.event != "Init":
+            continue
+        key = (proc, ev.comm)
+        member = members.get(key)
+        if member is None:
+            member = Member(proc, ev.comm, ev.nranks, line_no, comm_rank=ev.rank)
+            members[key] = member
+        elif member.complete:
+            continue  # pointer reused after destroy: keep the first communicator
+        member.comm_rank = ev.rank
+        member.nranks = ev.nranks
+        member.cuda_dev = ev.cuda_dev if ev.cuda_dev is not None else member.cuda_dev
+        member.nvml_dev = ev.nvml_dev if ev.nvml_dev is not None else member.nvml_dev
+        member.bus_id = ev.bus_id or member.bus_id
+        member.comm_id = ev.comm_id or member.comm_id
+        member.complete = member.complete or ev.phase == "COMPLETE"
+    for proc, layout in records.layouts:
+        member = members.get((proc, layout.comm))
+        if member is not None:
+            member.nnodes = layout.nnodes
+            member.local_rank = layout.local_rank
+    return members
+
+
+def _assign_keys(members: list[Member]) -> dict[str, str]:
+    matched_by: dict[str, str] = {}
+    by_proc: dict[ProcKey, list[Member]] = defaultdict(list)
+    for member in members:
+        if member.comm_id:
+            member.comm_key = member.comm_id
+            matched_by[member.comm_key] = "commId"
+        else:
+            by_proc[member.proc].append(member)
+    # Without commId: the k-th communicator of size n that a process created.
+    base: dict[str, list[Member]] = defaultdict(list)
+    for proc_members in by_proc.values():
+        seen: Counter[int] = Counter()
+        for member in sorted(proc_members, key=lambda m: m.first_line):
+            base[f"n{member.nranks}#{seen[member.nranks]}"].append(member)
+            seen[member.nranks] += 1
+    for key, group in base.items():
+        parts = _partition(group)
+        for index, part in enumerate(parts):
+            part_key = key if len(parts) == 1 else f"{key}/{index}"
+            for member in part:
+                member.comm_key = part_key
+            matched_by[part_key] = "order"
+    return matched_by
+
+
+def _partition(group: list[Member]) -> list[list[Member]]:
+    """Split members that cannot be one communicator (a rank twice, or too many)."""
+    nranks = group[0].nranks
+    ranks = [m.comm_rank for m in group]
+    if len(group) <= nranks and len(set(ranks)) == len(ranks):
+        return [group]
+    parts: list[list[Member]] = []
+    for member in sorted(group, key=lambda m: m.proc):
+        for part in parts:
+            taken = {m.comm_rank for m in part}
+            if len(part) < nranks and (member.comm_rank is None or member.comm_rank not in taken):
+                part.append(member)
+                break
+        else:
+            parts.append([member])
+    return parts
+
+
+def _world(members: list[Member]) -> tuple[str | None, int | None]:
+    if not members:
+        return None, None
+    stats: dict[str, tuple[int, int, int]] = {}
+    for member in members:
+        n, seen, first = stats.get(member.comm_key, (member.nranks, 0, member.first_line))
+        stats[member.comm_key] = (n, seen + 1, min(first, member.first_line))
+    key = max(stats, key=lambda k: (stats[k][0], stats[k][1], -stats[k][2]))
+    return key, stats[key][0]
+
+
+def _global_ranks(members: list[Member], world_key: str | None, records: LineRecords) -> None:
+    by_dev: dict[ProcKey, dict[int | None, int]] = defaultdict(dict)
+    for member in members:
+        if member.comm_key == world_key and member.comm_rank is not None:
+            member.rank = member.comm_rank
+            by_dev[member.proc][member.cuda_dev] = member.comm_rank
+    for member in members:
+        if member.rank is not None:
+            continue
+        world = by_dev.get(member.proc)
+        if world and len(world) == 1:
+            member.rank = next(iter(world.values()))
+        elif world and member.cuda_dev in world:
+            member.rank = world[member.cuda_dev]
+        elif not world and member.comm_rank is None:
+            hints = records.rank_hints.get(member.proc)
+            if hints and len(hints) == 1:
+                member.comm_rank = next(iter(hints))
+
+
+def _nnodes(members: list[Member]) -> dict[str, int]:
+    hosts: dict[str, set[str]] = defaultdict(set)
+    logged: dict[str, int] = {}
+    for member in members:
+        hosts[member.comm_key].add(member.proc[1])
+        if member.nnodes is not None:
+            logged[member.comm_key] = max(logged.get(member.comm_key, 0), member.nnodes)
+    # NCCL's own count beats host names, which can collide across nodes.
+    return {key: logged.get(key, len(names)) for key, names in hosts.items()}
+
+
+def _members_frame(members: list[Member]) -> pl.DataFrame:
+    rows = [
+        {
+            "file_id": m.proc[0],
+            "host": m.proc[1],
+            "pid": m.proc[2],
+            "comm": m.comm,
+            "comm_key": m.comm_key,
+            "comm_id": m.comm_id,
+            "comm_rank": m.comm_rank,
+            "nranks": m.nranks,
+            "cuda_dev": m.cuda_dev,
+            "nvml_dev": m.nvml_dev,
+            "bus_id": m.bus_id,
+            "complete": m.complete,
+            "line_no": m.first_line,
+            "rank": m.rank,
+        }
+        for m in members
+    ]
+    frame = pl.DataFrame(rows, schema=MEMBERS_SCHEMA)
+    frame = frame.sort("comm_key", "comm_rank", "file_id", "host", "pid", nulls_last=True)
+    return validate(frame, MEMBERS_SCHEMA, "members")
+
+
+def _ranks_frame(members: list[Member], world_key: str | None, paths: list[str]) -> pl.DataFrame:
+    rows = []
+    world = [m for m in members if m.comm_key == world_key and m.comm_rank is not None]
+    local_by_host: dict[str, int] = Counter()
+    for member in sorted(world, key=lambda m: m.comm_rank or 0):
+        local = member.local_rank
+        if local is None:
+            local = local_by_host[member.proc[1]]
+        local_by_host[member.proc[1]] += 1
+        rows.append(
+            {
+                "rank": member.comm_rank,
+                "host": member.proc[1],
+                "pid": member.proc[2],
+                "path": paths[member.proc[0]],
+                "cuda_dev": member.cuda_dev,
+                "nvml_dev": member.nvml_dev,
+                "bus_id": member.bus_id,
+                "local_rank": local,
+            }
+        )
+    return validate(pl.DataFrame(rows, schema=RANKS_SCHEMA), RANKS_SCHEMA, "ranks")

@@ -1,0 +1,214 @@
+"""Second pass, Python side: the non-COLL lines into records, grouped per table.
+
+The first pass leaves a few thousand lines (init, connections, warnings, banners) in
+the text store; this module runs the reference line parser over them in file order
+and collects what each table needs.  Everything here is per line and per process;
+cross-rank identity is decided in ``identity.py``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+
+from ncclscope.parsers.nccl import errors as E
+from ncclscope.parsers.nccl.lines import (
+    Chain,
+    Coll,
+    CommEvent,
+    Connection,
+    EnvSetting,
+    Message,
+    NodeLayout,
+    ParsedLine,
+    RankHint,
+    Version,
+    parse_line,
+)
+
+__all__ = ["ErrorGroup", "LineRecords", "ProcKey", "collect_records"]
+
+#: A process: (file_id, host, pid).  Host names repeat across nodes; the file keeps
+#: two containers that both call themselves ``localhost`` with pid 7 apart.
+ProcKey = tuple[int, str, int]
+
+_TOO_LONG = 1 << 16
+
+
+@dataclass
+class ErrorGroup:
+    """A WARN (or an orphan return-code chain) and the chain lines that followed it."""
+
+    proc: ProcKey
+    tid: int
+    dev: int | None
+    line_no: int
+    message: str
+    src: str | None
+    ts: datetime | None
+    chain: list[str] = field(default_factory=list)
+    code: int | None = None
+    from_warn: bool = True
+    closed: bool = False  # a chain line was seen: the next WARN starts a new group
+
+
+@dataclass
+class LineRecords:
+    """Everything the Python parser found, per table, plus the line account."""
+
+    versions: list[tuple[int, str | None, int | None, Version]] = field(default_factory=list)
+    comm_events: list[tuple[ProcKey, int, CommEvent]] = field(default_factory=list)
+    layouts: list[tuple[ProcKey, NodeLayout]] = field(default_factory=list)
+    connections: list[tuple[ProcKey, int, Connection]] = field(default_factory=list)
+    rank_hints: dict[ProcKey, Counter[int]] = field(default_factory=dict)
+    colls: list[tuple[ProcKey, int, int, Coll, datetime | None]] = field(default_factory=list)
+    errors: list[ErrorGroup] = field(default_factory=list)
+    env: dict[str, set[str]] = field(default_factory=dict)
+    hosts: set[str] = field(default_factory=set)
+    #: per file_id: reason -> lines
+    unparsed: dict[int, Counter[str]] = field(default_factory=dict)
+    #: per file_id: first line number per reason (to point the user at the damage)
+    first_bad: dict[int, dict[str, int]] = field(default_factory=dict)
+    parsed: Counter[int] = field(default_factory=Counter)
+    #: per file_id: lines that held two processes' writes glued together
+    spliced: Counter[int] = field(default_factory=Counter)
+    header_lines: int = 0
+    header_lines_with_ts: int = 0
+
+    def skip(self, file_id: int, line_no: int, reason: str) -> None:
+        """Count a line that carries no record, remembering the first of each reason."""
+        self.unparsed.setdefault(file_id, Counter())[reason] += 1
+        self.first_bad.setdefault(file_id, {}).setdefault(reason, line_no)
+
+
+def _is_binary(text: str) -> bool:
+    if "\ufffd" in text or "\x00" in text:
+        return True
+    control = sum(1 for ch in text if ch < "\t" or "\r" < ch < " ")
+    return control > max(2, len(text) // 20)
+
+
+def collect_records(
+    rows: Iterable[tuple[int, int, int, str | None, int]], known_hosts: Iterable[str] = ()
+) -> LineRecords:
+    """Parse the text-store rows ``(file_id, line_no, kind, text, n_chars)`` in file order.
+
+    ``kind`` is the first pass's class: 0 blank, 2 carries an NCCL marker, 3 other text.
+    ``known_hosts`` are host names seen on intact lines elsewhere (the fast COLL path);
+    they repair the host of a spliced line, whose host may carry the other write's tail.
+    """
+    out = LineRecords()
+    open_groups: dict[tuple[ProcKey, int], ErrorGroup] = {}
+    spliced: list[tuple[int, int, ParsedLine]] = []
+    for file_id, line_no, kind, text, n_chars in rows:
+        if kind == 0 or text is None:
+            out.skip(file_id, line_no, "blank")
+            continue
+        if n_chars > _TOO_LONG:
+            out.skip(file_id, line_no, "too_long")
+            continue
+        if kind != 2:
+            out.skip(file_id, line_no, "binary" if _is_binary(text) else "other")
+            continue
+        parsed = parse_line(text)
+        if parsed is None:
+            reason = "binary" if _is_binary(text) else "malformed"
+            out.skip(file_id, line_no, reason)
+            continue
+        if parsed.spliced:
+            # The head of another process's write was lost in the splice; the tail is
+            # a whole line, kept once every intact host name is known.
+            out.spliced[file_id] += 1
+            spliced.append((file_id, line_no, parsed))
+            continue
+        _take(out, parsed, file_id, line_no, open_groups)
+    hosts = sorted(out.hosts | set(known_hosts), key=len, reverse=True)
+    for file_id, line_no, parsed in spliced:
+        _take(out, _repair_host(parsed, hosts), file_id, line_no, open_groups)
+    return out
+
+
+def _repair_host(parsed: ParsedLine, hosts: list[str]) -> ParsedLine:
+    header = parsed.header
+    if header is None or header.host in hosts:
+        return parsed
+    for host in hosts:  # longest first: "node-1" must not win over "node-12"
+        if header.host.endswith(host):
+            return replace(parsed, header=replace(header, host=host))
+    return parsed
+
+
+def _take(
+    out: LineRecords,
+    parsed: ParsedLine,
+    file_id: int,
+    line_no: int,
+    open_groups: dict[tuple[ProcKey, int], ErrorGroup],
+) -> None:
+    header = parsed.header
+    body = parsed.body
+    if header is None:
+        if isinstance(body, Version):
+            out.versions.append((file_id, None, None, body))
+            out.parsed[file_id] += 1
+        return
+    out.parsed[file_id] += 1
+    if not parsed.spliced:
+        out.hosts.add(header.host)
+    proc: ProcKey = (file_id, header.host, header.pid)
+    out.header_lines += 1
+    if parsed.ts_source == "nccl":
+        out.header_lines_with_ts += 1
+    if isinstance(body, Coll):
+        out.colls.append((proc, line_no, header.tid, body, parsed.ts))
+    elif isinstance(body, CommEvent):
+        out.comm_events.append((proc, line_no, body))
+    elif isinstance(body, NodeLayout):
+        out.layouts.append((proc, body))
+    elif isinstance(body, Connection):
+        out.connections.append((proc, line_no, body))
+    elif isinstance(body, RankHint):
+        out.rank_hints.setdefault(proc, Counter())[body.rank] += 1
+    elif isinstance(body, Version):
+        out.versions.append((file_id, header.host, header.pid, body))
+    elif isinstance(body, EnvSetting):
+        out.env.setdefault(body.name, set()).add(body.value)
+    elif isinstance(body, Chain):
+        _chain(out, proc, header.tid, header.dev, line_no, body, parsed.ts, open_groups)
+    elif isinstance(body, Message) and parsed.kind == "warn":
+        key = (proc, header.tid)
+        group = open_groups.get(key)
+        if group is not None and not group.closed and group.from_warn:
+            # Consecutive WARNs of one thread describe one failure (e.g. a HINT line).
+            return
+        src = f"{header.src_file}:{header.src_line}" if header.src_file else None
+        group = ErrorGroup(proc, header.tid, header.dev, line_no, body.text, src, parsed.ts)
+        open_groups[key] = group
+        out.errors.append(group)
+
+
+def _chain(
+    out: LineRecords,
+    proc: ProcKey,
+    tid: int,
+    dev: int | None,
+    line_no: int,
+    body: Chain,
+    ts: datetime | None,
+    open_groups: dict[tuple[ProcKey, int], ErrorGroup],
+) -> None:
+    key = (proc, tid)
+    group = open_groups.get(key)
+    text = f"{body.file}:{body.line} -> {body.code}"
+    if group is None:
+        # A failure returned up the stack with no WARN: still a root cause to report.
+        name = E.RESULT_CODES.get(body.code, f"code {body.code}")
+        message = f"{name} returned at {body.file}:{body.line} (no WARN line before it)"
+        group = ErrorGroup(proc, tid, dev, line_no, message, None, ts, from_warn=False)
+        open_groups[key] = group
+        out.errors.append(group)
+    group.chain.append(text)
+    group.code = body.code
+    group.closed = True

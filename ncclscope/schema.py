@@ -1,0 +1,205 @@
+"""Declared polars schemas for every tidy table, and a checker used at table boundaries.
+
+Columns are snake_case and carry their unit (``size_bytes``, ``total_s``); ``ts`` is a
+UTC datetime; ``ts_source`` says where a time came from (DESIGN §4).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+__all__ = [
+    "COLLECTIVES_SCHEMA",
+    "COLL_STORE_SCHEMA",
+    "COMMUNICATORS_SCHEMA",
+    "CONNECTIONS_SCHEMA",
+    "ERRORS_SCHEMA",
+    "INPUTS_SCHEMA",
+    "LINE_KIND",
+        "MEMBERS_SCHEMA",
+    "RANKS_SCHEMA",
+    "SchemaMismatch",
+    "TEXT_STORE_SCHEMA",
+    "TS",
+    "validate",
+]
+
+TS = pl.Datetime("us", "UTC")
+
+#: Line classes written by the first pass.
+LINE_KIND: dict[str, int] = {"blank": 0, "nccl": 2, "other": 3}
+
+#: First-pass store of every input line; COLL fields are valid only where ``fast``.
+COLL_STORE_SCHEMA = pl.Schema(
+    {
+        "file_id": pl.UInt32,
+        "i": pl.UInt32,  # 1-based line number within the file
+        "fast": pl.Boolean,  # a COLL line parsed by the vectorised path
+        "host": pl.String,
+        "pid": pl.Int32,
+        "op": pl.String,
+        "opcount": pl.Int64,
+        "count": pl.Int64,
+        "dtype": pl.Int16,
+        "redop": pl.Int16,
+        "root": pl.Int32,
+        "comm": pl.String,
+        "nranks": pl.Int32,
+        "ts": TS,
+    }
+)
+
+#: First-pass store of the lines the fast path did not take, for the Python parser.
+TEXT_STORE_SCHEMA = pl.Schema(
+    {
+        "file_id": pl.UInt32,
+        "i": pl.UInt32,
+        "kind": pl.UInt8,  # LINE_KIND
+        "text": pl.String,  # at most MAX_TEXT_CHARS characters
+        "n_chars": pl.Int32,
+    }
+)
+
+#: Per input: lines read, parsed and unparsed, and why lines were not parsed.
+INPUTS_SCHEMA = pl.Schema(
+    {
+        "path": pl.String,
+        "size_bytes": pl.Int64,
+        "lines": pl.Int64,
+        "parsed": pl.Int64,
+        "unparsed": pl.Int64,
+        "blank": pl.Int64,  # empty or whitespace-only lines
+        "other": pl.Int64,  # text that is not NCCL's (framework prints, progress bars)
+        "malformed": pl.Int64,  # carries an NCCL marker but matches no NCCL grammar
+        "binary": pl.Int64,  # invalid UTF-8 or control bytes, no NCCL record
+        "too_long": pl.Int64,  # longer than any NCCL line can be
+        # lines holding two processes' writes glued together: the complete tail was
+        # parsed (counted in parsed), the other write's head fragment was lost
+        "spliced": pl.Int64,
+    }
+)
+
+#: One row per (process, communicator pointer): who holds which rank where.
+MEMBERS_SCHEMA = pl.Schema(
+    {
+        "file_id": pl.UInt32,
+        "host": pl.String,
+        "pid": pl.Int32,
+        "comm": pl.String,  # the %p pointer, unique only inside one process
+        "comm_key": pl.String,  # identity across ranks: commId, else n<nranks>#<order>
+        "comm_id": pl.String,
+        "comm_rank": pl.Int32,
+        "nranks": pl.Int32,
+        "cuda_dev": pl.Int32,
+        "nvml_dev": pl.Int32,
+        "bus_id": pl.String,
+        "complete": pl.Boolean,  # Init COMPLETE seen (not only START)
+        "line_no": pl.UInt32,
+        "rank": pl.Int32,  # global rank (rank in the world communicator) where known
+    }
+)
+
+#: One row per global rank.
+RANKS_SCHEMA = pl.Schema(
+    {
+        "rank": pl.Int32,
+        "host": pl.String,
+        "pid": pl.Int32,
+        "path": pl.String,
+        "cuda_dev": pl.Int32,
+        "nvml_dev": pl.Int32,
+        "bus_id": pl.String,
+        "local_rank": pl.Int32,
+    }
+)
+
+#: One row per communicator matched across ranks.
+COMMUNICATORS_SCHEMA = pl.Schema(
+    {
+        "comm_key": pl.String,
+        "comm_id": pl.String,
+        "nranks": pl.Int32,
+        "nnodes": pl.Int32,
+        "members_seen": pl.Int32,
+        "ranks_seen": pl.List(pl.Int32),
+        "matched_by": pl.String,  # commId | order
+        "calls": pl.Int64,
+        "last_seq": pl.Int64,
+    }
+)
+
+#: One row per COLL line (lives in Parquet; read lazily).
+COLLECTIVES_SCHEMA = pl.Schema(
+    {
+        "file_id": pl.UInt32,
+        "line_no": pl.UInt32,
+        "host": pl.String,
+        "pid": pl.Int32,
+        "tid": pl.Int32,
+        "comm": pl.String,
+        "comm_key": pl.String,
+        "rank": pl.Int32,  # global rank where known, else the communicator rank
+        "comm_rank": pl.Int32,
+        "op": pl.String,
+        "seq": pl.Int64,  # position of the call in its communicator: the instance key
+        "opcount": pl.Int64,
+        "count": pl.Int64,
+        "dtype": pl.Int16,
+        "size_bytes": pl.Int64,
+        "redop": pl.Int16,
+        "root": pl.Int32,
+        "nranks": pl.Int32,
+        "ts": TS,
+        "ts_source": pl.String,
+    }
+)
+
+#: One row per transport connection line.
+CONNECTIONS_SCHEMA = pl.Schema(
+    {
+        "file_id": pl.UInt32,
+        "host": pl.String,
+        "pid": pl.Int32,
+        "channel": pl.Int32,
+        "src": pl.Int32,
+        "dst": pl.Int32,
+        "direction": pl.String,
+        "transport": pl.String,
+        "via": pl.String,
+        "line_no": pl.UInt32,
+    }
+)
+
+#: One row per error group: a WARN (or an orphan return-code chain) and its chain.
+ERRORS_SCHEMA = pl.Schema(
+    {
+        "file_id": pl.UInt32,
+        "line_no": pl.UInt32,
+        "host": pl.String,
+        "pid": pl.Int32,
+        "tid": pl.Int32,
+        "rank": pl.Int32,
+        "kind": pl.String,
+        "severity": pl.String,
+        "message": pl.String,
+        "signature": pl.String,  # the message with numbers and addresses masked, for grouping
+        "src": pl.String,  # NCCL source file:line of the WARN
+        "chain": pl.List(pl.String),  # the `file:line -> code` lines that followed
+        "code": pl.Int32,  # the ncclResult_t the chain returned, when seen
+        "ts": TS,
+    }
+)
+
+
+class SchemaMismatch(ValueError):
+    """A frame does not have the declared schema (a bug in ncclscope, not in the input)."""
+
+
+def validate(df: pl.DataFrame, schema: pl.Schema, name: str) -> pl.DataFrame:
+    """Return ``df`` if its columns and dtypes are exactly ``schema``; raise otherwise."""
+    if df.schema != schema:
+        got = dict(df.schema)
+        want = dict(schema)
+        diff = {k: (got.get(k), want.get(k)) for k in set(got) | set(want) if got.get(k) != want.get(k)}
+        raise SchemaMismatch(f"table {name}: columns differ from its schema: {diff}")
+    return df

@@ -1,0 +1,314 @@
+"""``ncclscope synth``: the command-line face of :mod:`ncclscope.synth`.
+
+The main CLI group registers it with ``cli.add_command(synth)``; it also runs on its own as
+``python -m ncclscope.synth_cli``.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import click
+
+from ncclscope.synth import (
+    ERAS,
+    LAUNCHERS,
+    LAYOUTS,
+    MISMATCH_FIELDS,
+    Fault,
+    IbError,
+    Mismatch,
+    SlowRank,
+    StopRank,
+    SynthSpec,
+    Truth,
+    generate,
+)
+
+__all__ = ["parse_size", "synth"]
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1 << 10,
+    "kb": 1 << 10,
+    "kib": 1 << 10,
+    "m": 1 << 20,
+    "mb": 1 << 20,
+    "mib": 1 << 20,
+    "g": 1 << 30,
+    "gb": 1 << 30,
+    "gib": 1 << 30,
+}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(text: str) -> int:
+    """Parse a size such as ``1GB``, ``200MB``, ``1.5GiB`` or ``4096`` into bytes.
+
+    Units are binary (``1GB`` = ``1GiB`` = 2**30 bytes), matching what ``ls -lh`` shows.
+
+    Raises:
+        ValueError: The text is not a positive size.
+    """
+    m = _SIZE_RE.match(text)
+    if m is None or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"not a size: {text!r} (try 1GB, 200MB, 512KiB or a byte count)")
+    size = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if size <= 0:
+        raise ValueError(f"size must be > 0: {text!r}")
+    return size
+
+
+def _split(value: str, n: int, option: str, shape: str) -> list[str]:
+    parts = value.split(":")
+    if len(parts) != n or not all(parts):
+        raise click.UsageError(f"{option} expects {shape}, got {value!r}")
+    return parts
+
+
+def _int(text: str, option: str, what: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise click.UsageError(f"{option}: {what} must be an integer, got {text!r}") from None
+
+
+def _faults(
+    slow: tuple[str, ...],
+    stop: tuple[str, ...],
+    mismatch: tuple[str, ...],
+    ib: tuple[str, ...],
+) -> tuple[Fault, ...]:
+    out: list[Fault] = []
+    for v in slow:
+        rank, secs = _split(v, 2, "--slow-rank", "RANK:SECONDS")
+        try:
+            lateness = float(secs)
+        except ValueError:
+            raise click.UsageError(f"--slow-rank: SECONDS must be a number, got {secs!r}") from None
+        out.append(SlowRank(_int(rank, "--slow-rank", "RANK"), lateness))
+    for v in stop:
+        rank, inst = _split(v, 2, "--stop-rank", "RANK:INSTANCE")
+        out.append(
+            StopRank(_int(rank, "--stop-rank", "RANK"), _int(inst, "--stop-rank", "INSTANCE"))
+        )
+    for v in mismatch:
+        rank, inst, field = _split(v, 3, "--mismatch", "RANK:INSTANCE:FIELD")
+        if field not in MISMATCH_FIELDS:
+            raise click.UsageError(
+                f"--mismatch: FIELD must be one of {', '.join(MISMATCH_FIELDS)}, got {field!r}"
+            )
+        out.append(
+            Mismatch(
+                _int(rank, "--mismatch", "RANK"),
+                _int(inst, "--mismatch", "INSTANCE"),
+                field,  # type: ignore[arg-type]  # checked against MISMATCH_FIELDS above
+            )
+        )
+    for v in ib:
+        host, inst = _split(v, 2, "--ib-error", "HOST:INSTANCE")
+        out.append(IbError(host, _int(inst, "--ib-error", "INSTANCE")))
+    return tuple(out)
+
+
+def _human(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1024
+    return f"{size} B"  # pragma: no cover - loop always returns
+
+
+def _summary(truth: Truth, out_dir: Path, seconds: float) -> str:
+    size = sum(f.bytes for f in truth.files)
+    lines = sum(f.lines for f in truth.files)
+    files = truth.files[0].path if len(truth.files) == 1 else f"{len(truth.files)} per-rank files"
+    rate = size / seconds / 1e6 if seconds > 0 else 0.0
+    return (
+        f"synth: wrote {files} to {out_dir}: {_human(size)}, {lines:,} lines, "
+        f"{truth.coll_calls:,} COLL calls, {truth.steps_completed} steps, "
+        f"end={truth.end_reason}; truth.json beside it ({seconds:.1f} s, {rate:.0f} MB/s)"
+    )
+
+
+_EPILOG = """\b
+Examples:
+  ncclscope synth --out /tmp/job --ranks 16 --hosts 2 --steps 20 \\
+      --era 2.27 --timestamps --launcher torchrun --slow-rank 5:0.05
+  ncclscope synth --out /tmp/hang --stop-rank 3:40
+  ncclscope synth --out /tmp/big --ranks 64 --hosts 8 --timestamps --size 1GB
+
+\b
+Collective instances are numbered from 0 along the world communicator; one step has
+3 x LAYERS + 1 of them (per layer an AllGather forward, AllGather + ReduceScatter
+backward, then one grad-norm AllReduce).
+"""
+
+
+@click.command("synth", epilog=_EPILOG)
+@click.option(
+    "--out",
+    "out_dir",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Directory to write the logs and truth.json into (created if missing).",
+)
+@click.option("--ranks", default=16, show_default=True, help="Number of ranks (GPUs).")
+@click.option("--hosts", default=2, show_default=True, help="Number of hosts (divides --ranks).")
+@click.option(
+    "--steps",
+    default=10,
+    show_default=True,
+    help="Training steps to emit (ignored with --size).",
+)
+@click.option("--layers", default=4, show_default=True, help="Layers per step.")
+@click.option(
+    "--era",
+    type=click.Choice(ERAS),
+    default="2.27",
+    show_default=True,
+    help="NCCL release whose exact line formats are written.",
+)
+@click.option(
+    "--timestamps/--no-timestamps",
+    default=False,
+    show_default=True,
+    help="NCCL 2.26+ '[%F %T.%6f] ' prefix on INFO and WARN lines (needs --era 2.27).",
+)
+@click.option(
+    "--layout",
+    type=click.Choice(LAYOUTS),
+    default="combined",
+    show_default=True,
+    help="One interleaved job.log, or one <host>.<pid>.log per process (NCCL_DEBUG_FILE).",
+)
+@click.option(
+    "--launcher",
+    type=click.Choice(LAUNCHERS),
+    default="none",
+    show_default=True,
+    help="Launcher line prefix: [default0]:, [rank0]:, '0: ' or 'host: '.",
+)
+@click.option("--seed", default=0, show_default=True, help="Random seed (same seed, same bytes).")
+@click.option(
+    "--non-nccl-frac",
+    default=0.05,
+    show_default=True,
+    help="Fraction of non-NCCL lines (python, DeepSpeed, tqdm, blanks); combined layout only.",
+)
+@click.option(
+    "--size",
+    "size",
+    default=None,
+    metavar="SIZE",
+    help="Emit steps until the output reaches SIZE (e.g. 200MB, 1GB; binary units).",
+)
+@click.option(
+    "--step-time",
+    default=0.5,
+    show_default=True,
+    help="Seconds per training step (before stragglers).",
+)
+@click.option(
+    "--tp-traffic/--no-tp-traffic",
+    default=False,
+    show_default=True,
+    help="Also AllReduce per layer on each intra-host communicator.",
+)
+@click.option(
+    "--host-names",
+    default=None,
+    metavar="A,B,...",
+    help="Comma-separated host names (default node-0, node-1, ...).",
+)
+@click.option(
+    "--slow-rank",
+    multiple=True,
+    metavar="RANK:SECONDS",
+    help="RANK enqueues every collective SECONDS late. Repeatable.",
+)
+@click.option(
+    "--stop-rank",
+    multiple=True,
+    metavar="RANK:INSTANCE",
+    help="RANK never enters world instance INSTANCE; the job hangs there. Repeatable.",
+)
+@click.option(
+    "--mismatch",
+    multiple=True,
+    metavar="RANK:INSTANCE:FIELD",
+    help="RANK logs a different op|count|dtype at INSTANCE, then the job hangs. Repeatable.",
+)
+@click.option(
+    "--ib-error",
+    multiple=True,
+    metavar="HOST:INSTANCE",
+    help="IB completion error on HOST during INSTANCE; the job dies. Repeatable.",
+)
+def synth(
+    out_dir: Path,
+    ranks: int,
+    hosts: int,
+    steps: int,
+    layers: int,
+    era: str,
+    timestamps: bool,
+    layout: str,
+    launcher: str,
+    seed: int,
+    non_nccl_frac: float,
+    size: str | None,
+    step_time: float,
+    tp_traffic: bool,
+    host_names: str | None,
+    slow_rank: tuple[str, ...],
+    stop_rank: tuple[str, ...],
+    mismatch: tuple[str, ...],
+    ib_error: tuple[str, ...],
+) -> None:
+    """Write a synthetic multi-rank NCCL_DEBUG=INFO job log with known ground truth.
+
+    The logs follow the exact NCCL line formats of the chosen --era; truth.json records the
+    ranks, communicators, collective counts and what each injected fault did.
+    """
+    target: int | None = None
+    if size is not None:
+        try:
+            target = parse_size(size)
+        except ValueError as exc:
+            raise click.UsageError(f"--size: {exc}") from None
+    names = tuple(h.strip() for h in host_names.split(",")) if host_names else ()
+    try:
+        spec = SynthSpec(
+            ranks=ranks,
+            hosts=hosts,
+            steps=steps,
+            layers=layers,
+            era=era,  # type: ignore[arg-type]  # click.Choice(ERAS) guarantees it
+            timestamps=timestamps,
+            layout=layout,  # type: ignore[arg-type]
+            launcher=launcher,  # type: ignore[arg-type]
+            seed=seed,
+            non_nccl_frac=non_nccl_frac,
+            target_size_bytes=target,
+            faults=_faults(slow_rank, stop_rank, mismatch, ib_error),
+            host_names=names,
+            step_time_s=step_time,
+            tp_traffic=tp_traffic,
+        )
+    except (ValueError, TypeError) as exc:
+        raise click.UsageError(str(exc)) from None
+    start = time.perf_counter()
+    try:
+        truth = generate(spec, out_dir)
+    except OSError as exc:
+        raise click.ClickException(f"cannot write to {out_dir}: {exc}") from None
+    click.echo(_summary(truth, out_dir, time.perf_counter() - start))
+
+
+if __name__ == "__main__":
+    synth()
