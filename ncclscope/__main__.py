@@ -1,0 +1,5 @@
+"""``python -m ncclscope``."""
+
+from ncclscope.cli import main
+
+main()

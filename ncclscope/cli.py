@@ -1,0 +1,149 @@
+"""The ``ncclscope`` command line: the only module that prints or configures logging."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO
+
+import click
+
+from ncclscope import __version__
+from ncclscope.analysis import new_workdir, run_analysis
+from ncclscope.export.json_report import to_json_dict
+from ncclscope.export.text_report import render_text
+from ncclscope.synth_cli import synth
+from ncclscope.units import human_bytes
+
+__all__ = ["cli", "main"]
+
+#: Inputs smaller than this finish before a progress line would help.
+_PROGRESS_MIN_BYTES = 64 << 20
+
+
+class _Progress:
+    """A one-line progress display on a terminal's stderr, updated from a thread.
+
+    polars runs the scan in native threads without callbacks, so the line shows the
+    stage, the input size and the elapsed time rather than a guessed percentage.
+    """
+
+    def __init__(self, stream: IO[str], *, enabled: bool) -> None:
+        self.stream = stream
+        self.enabled = enabled
+        self.stage = "reading"
+        self.detail = ""
+        self.start = time.monotonic()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def update(self, stage: str, done: int, total: int) -> None:
+        names = {"read": "reading", "scan": "parsing", "build": "matching ranks"}
+        self.stage = names.get(stage, stage)
+        if stage == "scan" and total:
+            self.detail = human_bytes(total)
+            if not self.enabled and total >= _PROGRESS_MIN_BYTES and self.stream.isatty():
+                self.enabled = True
+                self._thread = threading.Thread(target=self._run, daemon=True)
+                self._thread.start()
+        elif stage == "read":
+            self.detail = human_bytes(done)
+
+    def _run(self) -> None:
+        spinner = "|/-\\"
+        k = 0
+        while not self._stop.wait(0.2):
+            elapsed = time.monotonic() - self.start
+            self.stream.write(f"\r{spinner[k % 4]} {self.stage} {self.detail} ... {elapsed:5.1f}s ")
+            self.stream.flush()
+            k += 1
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self.stream.write("\r" + " " * 60 + "\r")
+            self.stream.flush()
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="ncclscope")
+@click.option("-v", "--verbose", count=True, help="Log more to stderr (-v info, -vv debug).")
+def cli(verbose: int) -> None:
+    """Diagnose distributed GPU training from the NCCL logs it already writes.
+
+    \b
+    Start with:  ncclscope analyze run.log
+    """
+    level = logging.WARNING - 10 * min(verbose, 2)
+    logging.basicConfig(level=level, format="ncclscope: %(levelname)s: %(message)s")
+
+
+@cli.command()
+@click.argument("paths", nargs=-1, required=True, metavar="PATH...")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="text: a summary to read; json: the ncclscope.analysis/1 contract.",
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, writable=True, path_type=Path),
+    help="Write the report to this file instead of stdout.",
+)
+@click.option("--no-progress", is_flag=True, help="Never show the progress line on stderr.")
+def analyze(paths: tuple[str, ...], fmt: str, output: Path | None, no_progress: bool) -> None:
+    """Analyse NCCL_DEBUG=INFO logs: versions, ranks, communicators, collectives, errors.
+
+    PATH may be a file, a directory (every log inside, recursively), a glob
+    ('logs/*.log', quoted), a .gz file, or - for standard input. One file per rank
+    (NCCL_DEBUG_FILE=%h.%p, torchrun --log-dir) or one combined file both work.
+
+    \b
+    Examples:
+      ncclscope analyze fixtures/ib-completion-error/
+      ncclscope analyze 'logs/rank*.log' --format json > analysis.json
+      zcat run.log.gz | ncclscope analyze -
+
+    Exit status: 0 analysed (whatever was found), 1 an input could not be read,
+    2 usage error.
+    """
+    progress = _Progress(sys.stderr, enabled=False)
+    if no_progress:
+        progress.update = lambda *_a: None  # type: ignore[method-assign]
+    with new_workdir() as tmp:
+        try:
+            stdin = sys.stdin.buffer if "-" in paths else None
+            analysis = run_analysis(
+                list(paths), workdir=Path(tmp), stdin=stdin, progress=progress.update
+            )
+        finally:
+            progress.close()
+        doc = to_json_dict(analysis)
+        text = json.dumps(doc, indent=2) + "\n" if fmt == "json" else render_text(analysis, doc=doc)
+    if output is not None:
+        output.write_text(text, encoding="utf-8")
+    else:
+        click.echo(text, nl=False)
+    for problem in analysis.problems:
+        click.echo(f"ncclscope: {problem.path}: {problem.reason}", err=True)
+    if not analysis.paths:
+        click.echo("ncclscope: no readable input: nothing was analysed", err=True)
+    if analysis.problems or not analysis.paths:
+        sys.exit(1)
+
+
+cli.add_command(synth)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli(prog_name="ncclscope")

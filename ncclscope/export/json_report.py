@@ -1,0 +1,149 @@
+"""``analyze --format json``: the stable contract ``ncclscope.analysis/1``.
+
+Every field is documented in ``docs/json-contract.md``; keep both in step.  Lists
+have a defined order so that consumers (and tests) can compare them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+
+from ncclscope import __version__
+from ncclscope.analysis import Analysis
+
+__all__ = ["SCHEMA", "to_json_dict"]
+
+SCHEMA = "ncclscope.analysis/1"
+
+_REASONS = ("blank", "other", "malformed", "binary", "too_long")
+
+
+def to_json_dict(analysis: Analysis) -> dict[str, Any]:
+    """Build the JSON document (plain dicts and lists) for an analysis."""
+    return {
+        "schema": SCHEMA,
+        "version": __version__,
+        "inputs": _inputs(analysis),
+        "problems": [{"path": p.path, "reason": p.reason} for p in analysis.problems],
+        "job": _job(analysis),
+        "collectives": _collectives(analysis),
+        "errors": _errors(analysis),
+        "gaps": [{"what": g.what, "settings": list(g.settings)} for g in analysis.gaps],
+        "findings": [],
+    }
+
+
+def _inputs(analysis: Analysis) -> list[dict[str, Any]]:
+    rows = []
+    for r in analysis.inputs.sort("path").iter_rows(named=True):
+        rows.append(
+            {
+                "path": r["path"],
+                "size_bytes": r["size_bytes"],
+                "lines": r["lines"],
+                "parsed": r["parsed"],
+                "unparsed": r["unparsed"],
+                "unparsed_by_reason": {k: r[k] for k in _REASONS if r[k]},
+                "spliced": r["spliced"],
+                "notes": analysis.notes.get(r["path"], []),
+            }
+        )
+    return rows
+
+
+def _job(analysis: Analysis) -> dict[str, Any]:
+    ident = analysis.identity
+    ranks = [
+        {
+            "rank": r["rank"],
+            "host": r["host"],
+            "pid": r["pid"],
+            "cuda_dev": r["cuda_dev"],
+            "bus_id": r["bus_id"],
+            "local_rank": r["local_rank"],
+            "path": r["path"],
+        }
+        for r in ident.ranks.sort("rank").iter_rows(named=True)
+    ]
+    comms = [
+        {
+            "comm_id": r["comm_id"],
+            "nranks": r["nranks"],
+            "nnodes": r["nnodes"],
+            "ranks_seen": r["ranks_seen"],
+            "matched_by": r["matched_by"],
+            "calls": r["calls"],
+        }
+        for r in analysis.communicators.iter_rows(named=True)
+    ]
+    return {
+        "nccl_versions": analysis.nccl_versions,
+        "cuda_versions": analysis.cuda_versions,
+        "hosts": analysis.hosts,
+        "world_size": ident.world_size,
+        "ranks": ranks,
+        "communicators": comms,
+        "transports": analysis.transports,
+        "timestamps": analysis.timestamps,
+        "env": analysis.env,
+    }
+
+
+def _collectives(analysis: Analysis) -> dict[str, Any]:
+    summary = analysis.summary
+    if summary is None:
+        return {"calls": 0, "instances": 0, "by_op": {}, "by_op_size": []}
+    return {
+        "calls": summary.calls,
+        "instances": summary.instances,
+        "by_op": summary.by_op,
+        "by_op_size": [
+            {
+                "op": r["op"],
+                "size_bytes_min": r["size_bytes_min"],
+                "calls": r["calls"],
+                "total_bytes": r["total_bytes"],
+            }
+            for r in summary.by_op_size.iter_rows(named=True)
+        ],
+    }
+
+
+def _errors(analysis: Analysis) -> list[dict[str, Any]]:
+    """Root causes grouped per (process, kind, message shape), ordered by first line."""
+    errors = analysis.errors
+    if errors.is_empty():
+        return []
+    grouped = (
+        errors.group_by("file_id", "host", "pid", "kind", "severity", "signature", maintain_order=True)
+        .agg(
+            pl.col("rank").first(),
+            pl.col("message").first(),
+            pl.len().alias("count"),
+            pl.col("line_no").first(),
+            pl.col("src").first(),
+            pl.col("chain").first(),
+            pl.col("ts").first(),
+        )
+        .sort("file_id", "line_no")
+    )
+    out = []
+    for r in grouped.iter_rows(named=True):
+        out.append(
+            {
+                "host": r["host"],
+                "pid": r["pid"],
+                "rank": r["rank"],
+                "kind": r["kind"],
+                "severity": r["severity"],
+                "message": r["message"],
+                "count": r["count"],
+                "first_line": {"path": analysis.paths[r["file_id"]], "line_no": r["line_no"]},
+                "source": r["src"],
+                "chain": r["chain"],
+                "ts": r["ts"].isoformat() if r["ts"] is not None else None,
+            }
+        )
+    return out

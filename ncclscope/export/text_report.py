@@ -1,0 +1,161 @@
+"""The terminal summary of ``analyze``: what a person reads in ten seconds."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from ncclscope import __version__
+from ncclscope.analysis import Analysis
+from ncclscope.export.json_report import to_json_dict
+from ncclscope.units import human_bytes
+
+__all__ = ["render_text"]
+
+_MAX_ERRORS = 8
+_SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+
+
+def render_text(analysis: Analysis, *, doc: dict[str, Any] | None = None) -> str:
+    """Render the summary; ``doc`` is the JSON document if already built."""
+    doc = doc if doc is not None else to_json_dict(analysis)
+    out: list[str] = []
+    _header(out, doc)
+    _job(out, doc)
+    _collectives(out, doc)
+    _errors(out, doc)
+    _gaps(out, doc)
+    _inputs(out, doc)
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _header(out: list[str], doc: dict[str, Any]) -> None:
+    inputs = doc["inputs"]
+    lines = sum(i["lines"] for i in inputs)
+    parsed = sum(i["parsed"] for i in inputs)
+    noun = "input" if len(inputs) == 1 else "inputs"
+    out.append(f"ncclscope {__version__}: {len(inputs)} {noun}, {lines:,} lines, {parsed:,} parsed")
+    out.append("")
+
+
+def _job(out: list[str], doc: dict[str, Any]) -> None:
+    job = doc["job"]
+    versions = ", ".join(job["nccl_versions"]) or "unknown"
+    cuda = ", ".join(job["cuda_versions"])
+    world = job["world_size"] if job["world_size"] is not None else "unknown"
+    nhosts = len(job["hosts"])
+    out.append("JOB")
+    out.append(
+        f"  NCCL {versions}" + (f" (CUDA {cuda})" if cuda else "")
+        + f" · {nhosts} host{'s' if nhosts != 1 else ''} · world size {world}"
+        + f" · NCCL timestamps: {job['timestamps']}"
+    )
+    by_host: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for rank in job["ranks"]:
+        by_host[rank["host"]].append(rank)
+    if by_host:
+        out.append("  ranks per host (rank:GPU bus id):")
+        for host in sorted(by_host, key=lambda h: min(r["rank"] for r in by_host[h])):
+            cells = " ".join(f"{r['rank']}:{r['bus_id'] or '?'}" for r in by_host[host])
+            out.append(f"    {host:<20} {len(by_host[host]):>3} ranks  {cells}")
+    elif job["hosts"]:
+        out.append(f"  hosts: {', '.join(job['hosts'])} (no init lines: ranks unknown)")
+    if job["communicators"]:
+        out.append(f"  communicators ({len(job['communicators'])}):")
+        for comm in job["communicators"][:10]:
+            seen = len(comm["ranks_seen"])
+            ident = comm["comm_id"] or f"(no commId, matched by {comm['matched_by']})"
+            out.append(
+                f"    {ident:<20} {comm['nranks']:>5} ranks on {comm['nnodes']} node(s), "
+                f"{seen} seen, {comm['calls']:,} calls"
+            )
+        if len(job["communicators"]) > 10:
+            out.append(f"    ... {len(job['communicators']) - 10} more (--format json lists all)")
+    if job["transports"]:
+        out.append(f"  transports: {', '.join(job['transports'])}")
+    out.append("")
+
+
+def _collectives(out: list[str], doc: dict[str, Any]) -> None:
+    coll = doc["collectives"]
+    out.append("COLLECTIVES")
+    if not coll["calls"]:
+        out.append("  none logged (COLL lines need NCCL_DEBUG_SUBSYS=INIT,COLL)")
+        out.append("")
+        return
+    out.append(f"  {coll['calls']:,} calls, {coll['instances']:,} instances matched across ranks")
+    sizes: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in coll["by_op_size"]:
+        sizes[row["op"]].append(row)
+    out.append(f"  {'op':<16} {'calls':>12} {'bytes':>12}  message sizes")
+    for op, calls in sorted(coll["by_op"].items(), key=lambda kv: -kv[1]):
+        rows = sizes.get(op, [])
+        total = sum(r["total_bytes"] or 0 for r in rows)
+        lo = min((r["size_bytes_min"] for r in rows), default=0)
+        hi = max((r["size_bytes_min"] for r in rows), default=0)
+        span = human_bytes(lo) if lo == hi else f"{human_bytes(lo)} .. {human_bytes(hi * 4)}"
+        out.append(f"  {op:<16} {calls:>12,} {human_bytes(total):>12}  {span}")
+    out.append("")
+
+
+def _errors(out: list[str], doc: dict[str, Any]) -> None:
+    errors = doc["errors"]
+    out.append("ERRORS")
+    if not errors:
+        out.append("  no NCCL WARN lines")
+        out.append("")
+        return
+    ordered = sorted(errors, key=lambda e: _SEVERITY_ORDER.get(e["severity"], 3))
+    first = errors[0]
+    out.append(
+        f"  first root cause: {first['kind']} on {first['host']}"
+        + (f" rank {first['rank']}" if first["rank"] is not None else "")
+        + f" ({first['first_line']['path']}:{first['first_line']['line_no']})"
+    )
+    for err in ordered[:_MAX_ERRORS]:
+        where = f"{err['first_line']['path']}:{err['first_line']['line_no']}"
+        who = f"{err['host']} pid {err['pid']}" + (
+            f" rank {err['rank']}" if err["rank"] is not None else ""
+        )
+        times = f" x{err['count']}" if err["count"] > 1 else ""
+        out.append(f"  [{err['severity']}] {err['kind']}{times}  {who}  {where}")
+        out.append(f"      {_cut(err['message'], 110)}")
+        if err["chain"]:
+            chain = " <- ".join(err["chain"][:3])
+            more = f" (+{len(err['chain']) - 3})" if len(err["chain"]) > 3 else ""
+            out.append(f"      chain: {chain}{more}")
+    if len(errors) > _MAX_ERRORS:
+        out.append(f"  ... {len(errors) - _MAX_ERRORS} more (--format json lists all)")
+    out.append("")
+
+
+def _gaps(out: list[str], doc: dict[str, Any]) -> None:
+    if not doc["gaps"]:
+        return
+    out.append("WHAT THESE LOGS CANNOT TELL")
+    for gap in doc["gaps"]:
+        out.append(f"  - {gap['what']}")
+        out.append(f"    add: {'; '.join(gap['settings'])}")
+    out.append("")
+
+
+def _inputs(out: list[str], doc: dict[str, Any]) -> None:
+    notes = []
+    for inp in doc["inputs"]:
+        damaged = {k: v for k, v in inp["unparsed_by_reason"].items() if k not in ("blank", "other")}
+        parts = [f"{v:,} {k.replace('_', ' ')}" for k, v in damaged.items()]
+        if inp["spliced"]:
+            parts.append(f"{inp['spliced']:,} spliced (two writes on one line; tail kept)")
+        if parts or inp["notes"]:
+            text = "; ".join(parts + inp["notes"])
+            notes.append(f"  {inp['path']}: {text}")
+    for problem in doc["problems"]:
+        notes.append(f"  {problem['path']}: {problem['reason']}")
+    if notes:
+        out.append("INPUT PROBLEMS (lines skipped are counted, nothing else was dropped)")
+        out.extend(notes)
+        out.append("")
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
