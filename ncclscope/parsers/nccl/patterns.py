@@ -66,8 +66,8 @@ PREFIX_TS_RE = re.compile(
 
 #: Launcher prefixes that carry a rank or a host, tried in order on the text before the header.
 LAUNCHER_RES: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("torchrun", re.compile(r"\[(?:[A-Za-z_]+)(?P<local_rank>\d+)\]:")),  # [default3]:
     ("torch_rank", re.compile(r"\[rank(?P<rank>\d+)\]:")),  # [rank3]:
+    ("torchrun", re.compile(r"\[(?:[A-Za-z_]+)(?P<local_rank>\d+)\]:")),  # [default3]:
     ("openmpi", re.compile(r"\[\d+,(?P<rank>\d+)\]<std(?:out|err)>:")),  # [1,3]<stdout>:
     ("ray", re.compile(r"\((?P<actor>\w+) pid=(?P<lpid>\d+), ip=(?P<ip>[0-9a-fA-F.:]+)\)")),
     ("srun", re.compile(r"^\s*(?P<rank>\d+): ")),  # srun -l

@@ -1,0 +1,310 @@
+"""The reference line parser on every family and version shape of shared/formats/nccl.md.
+
+Sample lines are written here from NCCL's format strings (values invented).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from ncclscope.parsers.nccl.lines import (
+    Chain,
+    Coll,
+    CommEvent,
+    Connection,
+    EnvSetting,
+    InitTimings,
+    Message,
+    NodeLayout,
+    RankHint,
+    RingList,
+    Version,
+    clean_line,
+    parse_line,
+    transport_name,
+)
+from ncclscope.parsers.nccl.scan import ScanTarget, scan_inputs
+
+H = "node-a:4411:4411 [1] NCCL INFO "
+
+
+@pytest.mark.parametrize(
+    ("line", "kind", "body"),
+    [
+        # 3.1 banners
+        ("NCCL version 2.7.8+cuda11.0", "banner", Version("2.7.8", "11.0", "")),
+        (H + "NCCL version 2.23.4+cuda12.6", "version", Version("2.23.4", "12.6", "")),
+        ("NCCL version 2.18.5-1+cuda12.2", "banner", Version("2.18.5", "12.2", "-1")),
+        # 3.3 init lines, 2.4 .. 2.29
+        (
+            H + "comm 0x55d4f0 rank 3 nranks 8 cudaDev 1 nvmlDev 1 - Init COMPLETE",
+            "comm_event",
+            CommEvent("0x55d4f0", 3, 8, "Init", "COMPLETE", None, 1, 1, None, None, None),
+        ),
+        (
+            H + "comm 0x55d4f0 rank 3 nranks 8 cudaDev 1 busId 2000 - Init COMPLETE",
+            "comm_event",
+            CommEvent("0x55d4f0", 3, 8, "Init", "COMPLETE", None, 1, None, "2000", None, None),
+        ),
+        (
+            H + "comm 0x55d4f0 rank 3 nranks 8 cudaDev 1 busId 2000 commId 0xabc12 - Init COMPLETE",
+            "comm_event",
+            CommEvent("0x55d4f0", 3, 8, "Init", "COMPLETE", None, 1, None, "2000", "0xabc12", None),
+        ),
+        (
+            H + "ncclCommInitRankConfig comm 0x55d4f0 rank 3 nranks 8 cudaDev 1 nvmlDev 1 "
+            "busId 2000 commId 0xabc12 - Init START",
+            "comm_event",
+            CommEvent(
+                "0x55d4f0", 3, 8, "Init", "START", "ncclCommInitRankConfig", 1, 1, "2000",
+                "0xabc12", None,
+            ),
+        ),
+        (
+            H + "ncclCommSplit comm 0x55e1 rank 1 nranks 4 cudaDev 1 nvmlDev 1 busId 1b000 "
+            "parent 0x55d4f0 splitCount 1 color 0 key 1- Init START",
+            "comm_event",
+            CommEvent("0x55e1", 1, 4, "Init", "START", "ncclCommSplit", 1, 1, "1b000", None,
+                      "0x55d4f0"),
+        ),
+        (
+            H + "[Rank 3] ncclCommInitRank comm 0x55d4f0 rank 3 nranks 8 cudaDev 1 nvmlDev 1 "
+            "busId 2000 commId 0xabc12 - Init START",
+            "comm_event",
+            CommEvent("0x55d4f0", 3, 8, "Init", "START", "ncclCommInitRank", 1, 1, "2000",
+                      "0xabc12", None),
+        ),
+        (
+            H + "comm 0x55d4f0 rank 3 nRanks 8 cudaDev 1 busId 2000 - Abort START",
+            "comm_event",
+            CommEvent("0x55d4f0", 3, 8, "Abort", "START", None, 1, None, "2000", None, None),
+        ),
+        (
+            H + "comm 0x55d4f0 rank 3 nranks 8 cudaDev 1 busId 2000 - Destroy COMPLETE",
+            "comm_event",
+            CommEvent("0x55d4f0", 3, 8, "Destroy", "COMPLETE", None, 1, None, "2000", None, None),
+        ),
+        (
+            H + "comm 0x55d4f0 rank 9 nRanks 16 nNodes 2 localRanks 8 localRank 1 MNNVL 0",
+            "node_layout",
+            NodeLayout("0x55d4f0", 9, 16, 2, 8, 1),
+        ),
+        # 3.4 rings and trees
+        (H + "Channel 00/32 :    0   1   2   3", "ring_list", RingList(0, (0, 1, 2, 3))),
+        (H + "Channel 01 :    0   1", "ring_list", RingList(1, (0, 1))),
+        (H + "Trees [0] 1/-1/-1->0->-1 [1] -1/-1/-1->0->1", "rank_hint", RankHint(0, "trees")),
+        (H + "Trees [0] 2/-1/-1->1->0|0->1->2/-1/-1", "rank_hint", RankHint(1, "trees")),
+        (H + "Ring 00 : 7 -> 0 -> 1", "rank_hint", RankHint(0, "graph")),
+        # 3.5 connections, every era
+        (
+            H + "Ring 00 : 0 -> 1 via P2P/direct pointer",
+            "connection",
+            Connection(0, 0, 1, None, "P2P/direct", "P2P/direct pointer"),
+        ),
+        (
+            H + "Ring 00 : 0[1000] -> 1[2000] via direct shared memory",
+            "connection",
+            Connection(0, 0, 1, None, "SHM", "direct shared memory"),
+        ),
+        (
+            H + "Channel 00 : 1[2000] -> 2[1000] [send] via NET/Socket/0",
+            "connection",
+            Connection(0, 1, 2, "send", "NET/Socket", "NET/Socket/0"),
+        ),
+        (
+            H + "Channel 00/0 : 7[7] -> 8[0] [send] via NET/IB/0/GDRDMA",
+            "connection",
+            Connection(0, 7, 8, "send", "NET/IB", "NET/IB/0/GDRDMA"),
+        ),
+        (
+            H + "Channel 03/0 : 15[7] -> 0[0] [receive] via NET/IBext_v8/1/GDRDMA(PCI)",
+            "connection",
+            Connection(3, 15, 0, "receive", "NET/IBext_v8", "NET/IBext_v8/1/GDRDMA(PCI)"),
+        ),
+        (
+            H + "Channel 02/0 : 1[1] -> 2[2] via P2P/CUMEM/read",
+            "connection",
+            Connection(2, 1, 2, None, "P2P/CUMEM", "P2P/CUMEM/read"),
+        ),
+        (
+            H + "Channel 00 : 0[0] -> 1[1] via SHM/direct/direct",
+            "connection",
+            Connection(0, 0, 1, None, "SHM", "SHM/direct/direct"),
+        ),
+        (
+            H + "CollNet 00/0 : 3 [send] via COLLNET/SHARP/0",
+            "connection",
+            Connection(0, 3, None, "send", "CollNet", "COLLNET/SHARP/0"),
+        ),
+        # 3.6 COLL
+        (
+            H + "Send: opCount 2f sendbuff 0x7f00 recvbuff (nil) count 1024 datatype 7 op 0 "
+            "root 3 comm 0x55d4f0 [nranks=8] stream 0x55aa",
+            "coll",
+            Coll("Send", 0x2F, 1024, 7, 0, 3, "0x55d4f0", 8),
+        ),
+        (
+            H + "AlltoAll: opCount 0 sendbuff 0x7f00 recvbuff 0x7f80 count 8 datatype 9 op 0 "
+            "root 0 comm 0x55d4f0 [nranks=8] stream 0x55aa",
+            "coll",
+            Coll("AlltoAll", 0, 8, 9, 0, 0, "0x55d4f0", 8),
+        ),
+        # 3.7 chains, env, timings
+        (H + "transport/net.cc:1286 -> 6", "chain", Chain("transport/net.cc", 1286, 6, None, None,
+                                                          None)),
+        (
+            H + "misc/socket.cc:561 -> 2 (Connection refused) [Async thread]",
+            "chain",
+            Chain("misc/socket.cc", 561, 2, "Connection refused", "Async thread", None),
+        ),
+        (
+            H + "proxy.cc:1529 (progressOps) -> 6 [Progress Thread]",
+            "chain",
+            Chain("proxy.cc", 1529, 6, None, "Progress Thread", "progressOps"),
+        ),
+        (H + "NCCL_IB_TIMEOUT set by environment to 22.", "env", EnvSetting("NCCL_IB_TIMEOUT", "22")),
+        (H + "NCCL_IB_HCA set to mlx5_0", "env", EnvSetting("NCCL_IB_HCA", "mlx5_0")),
+        (
+            H + "Init timings - ncclCommInitRank: rank 3 nranks 16 total 1.21 (kernels 0.18, "
+            "alloc 0.01, bootstrap 0.62, allgathers 0.02, topo 0.21, graphs 0.01, "
+            "connections 0.15, rest 0.01)",
+            "init_timings",
+            InitTimings(3, 16, 1.21),
+        ),
+        (H + "Using network IB", "info", Message("Using network IB")),
+    ],
+)
+def test_families(line: str, kind: str, body: object) -> None:
+    parsed = parse_line(line)
+    assert parsed is not None
+    assert parsed.kind == kind
+    assert parsed.body == body
+
+
+@pytest.mark.parametrize(
+    ("line", "src", "func"),
+    [
+        ("node-a:4411:4502 [3] misc/socket.cc:479 NCCL WARN Net : Connection closed by remote peer",
+         "misc/socket.cc", None),
+        ("node-a:4411:4502 [3] transport/net.cc:1286 (sendProxyProgress) NCCL WARN Bad thing",
+         "transport/net.cc", "sendProxyProgress"),
+        ("[2025-03-14 09:05:37] node-a:4411:4502 [3] ib_plugin.c:1187 NCCL WARN NET/IB : Got async "
+         "event : port error", "ib_plugin.c", None),
+    ],
+)
+def test_warn_header(line: str, src: str, func: str | None) -> None:
+    parsed = parse_line(line)
+    assert parsed is not None
+    assert parsed.kind == "warn"
+    assert parsed.header is not None
+    assert (parsed.header.level, parsed.header.src_file, parsed.header.func) == ("WARN", src, func)
+    assert parsed.header.pid == 4411
+    assert parsed.header.tid == 4502
+
+
+@pytest.mark.parametrize(
+    ("prefix", "launcher", "rank"),
+    [
+        ("[default3]:", "torchrun", None),
+        ("[rank3]:", "torch_rank", 3),
+        ("[1,3]<stdout>:", "openmpi", 3),
+        ("3: ", "srun", 3),
+        ("node-a: ", "pdsh", None),
+        ("10.0.0.1: ", "pdsh", None),
+        ("(RayTrainWorker pid=4821, ip=10.12.3.44) ", "ray", None),
+        ("2024-08-03 14:07:22,519 - INFO - ", None, None),
+    ],
+)
+def test_launcher_prefixes(prefix: str, launcher: str | None, rank: int | None) -> None:
+    parsed = parse_line(prefix + H + "Using network IB")
+    assert parsed is not None
+    assert parsed.header is not None
+    assert parsed.header.host == "node-a"
+    assert (parsed.launcher, parsed.launcher_rank) == (launcher, rank)
+
+
+@pytest.mark.parametrize(
+    ("prefix", "ts"),
+    [
+        ("[2025-03-14 09:05:37] ", datetime(2025, 3, 14, 9, 5, 37, tzinfo=UTC)),
+        ("[2025-03-14 09:05:37.123] ", datetime(2025, 3, 14, 9, 5, 37, 123000, tzinfo=UTC)),
+        ("[2025-03-14 09:05:37.123456789] ", datetime(2025, 3, 14, 9, 5, 37, 123456, tzinfo=UTC)),
+        ("[rank0]:[2025-03-14 09:05:37.5] ", datetime(2025, 3, 14, 9, 5, 37, 500000, tzinfo=UTC)),
+    ],
+)
+def test_nccl_timestamps(prefix: str, ts: datetime) -> None:
+    parsed = parse_line(prefix + H + "Using network IB")
+    assert parsed is not None
+    assert (parsed.ts, parsed.ts_source) == (ts, "nccl")
+
+
+def test_clean_line_strips_ansi_and_progress_bars() -> None:
+    assert clean_line("\x1b[32m" + H + "x\x1b[0m") == H + "x"
+    assert clean_line("Epoch 1:  42%|####  | 42/100\r" + H + "x") == H + "x"
+
+
+def test_spliced_line_keeps_the_complete_tail() -> None:
+    line = ("node-a:1:1 [0] NCCL INFO AllRednode-b:2:2 [1] NCCL INFO Broadcast: opCount 3 "
+            "sendbuff 0x1 recvbuff 0x2 count 5 datatype 7 op 0 root 0 comm 0x55 [nranks=2] stream 0x5")
+    parsed = parse_line(line)
+    assert parsed is not None
+    assert parsed.spliced
+    assert parsed.header is not None
+    assert parsed.header.pid == 2
+    assert parsed.body == Coll("Broadcast", 3, 5, 7, 0, 0, "0x55", 2)
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["", "hello world", "NCCL INFO", "x:1:2 [0] NCCL BOGUS y", "\x00\x01\x02", "[rank0]: Traceback",
+     "NCCL error in: ../ProcessGroupNCCL.cpp:1970, unhandled system error, NCCL version 2.18.6"],
+)
+def test_not_nccl(line: str) -> None:
+    assert parse_line(line) is None
+
+
+def test_transport_names() -> None:
+    assert transport_name("NET/AWS Libfabric/0/GDRDMA") == "NET/OFI"
+    assert transport_name("P2P/indirect/1[1]") == "P2P/indirect"
+    assert transport_name("P2P/MNNVL/read") == "P2P/MNNVL"
+
+
+def _fixture_lines() -> list[str]:
+    root = Path(__file__).resolve().parent.parent / "fixtures"
+    lines: list[str] = []
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and path.name not in ("expected.json", "README.md"):
+            lines.extend(path.read_text().splitlines())
+    return lines
+
+
+def test_fast_path_agrees_with_reference(tmp_path: Path) -> None:
+    """Every COLL line the vectorised pass takes gives the reference parser's fields."""
+    lines = _fixture_lines()
+    log = tmp_path / "all.log"
+    log.write_text("\n".join(lines) + "\n")
+    scan_inputs([ScanTarget(0, log)], tmp_path / "c.parquet", tmp_path / "t.parquet")
+    fast = pl.read_parquet(tmp_path / "c.parquet").filter("fast")
+    assert fast.height > 300
+    for row in fast.iter_rows(named=True):
+        ref = parse_line(lines[row["i"] - 1])
+        assert ref is not None
+        assert ref.header is not None
+        assert isinstance(ref.body, Coll)
+        got = (row["host"], row["pid"], row["op"], row["opcount"], row["count"], row["dtype"],
+               row["redop"], row["root"], row["comm"], row["nranks"], row["ts"])
+        want = (ref.header.host, ref.header.pid, ref.body.op, ref.body.opcount, ref.body.count,
+                ref.body.dtype, ref.body.redop, ref.body.root, ref.body.comm, ref.body.nranks,
+                ref.ts if ref.ts_source == "nccl" else None)
+        assert got == want, lines[row["i"] - 1]
+    # and every COLL line the reference parser finds was taken by one path or the other
+    text = pl.read_parquet(tmp_path / "t.parquet")
+    slow_coll = sum(
+        1 for t in text["text"].to_list() if t and (p := parse_line(t)) and p.kind == "coll"
+    )
+    ref_coll = sum(1 for t in lines if (p := parse_line(t)) and p.kind == "coll")
+    assert fast.height + slow_coll == ref_coll
