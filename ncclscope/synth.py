@@ -22,6 +22,31 @@ A COLL line looks like (era "2.27", timestamps on, torchrun prefix)::
 
 (one physical line). Generation streams to disk in large chunks, so multi-GB benchmark files
 need only bounded memory.
+
+Modelling decisions (what a reader of the output can rely on):
+
+* Lines are counted by ``'\\n'`` only. tqdm records contain ``'\\r'`` in the middle of a
+  physical line, so read the files in binary (or with ``newline=""``), never with
+  universal newlines.
+* Banner: NCCL calls ``showVersion()`` only when ``myrank == 0`` in ``ncclCommInitRankDev``.
+  Up to 2.22 it is a bare ``printf`` shown once per process (so: world rank 0 and the
+  first rank of every host communicator); 2.23+ prints an INFO line at every such init.
+  With ``NCCL_DEBUG_FILE`` (per-rank layout) the bare line goes to stdout and the file gets
+  NCCL's INFO copy instead.
+* Era "2.27" creates the world communicator with ``ncclCommInitRankConfig`` (as PyTorch
+  does) and the host communicators with ``ncclCommInitRank``, so both 2.23+ spellings occur.
+* Time: collective slot ``k`` (any comm) has a base time ``base_k``; each rank enqueues it at
+  ``base_k + U(0, 2 ms) + lateness(rank)``, and because every collective waits for its
+  slowest member, ``base`` advances by ``step_time_s / calls_per_step + max(lateness)``.
+  The combined layout is ordered by these times whether or not they are printed.
+* The job ends at the earliest instance that has a terminal fault (StopRank, IbError,
+  Mismatch with ``hang``); every fault at that instance applies (two StopRanks = two
+  missing ranks), later ones are reported with ``effective=False``. The IB error is raised
+  by the last rank of the host (the one whose ring ``[send]`` crosses the network); its
+  receiver on the next host logs a consequential flush error; PyTorch-style
+  ``Abort COMPLETE`` lines (2.12+) follow.
+* Invented but plausible: pids, pointers, commIds, ``file:line`` numbers of WARN and
+  return-code chains, IB GIDs, timings. Everything else follows ``formats/nccl.md``.
 """
 
 from __future__ import annotations
@@ -999,11 +1024,24 @@ class _Job:
         for f in spec.faults:
             if isinstance(f, SlowRank):
                 self.late[f.rank] = f.lateness_s
-        self.terminal = self._terminal_fault()
+        terminal = [
+            f
+            for f in spec.faults
+            if isinstance(f, StopRank | IbError) or (isinstance(f, Mismatch) and f.hang)
+        ]
+        # World instance at which the job ends (-1: it does not end early).
+        self.halt_at = min((f.at_instance for f in terminal), default=-1)
+        self.stops_at_halt = frozenset(
+            f.rank for f in spec.faults if isinstance(f, StopRank) and f.at_instance == self.halt_at
+        )
+        self.ib_at_halt = next(
+            (f for f in spec.faults if isinstance(f, IbError) and f.at_instance == self.halt_at),
+            None,
+        )
         self.calls_by_op: dict[str, int] = {}
         self.steps_completed = 0
         self.end_reason = "completed"
-        self.skipped_world: tuple[int, int] | None = None  # (rank, instance it never entered)
+        self.skipped: frozenset[int] = frozenset()  # ranks that never entered halt_at
         self.ib_info: _IbInfo | None = None
         self.sinks: list[_Sink] = []
         self.rank_sink: list[_Sink] = []
@@ -1117,15 +1155,6 @@ class _Job:
             prog.append(_Call(True, "ReduceScatter", shard(params[layer]), _BF16, 3000 + layer))
         prog.append(_Call(True, "AllReduce", lambda size: 1, _FP32, 4000))
         return prog
-
-    def _terminal_fault(self) -> StopRank | Mismatch | IbError | None:
-        best: StopRank | Mismatch | IbError | None = None
-        for f in self.spec.faults:
-            if (isinstance(f, StopRank | IbError) or (isinstance(f, Mismatch) and f.hang)) and (
-                best is None or f.at_instance < best.at_instance
-            ):
-                best = f
-        return best
 
     # ---- line helpers ----------------------------------------------------------------
 
@@ -1520,13 +1549,12 @@ class _Job:
         combined = self.combined
         rank_sink = self.rank_sink
         target = spec.target_size_bytes
-        terminal = self.terminal
-        halt_at = terminal.at_instance if terminal is not None else -1
-        stop_rank = terminal.rank if isinstance(terminal, StopRank) else -1
+        halt_at = self.halt_at
         mismatches: dict[int, list[Mismatch]] = {}
         for f in spec.faults:
-            if isinstance(f, Mismatch) and (not f.hang or f is terminal):
+            if isinstance(f, Mismatch) and (not f.hang or f.at_instance == halt_at):
                 mismatches.setdefault(f.at_instance, []).append(f)
+        no_skip: frozenset[int] = frozenset()
         world = self.world
         host0 = self.host_comms[0]
         max_steps = spec.steps if target is None else None
@@ -1555,14 +1583,14 @@ class _Job:
                     aj = list(aj)
                     for mm in mms:
                         bj[mm.rank], aj[mm.rank] = self._mismatch_parts(call, mm)
-                skip = stop_rank if halting else -1
+                skip = self.stops_at_halt if halting else no_skip
                 if any_late:
                     times = [base + rnd() * _JITTER_S + late[r] for r in rr]
                 else:
                     times = [base + rnd() * _JITTER_S for _ in rr]
                 out: list[str] = []
                 for r in sorted(rr, key=times.__getitem__) if combined else rr:
-                    if r == skip:
+                    if skip and r in skip:
                         continue
                     t = times[r]
                     if ts_on:
@@ -1585,9 +1613,9 @@ class _Job:
                     rank_sink[0].pending.append(text)
                     pending += len(text)
                 self._count_slot(call, skip, mms)
-                if halting and terminal is not None:
+                if halting:
                     self._touch(max(times))
-                    self._aftermath(terminal, max(times))
+                    self._aftermath(max(times))
                     return
                 if pending >= _FLUSH_CHARS:
                     written = self._flush_all()
@@ -1597,7 +1625,7 @@ class _Job:
         if times:
             self._touch(max(times))
 
-    def _count_slot(self, call: _Call, skip: int, mms: list[Mismatch] | None) -> None:
+    def _count_slot(self, call: _Call, skip: frozenset[int], mms: list[Mismatch] | None) -> None:
         by = self.calls_by_op
         if not call.world:
             for c in self.host_comms:
@@ -1605,24 +1633,24 @@ class _Job:
                 c.seq += 1
             by[call.op] = by.get(call.op, 0) + self.n
             return
-        entered = self.n - (1 if skip >= 0 else 0)
+        entered = self.n - len(skip)
         self.world.calls += entered
-        if skip >= 0:
-            self.skipped_world = (skip, self.world.seq)
+        if skip:
+            self.skipped = skip
         self.world.seq += 1
         by[call.op] = by.get(call.op, 0) + entered
         for mm in mms or ():
-            if mm.field == "op":
+            if mm.field == "op" and mm.rank not in skip:
                 other = _OTHER_OP[call.op]
                 by[call.op] -= 1
                 by[other] = by.get(other, 0) + 1
 
     # ---- fault aftermath -------------------------------------------------------------
 
-    def _aftermath(self, fault: StopRank | Mismatch | IbError, t_last: float) -> None:
-        if isinstance(fault, IbError):
+    def _aftermath(self, t_last: float) -> None:
+        if self.ib_at_halt is not None:
             self.end_reason = "error"
-            self._ib_error(fault, t_last)
+            self._ib_error(self.ib_at_halt, t_last)
         else:
             self.end_reason = "hang"
 
@@ -1709,9 +1737,8 @@ class _Job:
         for c in self.comms:
             last = c.seq - 1 if c.seq > 0 else None
             out[c.name] = {str(g): last for g in c.members}
-        if self.skipped_world is not None:
-            r, seq = self.skipped_world
-            out["world"][str(r)] = seq - 1 if seq > 0 else None
+        for r in self.skipped:
+            out["world"][str(r)] = self.halt_at - 1 if self.halt_at > 0 else None
         return out
 
     def _truth(self) -> Truth:
@@ -1786,7 +1813,12 @@ class _Job:
             }
             return FaultOutcome(kind, _fault_json(f), f.lateness_s > 0, details)
         reached = f.at_instance < self.world.seq
-        effective = reached and (f is self.terminal or (isinstance(f, Mismatch) and not f.hang))
+        if isinstance(f, Mismatch) and not f.hang:
+            effective = reached and not (f.at_instance == self.halt_at and f.rank in self.skipped)
+        elif isinstance(f, Mismatch):
+            effective = reached and f.at_instance == self.halt_at and f.rank not in self.skipped
+        else:
+            effective = reached and f.at_instance == self.halt_at
         details = {"at_instance": f.at_instance, "reached": reached}
         if isinstance(f, StopRank):
             rk = self.ranks[f.rank]

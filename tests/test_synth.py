@@ -19,6 +19,7 @@ from click.testing import CliRunner
 from ncclscope.synth import (
     IbError,
     Mismatch,
+    MismatchField,
     SlowRank,
     StopRank,
     SynthSpec,
@@ -90,7 +91,7 @@ IB_RE = {
     ),
 }
 
-SMALL = {"ranks": 8, "hosts": 2, "steps": 2, "layers": 2}
+SMALL: dict[str, Any] = {"ranks": 8, "hosts": 2, "steps": 2, "layers": 2}
 
 
 # --- helpers --------------------------------------------------------------------------
@@ -188,7 +189,7 @@ def test_init_lines_match_era_format(tmp_path: Path, era: str) -> None:
     init = [m for msg in msgs if (m := INIT_RE[era].match(msg))]
     n_comms = len(truth.communicators)
     completes = [m for m in init if m["what"] == "COMPLETE"]
-    assert len(completes) == truth.spec["ranks"] * 2 == sum(c.nranks for c in truth.communicators)
+    assert len(completes) == SMALL["ranks"] * 2 == sum(c.nranks for c in truth.communicators)
     starts = [m for m in init if m["what"] == "START"]
     assert len(starts) == (0 if era == "2.7" else len(completes))
     # No Init line in another era's shape sneaks in.
@@ -289,11 +290,22 @@ def test_stop_rank_truth_matches_lines(tmp_path: Path) -> None:
     assert "opCount 9 " in tail
 
 
+def test_two_stop_ranks_at_one_instance_both_apply(tmp_path: Path) -> None:
+    faults = (StopRank(1, 5), StopRank(6, 5), StopRank(2, 9))
+    out, truth = _gen(tmp_path, faults=faults, **SMALL)
+    at5 = {r["rank"] for r in _coll_records(out) if r["comm"] == "world" and r["opcount"] == 5}
+    assert at5 == set(range(8)) - {1, 6}
+    assert [f.effective for f in truth.faults] == [True, True, False]
+    world = next(c for c in truth.communicators if c.name == "world")
+    assert world.last_seq["1"] == world.last_seq["6"] == 4
+    assert world.last_seq["0"] == 5
+
+
 def test_slow_rank_lateness_visible_in_timestamps(tmp_path: Path) -> None:
     out, _ = _gen(
         tmp_path, era="2.27", timestamps=True, faults=(SlowRank(rank=3, lateness_s=0.05),), **SMALL
     )
-    by_inst = defaultdict(dict)
+    by_inst: dict[int, dict[int, float]] = defaultdict(dict)
     for r in _coll_records(out):
         if r["comm"] == "world":
             assert r["ts"] is not None
@@ -307,7 +319,7 @@ def test_slow_rank_lateness_visible_in_timestamps(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("field", ["op", "count", "dtype"])
-def test_mismatch_logged_by_one_rank_then_hang(tmp_path: Path, field: str) -> None:
+def test_mismatch_logged_by_one_rank_then_hang(tmp_path: Path, field: MismatchField) -> None:
     out, truth = _gen(tmp_path, faults=(Mismatch(rank=2, at_instance=4, field=field),), **SMALL)
     recs = [r for r in _coll_records(out) if r["comm"] == "world" and r["opcount"] == 4]
     assert len(recs) == 8
