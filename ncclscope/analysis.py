@@ -25,9 +25,10 @@ from ncclscope.parsers.nccl.collectives import (
     summarise,
 )
 from ncclscope.parsers.nccl.identity import Identity, resolve_identity
-from ncclscope.parsers.nccl.records import LineRecords, collect_records
-from ncclscope.parsers.nccl.scan import ScanTarget, scan_inputs
+from ncclscope.parsers.nccl.records import TOO_LONG_CHARS, LineRecords, collect_records
+from ncclscope.parsers.nccl.scan import ScanTarget, scan_inputs, sniff_offsets
 from ncclscope.schema import (
+    LINE_KIND,
     COMMUNICATORS_SCHEMA,
     CONNECTIONS_SCHEMA,
     ERRORS_SCHEMA,
@@ -97,22 +98,37 @@ def run_analysis(
         names, workdir=workdir / "inputs", stdin=stdin, on_copy=lambda _n, b: report("read", b, 0)
     )
     paths = [inp.display for inp in inputs]
-    targets = [ScanTarget(k, inp.path) for k, inp in enumerate(inputs) if inp.size_bytes > 0]
-    coll_store = workdir / "coll.parquet"
-    text_store = workdir / "text.parquet"
+    targets = [
+        ScanTarget(k, inp.path, sniff_offsets(inp.path, inp.size_bytes))
+        for k, inp in enumerate(inputs)
+        if inp.size_bytes > 0
+    ]
+    store = workdir / "store"
     total_bytes = sum(inp.size_bytes for inp in inputs)
     report("scan", 0, total_bytes)
-    targets = _scan(targets, inputs, coll_store, text_store, problems)
+    targets, coll_stores, text_store, n_lines = _scan(targets, inputs, store, problems)
     report("scan", total_bytes, total_bytes)
 
-    if targets:
-        fast_hosts = (
-            pl.scan_parquet(coll_store).filter(pl.col("fast")).select(pl.col("host").unique())
-            .collect(engine="streaming")["host"].to_list()
+    if targets and text_store is not None:
+        fast_hosts: list[str] = []
+        if coll_stores:
+            fast_hosts = (
+                pl.scan_parquet(coll_stores).select(pl.col("host").unique())
+                .collect(engine="streaming")["host"].drop_nulls().to_list()
+            )
+        nccl_rows = (
+            pl.scan_parquet(text_store).filter(pl.col("kind") == LINE_KIND["nccl"])
+            .collect(engine="streaming").iter_rows()
         )
-        text_rows = pl.scan_parquet(text_store).sort("file_id", "i").collect().iter_rows()
-        records = collect_records(text_rows, known_hosts=fast_hosts)
-        lines = coll_lines(coll_store, records)
+        records = collect_records(nccl_rows, known_hosts=fast_hosts)
+        if coll_stores:
+            per_file = (
+                pl.scan_parquet(coll_stores).group_by("file_id").agg(pl.len())
+                .collect(engine="streaming")
+            )
+            records.fast_calls.update(dict(per_file.iter_rows()))
+        _count_other_lines(text_store, records)
+        lines = coll_lines(coll_stores, records)
         stats = proc_comm_stats(lines)
     else:
         records = LineRecords()
@@ -124,7 +140,7 @@ def run_analysis(
     if lines is not None and len(stats):
         collectives = build_collectives(lines, stats, identity.members, workdir / "collectives")
         summary = summarise(collectives)
-    account = _account(inputs, coll_store if targets else None, records)
+    account = _account(inputs, n_lines, records)
     hosts = sorted(set(identity.members["host"].to_list()) | records.hosts)
     errors = _errors(records, identity)
     analysis = Analysis(
@@ -152,52 +168,62 @@ def run_analysis(
 
 
 def _scan(
-    targets: list[ScanTarget],
-    inputs: list[Input],
-    coll_store: Path,
-    text_store: Path,
-    problems: list[Problem],
-) -> list[ScanTarget]:
+    targets: list[ScanTarget], inputs: list[Input], store: Path, problems: list[Problem]
+) -> tuple[list[ScanTarget], list[Path], Path | None, dict[int, int]]:
     if not targets:
-        return []
+        return [], [], None, {}
     try:
-        scan_inputs(targets, coll_store, text_store)
-        return targets
-    except pl.exceptions.PolarsError:
+        return targets, *scan_inputs(targets, store)
+    except (pl.exceptions.PolarsError, OSError):
+        # OSError: polars decompresses by magic bytes and a text file may start with them.
         pass
     # One file broke the combined query: find it, report it, scan the rest.
     good: list[ScanTarget] = []
     for target in targets:
         try:
-            scan_inputs([target], coll_store, text_store)
+            scan_inputs([target], store / "probe")
             good.append(target)
-        except pl.exceptions.PolarsError as err:
+        except (pl.exceptions.PolarsError, OSError) as err:
             reason = str(err).splitlines()[0] if str(err) else type(err).__name__
             problems.append(Problem(inputs[target.file_id].display, f"cannot be read: {reason}"))
-    if good:
-        scan_inputs(good, coll_store, text_store)
-    return good
+    if not good:
+        return [], [], None, {}
+    return good, *scan_inputs(good, store)
+
+
+def _count_other_lines(text_store: Path, records: LineRecords) -> None:
+    """Count the lines without an NCCL marker by reason, vectorised (they are most lines
+    of a chatty job that logs no COLL)."""
+    kind = pl.col("kind")
+    reason = (
+        pl.when(pl.col("n_chars") > TOO_LONG_CHARS).then(pl.lit("too_long"))
+        .when(kind == LINE_KIND["blank"]).then(pl.lit("blank"))
+        .when(kind == LINE_KIND["binary"]).then(pl.lit("binary"))
+        .otherwise(pl.lit("other"))
+    )
+    counts = (
+        pl.scan_parquet(text_store)
+        .filter(kind != LINE_KIND["nccl"])
+        .group_by("file_id", reason.alias("reason"))
+        .agg(pl.len().alias("n"), pl.col("i").min().alias("first"))
+        .collect(engine="streaming")
+    )
+    for r in counts.iter_rows(named=True):
+        records.unparsed.setdefault(r["file_id"], Counter())[r["reason"]] += r["n"]
+        records.first_bad.setdefault(r["file_id"], {}).setdefault(r["reason"], r["first"])
 
 
 def _version_key(v: str) -> tuple[int, ...]:
     return tuple(int(x) for x in v.split(".") if x.isdigit())
 
 
-def _account(inputs: list[Input], coll_store: Path | None, records: LineRecords) -> pl.DataFrame:
-    per_file: dict[int, tuple[int, int]] = {}
-    if coll_store is not None:
-        counts = (
-            pl.scan_parquet(coll_store)
-            .group_by("file_id")
-            .agg(pl.len().alias("lines"), pl.col("fast").sum().alias("fast"))
-            .collect(engine="streaming")
-        )
-        per_file = {r["file_id"]: (r["lines"], r["fast"]) for r in counts.iter_rows(named=True)}
+def _account(inputs: list[Input], per_file: dict[int, int], records: LineRecords) -> pl.DataFrame:
+    fast = records.fast_calls
     rows = []
     for k, inp in enumerate(inputs):
-        n_lines, fast = per_file.get(k, (0, 0))
+        n_lines = per_file.get(k, 0)
         skipped = records.unparsed.get(k, Counter())
-        parsed = fast + records.parsed.get(k, 0)
+        parsed = fast.get(k, 0) + records.parsed.get(k, 0)
         rows.append(
             {
                 "path": inp.display,

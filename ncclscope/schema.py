@@ -27,14 +27,13 @@ __all__ = [
 TS = pl.Datetime("us", "UTC")
 
 #: Line classes written by the first pass.
-LINE_KIND: dict[str, int] = {"blank": 0, "nccl": 2, "other": 3}
+LINE_KIND: dict[str, int] = {"blank": 0, "binary": 1, "nccl": 2, "other": 3}
 
-#: First-pass store of every input line; COLL fields are valid only where ``fast``.
+#: First-pass store of the COLL lines the vectorised field reader parsed.
 COLL_STORE_SCHEMA = pl.Schema(
     {
         "file_id": pl.UInt32,
         "i": pl.UInt32,  # 1-based line number within the file
-        "fast": pl.Boolean,  # a COLL line parsed by the vectorised path
         "host": pl.String,
         "pid": pl.Int32,
         "op": pl.String,

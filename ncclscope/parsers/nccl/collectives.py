@@ -24,13 +24,13 @@ __all__ = ["CollSummary", "build_collectives", "coll_lines", "coll_only_comms", 
 _PROC_COMM = ["file_id", "host", "pid", "comm"]
 
 
-def coll_lines(coll_store: Path, records: LineRecords) -> pl.LazyFrame:
-    """All COLL lines: the fast path's rows plus those the Python parser read."""
+def coll_lines(coll_stores: list[Path], records: LineRecords) -> pl.LazyFrame:
+    """All COLL lines: the field reader's rows plus those the Python parser read."""
+    schema = dict(COLL_STORE_SCHEMA) | {"tid": pl.Int32}
     fast = (
-        pl.scan_parquet(coll_store)
-        .filter(pl.col("fast"))
-        .select(pl.exclude("fast"))
-        .with_columns(pl.lit(None, dtype=pl.Int32).alias("tid"))
+        pl.scan_parquet(coll_stores).with_columns(pl.lit(None, dtype=pl.Int32).alias("tid"))
+        if coll_stores
+        else pl.LazyFrame(schema=schema)
     )
     slow_rows = [
         {
@@ -51,7 +51,6 @@ def coll_lines(coll_store: Path, records: LineRecords) -> pl.LazyFrame:
         }
         for proc, line_no, tid, c, ts in records.colls
     ]
-    schema = {k: v for k, v in COLL_STORE_SCHEMA.items() if k != "fast"} | {"tid": pl.Int32}
     slow = pl.DataFrame(slow_rows, schema=schema).lazy()
     return pl.concat([fast, slow], how="vertical")
 

@@ -50,7 +50,7 @@ ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 #:
 #:     node1:4411:4411 [0] 1532.221680 ncclAllReduce:123 NCCL TRACE ...
 HEADER_RE = re.compile(
-    r"(?P<host>[^\s:\[\]()]+):(?P<pid>\d+):(?P<tid>\d+) "
+    r"(?P<host>[^\s:\[\]()\x00-\x1f\x7f\ufffd]+):(?P<pid>\d+):(?P<tid>\d+) "
     r"(?:\[(?P<dev>-?\d+)\] )?"
     r"(?:(?P<ms>\d+\.\d+) (?P<tfunc>[^\s:]+):(?P<tline>\d+) NCCL (?P<trace>TRACE) "
     r"|(?P<src>[^\s:]+):(?P<srcline>\d+)(?: \((?P<func>[^)]*)\))? NCCL (?P<warn>WARN) ?"

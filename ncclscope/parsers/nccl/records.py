@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from ncclscope.parsers.nccl import errors as E
+from ncclscope.schema import LINE_KIND
 from ncclscope.parsers.nccl.lines import (
     Chain,
     Coll,
@@ -28,13 +29,14 @@ from ncclscope.parsers.nccl.lines import (
     parse_line,
 )
 
-__all__ = ["ErrorGroup", "LineRecords", "ProcKey", "collect_records"]
+__all__ = ["TOO_LONG_CHARS", "ErrorGroup", "LineRecords", "ProcKey", "collect_records"]
 
 #: A process: (file_id, host, pid).  Host names repeat across nodes; the file keeps
 #: two containers that both call themselves ``localhost`` with pid 7 apart.
 ProcKey = tuple[int, str, int]
 
-_TOO_LONG = 1 << 16
+#: Longer than any NCCL line can be (NCCL's own buffer is 1 KiB up to 2.28).
+TOO_LONG_CHARS = 1 << 16
 
 
 @dataclass
@@ -72,6 +74,8 @@ class LineRecords:
     #: per file_id: first line number per reason (to point the user at the damage)
     first_bad: dict[int, dict[str, int]] = field(default_factory=dict)
     parsed: Counter[int] = field(default_factory=Counter)
+    #: per file_id: COLL lines the vectorised field reader parsed (not in ``parsed``)
+    fast_calls: Counter[int] = field(default_factory=Counter)
     #: per file_id: lines that held two processes' writes glued together
     spliced: Counter[int] = field(default_factory=Counter)
     header_lines: int = 0
@@ -95,7 +99,8 @@ def collect_records(
 ) -> LineRecords:
     """Parse the text-store rows ``(file_id, line_no, kind, text, n_chars)`` in file order.
 
-    ``kind`` is the first pass's class: 0 blank, 2 carries an NCCL marker, 3 other text.
+    Only rows the first pass marked as carrying an NCCL marker need to come here; the
+    others are counted by reason (blank, other text, binary, too long) the same way.
     ``known_hosts`` are host names seen on intact lines elsewhere (the fast COLL path);
     they repair the host of a spliced line, whose host may carry the other write's tail.
     """
@@ -103,14 +108,14 @@ def collect_records(
     open_groups: dict[tuple[ProcKey, int], ErrorGroup] = {}
     spliced: list[tuple[int, int, ParsedLine]] = []
     for file_id, line_no, kind, text, n_chars in rows:
-        if kind == 0 or text is None:
+        if kind == LINE_KIND["blank"] or text is None:
             out.skip(file_id, line_no, "blank")
             continue
-        if n_chars > _TOO_LONG:
+        if n_chars > TOO_LONG_CHARS:
             out.skip(file_id, line_no, "too_long")
             continue
-        if kind != 2:
-            out.skip(file_id, line_no, "binary" if _is_binary(text) else "other")
+        if kind != LINE_KIND["nccl"]:
+            out.skip(file_id, line_no, "binary" if kind == LINE_KIND["binary"] else "other")
             continue
         parsed = parse_line(text)
         if parsed is None:

@@ -1,155 +1,318 @@
-"""Vectorised first pass: every input line into one compact Parquet line store.
+"""Vectorised first pass: input files into two compact Parquet stores.
 
 Why this shape: a 1,024-rank job with COLL logging writes tens of GB, ~95% of it COLL
-lines.  Those are parsed here in polars' streaming engine (no Python per line) and
-sunk to Parquet, so memory stays flat whatever the input size.  Every other line
-keeps its text in the store and goes through the pure Python parser later: they are
-few (init, connections, warnings) and need the full grammar.
+lines.  Those are parsed here by polars' native CSV reader in its streaming engine
+(no Python per line) and sunk to Parquet, so memory stays flat whatever the input
+size.  Every other line keeps its text and goes through the pure Python parser
+later: they are few (init, connections, warnings) and need the full grammar.
 
-The COLL fast path reads fields by their position from the *end* of the line, where
-the format is fixed in every NCCL version (2.4-2.30)::
+Two readers go over each file:
 
-    ... host:pid:tid [dev] NCCL INFO AllGather: opCount 1a sendbuff 0x.. recvbuff 0x..
-        count 4096 datatype 9 op 0 root 0 comm 0x55.. [nranks=16] stream 0x55..
+* **the field reader** splits lines on single spaces.  A COLL line has the same 22
+  tokens from its header to its end in every NCCL version (2.4-2.30)::
 
-so any launcher prefix or timestamp in front is harmless.  A line that does not
-validate token by token, or that carries ANSI escapes, a carriage return or two NCCL
-headers, is left to the reference parser instead.
+      [default3]:[2025-03-14 09:00:09.387136] node-6:5381:5381 [3] NCCL INFO AllGather:
+      opCount 1a sendbuff 0x7f.. recvbuff 0x7f.. count 4096 datatype 9 op 0 root 0
+      comm 0x55.. [nranks=16] stream 0x55..
+
+  so once the number of prefix tokens before the header (the *offset*, 2 above) is
+  known, every field sits at a fixed column.  The offsets a file uses are sniffed
+  from samples of it; one query runs per offset.
+* **the line reader** keeps every line that does not contain ``opCount`` with its
+  text, and the line number of each one that does.
+
+Every line with ``opCount`` that no field query took (another offset, ANSI colours, a
+``\\r`` progress bar, a damaged field) is found by comparing line numbers and re-read
+for the reference parser, so no COLL line is lost to the fast path's assumptions.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
 
+from ncclscope.parsers.nccl.lines import parse_line
 from ncclscope.schema import COLL_STORE_SCHEMA, LINE_KIND, TEXT_STORE_SCHEMA
 
-__all__ = ["MAX_TEXT_CHARS", "ScanTarget", "scan_inputs"]
+__all__ = ["MAX_TEXT_CHARS", "ScanTarget", "scan_inputs", "sniff_offsets"]
 
 #: Text kept per non-COLL line; longer lines are not NCCL lines (NCCL truncates at 1 KiB
 #: up to 2.28) and are counted as ``too_long`` when nothing parses.
 MAX_TEXT_CHARS = 4096
+#: Tokens from a COLL line's header to its end (``... [nranks=16] stream 0x55..``).
+_COLL_TOKENS = 24
+#: Columns the field reader needs after the offset (up to ``[nranks=N]``).
+_FIELD_COLUMNS = 22
+#: Offsets (prefix tokens) the field reader handles; more is someone's custom logger.
+_MAX_OFFSET = 12
+_SAMPLES = 8
+_SAMPLE_BYTES = 64 << 10
+#: An offset seen on fewer sampled COLL lines than this share gets no query of its own.
+_MIN_SHARE = 0.02
+#: COLL lines left to the Python parser beyond which the offsets are learned again.
+_REPLAN_LINES = 20_000
+
+_READ = {
+    "has_header": False,
+    "quote_char": None,
+    "truncate_ragged_lines": True,
+    "encoding": "utf8-lossy",
+    "row_index_name": "i",
+    "row_index_offset": 1,
+}
 
 
 @dataclass(frozen=True)
 class ScanTarget:
-    """A plain-text file and its index among the run's inputs."""
+    """A plain-text file, its index among the run's inputs, and its COLL offsets."""
 
     file_id: int
     path: Path
+    offsets: tuple[int, ...] = ()
 
 
-def _lines(target: ScanTarget) -> pl.LazyFrame:
-    return pl.scan_csv(
-        target.path,
-        has_header=False,
-        separator="\x1f",
-        quote_char=None,
-        schema={"line": pl.String},
-        truncate_ragged_lines=True,
-        encoding="utf8-lossy",
-        row_index_name="i",
-        row_index_offset=1,
-    ).with_columns(pl.lit(target.file_id, dtype=pl.UInt32).alias("file_id"))
+def sniff_offsets(path: Path, size: int) -> tuple[int, ...]:
+    """The prefix-token offsets of COLL lines in samples spread over the file.
+
+    ``[default3]:[2025-03-14 09:00:09.387136] node-6:5381:5381 [3] NCCL INFO AllGather:``
+    has offset 2 (two space-separated tokens before the header).
+    """
+    counts: Counter[int] = Counter()
+    step = max(size // _SAMPLES, 1)
+    with path.open("rb") as fh:
+        for k in range(_SAMPLES):
+            start = min(k * step, max(size - _SAMPLE_BYTES, 0))
+            fh.seek(start)
+            chunk = fh.read(_SAMPLE_BYTES).decode("utf-8", "replace").split("\n")
+            lines = chunk[1:-1] if start else chunk[:-1]
+            for line in lines:
+                if "opCount" not in line:
+                    continue
+                parsed = parse_line(line)
+                if parsed is None or parsed.kind != "coll" or parsed.spliced:
+                    continue
+                offset = parsed.prefix.count(" ")
+                if offset <= _MAX_OFFSET and line.count(" ") == offset + _COLL_TOKENS - 1:
+                    counts[offset] += 1
+            if start + _SAMPLE_BYTES >= size:
+                break
+    total = sum(counts.values())
+    return tuple(sorted(h for h, n in counts.items() if n >= _MIN_SHARE * total))
 
 
-def _fields(lf: pl.LazyFrame) -> pl.LazyFrame:
-    """Add the COLL fields (read from the end of the line) and ``fast`` to every row."""
-    line = pl.col("line")
-    tok = line.str.split(" ")
+def _fields(targets: Sequence[ScanTarget], h: int) -> pl.LazyFrame:
+    """COLL rows of the files whose lines have ``h`` prefix tokens."""
+    schema = {f"c{k}": pl.String for k in range(h + _FIELD_COLUMNS)}
 
-    def t(k: int) -> pl.Expr:
-        return tok.list.get(k, null_on_oob=True)
+    def c(k: int) -> pl.Expr:
+        return pl.col(f"c{k}")
 
-    hpt = t(-24).str.split(":")
-    host = hpt.list.get(-3, null_on_oob=True)
-    pid = hpt.list.get(-2, null_on_oob=True).cast(pl.Int32, strict=False)
-    opcount = t(-18).str.to_integer(base=16, strict=False)
-    count = t(-12).cast(pl.Int64, strict=False)
-    nranks = t(-3).str.strip_prefix("[nranks=").str.strip_suffix("]").cast(pl.Int32, strict=False)
-    fast = (
-        line.str.contains("opCount", literal=True)
-        & (t(-19) == "opCount")
-        & (t(-21) == "INFO")
-        & (t(-22) == "NCCL")
-        & (t(-5) == "comm")
-        & (t(-17) == "sendbuff")
-        # ANSI escapes, \r progress bars and a second header (spliced writes) need
-        # the reference parser to find where the real line starts.
-        & ~line.str.contains(r"[\r\x1b]")
-        & (line.str.count_matches("NCCL ", literal=True) == 1)
-        & pid.is_not_null()
-        & opcount.is_not_null()
-        & count.is_not_null()
-        & nranks.is_not_null()
-        & (host.str.len_bytes() > 0)
-    ).fill_null(value=False)
-    # Default NCCL timestamp "[%F %T.%Nf] " right before the header; other formats -> null.
-    ts_text = pl.concat_str(t(-26).str.slice(-10), pl.lit(" "), t(-25).str.strip_suffix("]"))
-    ts = ts_text.str.to_datetime(
-        "%Y-%m-%d %H:%M:%S%.f", time_unit="us", time_zone="UTC", strict=False
+    def f(k: int) -> pl.Expr:
+        return c(h + k)
+
+    valid = (
+        (f(2) == "NCCL")
+        & (f(3) == "INFO")
+        & (f(5) == "opCount")
+        & (f(7) == "sendbuff")
+        & (f(19) == "comm")
+        # Control bytes glued to the host (colour codes, \r bars, NUL padding) or a
+        # second header in the prefix (spliced writes): the reference parser decides.
+        & ~f(0).str.contains(r"[\x00-\x1f\x7f\ufffd]")
     )
-    return lf.select(
-        "file_id",
-        "i",
-        "line",
-        fast.alias("fast"),
-        host.alias("host"),
-        pid.alias("pid"),
-        t(-20).str.strip_suffix(":").alias("op"),
-        opcount.alias("opcount"),
-        count.alias("count"),
-        t(-10).cast(pl.Int16, strict=False).alias("dtype"),
-        t(-8).cast(pl.Int16, strict=False).alias("redop"),
-        t(-6).cast(pl.Int32, strict=False).alias("root"),
-        t(-4).str.to_lowercase().alias("comm"),
-        nranks.alias("nranks"),
-        ts.alias("ts"),
-    )
+    for k in range(h):
+        valid = valid & (c(k).fill_null("") != "NCCL")
+    host_pid = f(0).str.split(":")
+    if h >= 2:
+        # Default NCCL timestamp "[%F %T.%Nf] ": the two tokens before the header.
+        ts_text = pl.concat_str(c(h - 2).str.slice(-10), pl.lit(" "), c(h - 1).str.strip_suffix("]"))
+        ts = ts_text.str.to_datetime(
+            "%Y-%m-%d %H:%M:%S%.f", time_unit="us", time_zone="UTC", strict=False
+        )
+    else:
+        ts = pl.lit(None, dtype=pl.Datetime("us", "UTC"))
+    frames = [
+        pl.scan_csv(t.path, separator=" ", schema=schema, missing_columns="insert", **_READ)
+        .filter(valid.fill_null(value=False))
+        .select(
+            pl.lit(t.file_id, dtype=pl.UInt32).alias("file_id"),
+            "i",
+            host_pid.list.get(-3, null_on_oob=True).alias("host"),
+            host_pid.list.get(-2, null_on_oob=True).cast(pl.Int32, strict=False).alias("pid"),
+            f(4).str.strip_suffix(":").alias("op"),
+            f(6).str.to_integer(base=16, strict=False).alias("opcount"),
+            f(12).cast(pl.Int64, strict=False).alias("count"),
+            f(14).cast(pl.Int16, strict=False).alias("dtype"),
+            f(16).cast(pl.Int16, strict=False).alias("redop"),
+            f(18).cast(pl.Int32, strict=False).alias("root"),
+            f(20).alias("comm"),  # %p prints lowercase hex
+            f(21).str.strip_prefix("[nranks=").str.strip_suffix("]")
+            .cast(pl.Int32, strict=False).alias("nranks"),
+            ts.alias("ts"),
+        )
+        # A damaged field: the line goes to the reference parser instead.
+        .drop_nulls(["host", "pid", "opcount", "count", "nranks"])
+        for t in targets
+    ]
+    return pl.concat(frames, how="vertical") if len(frames) > 1 else frames[0]
 
 
-def _text_rows(lf: pl.LazyFrame) -> pl.LazyFrame:
-    """Rows the fast path did not take: their kind and (bounded) text."""
+def _lines(targets: Sequence[ScanTarget]) -> pl.LazyFrame:
+    """Every line: its text where it has no ``opCount``, else only its number.
+
+    Keeping a row per line gives the line count per file and, when the field
+    reader missed some COLL lines, the numbers to compare against.
+    """
     line = pl.col("line")
+    has_op = line.str.contains("opCount", literal=True).fill_null(value=False)
+    frames = [
+        pl.scan_csv(t.path, separator="\x1f", schema={"line": pl.String}, **_READ).select(
+            pl.lit(t.file_id, dtype=pl.UInt32).alias("file_id"),
+            "i",
+            has_op.alias("has_op"),
+            pl.when(has_op).then(None).otherwise(line.str.slice(0, MAX_TEXT_CHARS)).alias("text"),
+            pl.when(has_op).then(None).otherwise(line.str.len_chars()).cast(pl.Int32)
+            .alias("n_chars"),
+        )
+        for t in targets
+    ]
+    return pl.concat(frames, how="vertical") if len(frames) > 1 else frames[0]
+
+
+def _kind() -> pl.Expr:
+    line = pl.col("text")
     blank = line.is_null() | (line.str.strip_chars() == "")
     marker = line.str.contains(r"NCCL (?:INFO|WARN|TRACE|CALL)|NCCL version [0-9.]+[^ ]*\+cuda")
-    kind = (
+    binary = line.str.contains(r"[\x00-\x08\x0e-\x1f\x7f\ufffd]")
+    return (
         pl.when(blank)
         .then(pl.lit(LINE_KIND["blank"]))
         .when(marker)
         .then(pl.lit(LINE_KIND["nccl"]))
+        .when(binary)
+        .then(pl.lit(LINE_KIND["binary"]))
         .otherwise(pl.lit(LINE_KIND["other"]))
-    )
-    return lf.filter(~pl.col("fast")).select(
-        "file_id",
-        "i",
-        kind.cast(pl.UInt8).alias("kind"),
-        line.str.slice(0, MAX_TEXT_CHARS).alias("text"),
-        line.str.len_chars().cast(pl.Int32).alias("n_chars"),
+        .cast(pl.UInt8)
+        .alias("kind")
     )
 
 
-def scan_inputs(targets: Sequence[ScanTarget], coll_store: Path, text_store: Path) -> None:
-    """Scan ``targets`` in one streaming query into two Parquet stores.
+def _reread(targets: Sequence[ScanTarget], wanted: pl.DataFrame) -> pl.DataFrame:
+    """Text of the given (file_id, i) lines, for lines the field reader did not take."""
+    frames = []
+    for t in targets:
+        lines = wanted.filter(pl.col("file_id") == t.file_id)["i"]
+        if lines.is_empty():
+            continue
+        frames.append(
+            pl.scan_csv(t.path, separator="\x1f", schema={"line": pl.String}, **_READ)
+            .filter(pl.col("i").is_in(lines.implode()))
+            .select(
+                pl.lit(t.file_id, dtype=pl.UInt32).alias("file_id"),
+                "i",
+                pl.col("line").str.slice(0, MAX_TEXT_CHARS).alias("text"),
+                pl.col("line").str.len_chars().cast(pl.Int32).alias("n_chars"),
+            )
+            .collect(engine="streaming")
+        )
+    empty = {"file_id": pl.UInt32, "i": pl.UInt32, "text": pl.String, "n_chars": pl.Int32}
+    return pl.concat(frames) if frames else pl.DataFrame(schema=empty)
 
-    ``coll_store`` gets one row per input line (COLL fields valid where ``fast``);
-    ``text_store`` gets the other lines with their kind and text.
+
+def _offsets_of(lines: pl.DataFrame) -> Counter[int]:
+    counts: Counter[int] = Counter()
+    for text in lines["text"].to_list():
+        parsed = parse_line(text) if text else None
+        if parsed is not None and parsed.kind == "coll" and not parsed.spliced:
+            offset = parsed.prefix.count(" ")
+            if offset <= _MAX_OFFSET and text.count(" ") == offset + _COLL_TOKENS - 1:
+                counts[offset] += 1
+    return counts
+
+
+def scan_inputs(
+    targets: Sequence[ScanTarget], store: Path
+) -> tuple[list[Path], Path, dict[int, int]]:
+    """Scan ``targets`` into Parquet stores under ``store``.
+
+    Returns:
+        The COLL stores (one per offset query, ``COLL_STORE_SCHEMA``), the text store
+        (``TEXT_STORE_SCHEMA``: every line without ``opCount``, and every line with it
+        that no field query took) and the number of lines per file_id.
 
     Raises:
         polars.exceptions.PolarsError: a file could not be read; the caller retries
             file by file to name it.
     """
-    frames = [_fields(_lines(target)) for target in targets]
-    lf = pl.concat(frames, how="vertical") if len(frames) > 1 else frames[0]
-    coll = lf.drop("line").cast(dict(COLL_STORE_SCHEMA))
-    text = _text_rows(lf).cast(dict(TEXT_STORE_SCHEMA))
-    pl.collect_all(
-        [
-            coll.sink_parquet(coll_store, lazy=True, compression="lz4"),
-            text.sink_parquet(text_store, lazy=True, compression="lz4"),
-        ],
-        engine="streaming",
+    store.mkdir(parents=True, exist_ok=True)
+    lines_store = store / "lines.parquet"
+    _lines(targets).sink_parquet(lines_store, compression="lz4", engine="streaming")
+    counts = (
+        pl.scan_parquet(lines_store).group_by("file_id")
+        .agg(pl.len().alias("lines"), pl.col("has_op").sum().alias("op"))
+        .collect(engine="streaming")
     )
+    n_lines = {r["file_id"]: r["lines"] for r in counts.iter_rows(named=True)}
+    op_lines = {r["file_id"]: r["op"] for r in counts.iter_rows(named=True)}
+    coll_stores: list[Path] = []
+    plan = {t.file_id: set(t.offsets) for t in targets}
+    done: dict[int, set[int]] = {t.file_id: set() for t in targets}
+    missing = pl.DataFrame(schema={"file_id": pl.UInt32, "i": pl.UInt32})
+    for _round in range(3):
+        for h in sorted({h for hs in plan.values() for h in hs}):
+            chosen = [t for t in targets if h in plan[t.file_id]]
+            part = store / f"coll-{len(coll_stores)}.parquet"
+            _fields(chosen, h).cast(dict(COLL_STORE_SCHEMA)).sink_parquet(
+                part, compression="lz4", engine="streaming"
+            )
+            coll_stores.append(part)
+            for t in chosen:
+                done[t.file_id].add(h)
+        taken: dict[int, int] = {}
+        if coll_stores:
+            taken = dict(
+                pl.scan_parquet(coll_stores).group_by("file_id").agg(pl.len())
+                .collect(engine="streaming").iter_rows()
+            )
+        short = [t for t in targets if op_lines.get(t.file_id, 0) != taken.get(t.file_id, 0)]
+        if not short:
+            missing = missing.clear()
+            break
+        # Some opCount lines were not taken: find exactly which.
+        taken_lines = (
+            pl.scan_parquet(coll_stores).select("file_id", "i")
+            if coll_stores
+            else pl.LazyFrame(schema={"file_id": pl.UInt32, "i": pl.UInt32})
+        )
+        missing = (
+            pl.scan_parquet(lines_store)
+            .filter(pl.col("has_op") & pl.col("file_id").is_in([t.file_id for t in short]))
+            .select("file_id", "i")
+            .join(taken_lines, on=["file_id", "i"], how="anti")
+            .collect(engine="streaming")
+        )
+        if missing.height < _REPLAN_LINES:
+            break
+        # Many COLL lines left: the samples missed an offset.  Learn it from them.
+        sample = _reread(targets, missing.group_by("file_id").head(2_000))
+        plan = {}
+        for (file_id,), lines in sample.group_by("file_id"):
+            found = _offsets_of(lines)
+            total = sum(found.values())
+            new = {h for h, n in found.items() if n >= _MIN_SHARE * total} - done[int(file_id)]
+            if new:
+                plan[int(file_id)] = new
+        if not plan:
+            break
+    text_store = store / "text.parquet"
+    text = pl.scan_parquet(lines_store).filter(~pl.col("has_op")).drop("has_op")
+    if missing.height:
+        text = pl.concat([text, _reread(targets, missing).lazy()])
+    text.with_columns(_kind()).select(list(TEXT_STORE_SCHEMA)).sort("file_id", "i").sink_parquet(
+        text_store, compression="lz4", engine="streaming"
+    )
+    return coll_stores, text_store, n_lines
