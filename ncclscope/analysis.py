@@ -139,7 +139,7 @@ def run_analysis(
     collectives = summary = None
     if lines is not None and len(stats):
         collectives = build_collectives(lines, stats, identity.members, workdir / "collectives")
-        summary = summarise(collectives)
+        summary = summarise(lines, collectives)
     account = _account(inputs, n_lines, records)
     hosts = sorted(set(identity.members["host"].to_list()) | records.hosts)
     errors = _errors(records, identity)
@@ -259,7 +259,10 @@ def _communicators(identity: Identity, summary: CollSummary | None) -> pl.DataFr
     per_comm = (
         summary.per_comm
         if summary is not None
-        else pl.DataFrame(schema={"comm_key": pl.String, "calls": pl.UInt32, "last_seq": pl.Int64})
+        else pl.DataFrame(
+            schema={"comm_key": pl.String, "calls": pl.Int64, "instances": pl.Int64,
+                    "last_seq": pl.Int64}
+        )
     )
     frame = (
         grouped.join(nnodes, on="comm_key", how="left")

@@ -81,44 +81,46 @@ def proc_comm_stats(lines: pl.LazyFrame) -> pl.DataFrame:
 def build_collectives(
     lines: pl.LazyFrame, stats: pl.DataFrame, members: pl.DataFrame, out_dir: Path
 ) -> pl.LazyFrame:
-    """Write the collectives table under ``out_dir`` and return a lazy scan of it."""
+    """The collectives table (``COLLECTIVES_SCHEMA``) as a lazy query over the stores.
+
+    Nothing is materialised here: a large job has tens of millions of rows, and each
+    consumer aggregates them in one streaming pass.  Only the calls of communicators
+    whose ``opCount`` is constant need counting in order; those few rows are written
+    to ``out_dir``.
+    """
     counted = stats.filter(
         (pl.col("opcount_min") == pl.col("opcount_max")) & (pl.col("calls") > 1)
     ).select(_PROC_COMM)
     mapping = members.select(*_PROC_COMM, "comm_key", "comm_rank", "rank")
-    sizes = pl.DataFrame(
-        {"dtype": list(DTYPE_BYTES), "elem_bytes": list(DTYPE_BYTES.values())},
-        schema={"dtype": pl.Int16, "elem_bytes": pl.Int64},
-    )
     enriched = (
         lines.join(mapping.lazy(), on=_PROC_COMM, how="left")
-        .join(sizes.lazy(), on="dtype", how="left")
         .with_columns(
-            (pl.col("count") * pl.col("elem_bytes")).alias("size_bytes"),
+            _size_bytes().alias("size_bytes"),
             pl.when(pl.col("ts").is_not_null()).then(pl.lit("nccl")).otherwise(pl.lit("none"))
             .alias("ts_source"),
             pl.col("i").alias("line_no"),
         )
     )
-    out_dir.mkdir(parents=True, exist_ok=True)
     by_opcount = (
         enriched.join(counted.lazy(), on=_PROC_COMM, how="anti")
         .with_columns(pl.col("opcount").alias("seq"))
         .select(list(COLLECTIVES_SCHEMA))
         .cast(dict(COLLECTIVES_SCHEMA))
     )
-    by_opcount.sink_parquet(out_dir / "collectives-0.parquet", engine="streaming")
-    if counted.height:
-        # Only these rows need a window in memory: count each process's calls in order.
-        by_count = (
-            enriched.join(counted.lazy(), on=_PROC_COMM, how="semi")
-            .sort("file_id", "i")
-            .with_columns((pl.int_range(pl.len()).over(_PROC_COMM)).cast(pl.Int64).alias("seq"))
-            .select(list(COLLECTIVES_SCHEMA))
-            .cast(dict(COLLECTIVES_SCHEMA))
-        )
-        by_count.sink_parquet(out_dir / "collectives-1.parquet", engine="in-memory")
-    return pl.scan_parquet(out_dir / "collectives-*.parquet")
+    if not counted.height:
+        return by_opcount
+    out_dir.mkdir(parents=True, exist_ok=True)
+    part = out_dir / "counted.parquet"
+    # Only these rows need a window in memory: count each process's calls in order.
+    (
+        enriched.join(counted.lazy(), on=_PROC_COMM, how="semi")
+        .sort("file_id", "i")
+        .with_columns(pl.int_range(pl.len()).over(_PROC_COMM).cast(pl.Int64).alias("seq"))
+        .select(list(COLLECTIVES_SCHEMA))
+        .cast(dict(COLLECTIVES_SCHEMA))
+        .sink_parquet(part, engine="in-memory")
+    )
+    return pl.concat([by_opcount, pl.scan_parquet(part)])
 
 
 @dataclass(frozen=True)
@@ -130,19 +132,20 @@ class CollSummary:
     with_ts: int
     by_op: dict[str, int]
     by_op_size: pl.DataFrame  # op, size_bytes_min, calls, total_bytes
-    per_comm: pl.DataFrame  # comm_key, calls, last_seq
+    per_comm: pl.DataFrame  # comm_key, calls, instances, last_seq
 
 
-def summarise(collectives: pl.LazyFrame) -> CollSummary:
-    """Calls, instances and size histograms, each as a streaming aggregation."""
-    totals = collectives.select(
-        pl.len().alias("calls"), pl.col("ts").is_not_null().sum().alias("with_ts")
-    ).collect(engine="streaming")
-    instances = (
-        collectives.group_by("comm_key", "seq").agg(pl.len()).select(pl.len())
-        .collect(engine="streaming").item()
-    )
-    by_op = collectives.group_by("op").agg(pl.len().alias("calls")).collect(engine="streaming")
+def _size_bytes() -> pl.Expr:
+    elem = pl.col("dtype").replace_strict(DTYPE_BYTES, default=None, return_dtype=pl.Int64)
+    return pl.col("count") * elem
+
+
+def summarise(lines: pl.LazyFrame, collectives: pl.LazyFrame) -> CollSummary:
+    """Calls, instances and size histograms, in two streaming aggregations.
+
+    The size histogram needs no identity, so it runs on the raw COLL lines and skips
+    the join; the instance count runs on the collectives table.
+    """
     bucket = (
         pl.when(pl.col("size_bytes").fill_null(0) <= 0)
         .then(pl.lit(0, dtype=pl.Int64))
@@ -153,22 +156,34 @@ def summarise(collectives: pl.LazyFrame) -> CollSummary:
         )
     )
     by_op_size = (
-        collectives.with_columns(bucket.alias("size_bytes_min"))
-        .group_by("op", "size_bytes_min")
-        .agg(pl.len().alias("calls"), pl.col("size_bytes").sum().alias("total_bytes"))
+        lines.with_columns(_size_bytes().alias("size_bytes"))
+        .group_by("op", bucket.alias("size_bytes_min"))
+        .agg(
+            pl.len().cast(pl.Int64).alias("calls"),
+            pl.col("size_bytes").sum().alias("total_bytes"),
+            pl.col("ts").is_not_null().sum().alias("with_ts"),
+        )
         .sort("op", "size_bytes_min")
         .collect(engine="streaming")
     )
-    per_comm = (
-        collectives.group_by("comm_key")
-        .agg(pl.len().alias("calls"), pl.col("seq").max().alias("last_seq"))
+    instances = (
+        collectives.select("comm_key", "seq")
+        .group_by("comm_key", "seq")
+        .agg(pl.len().alias("calls"))
+        .group_by("comm_key")
+        .agg(
+            pl.col("calls").sum().cast(pl.Int64),
+            pl.len().cast(pl.Int64).alias("instances"),
+            pl.col("seq").max().alias("last_seq"),
+        )
         .collect(engine="streaming")
     )
+    by_op = by_op_size.group_by("op").agg(pl.col("calls").sum()).sort("op")
     return CollSummary(
-        calls=int(totals["calls"][0]),
-        instances=int(instances),
-        with_ts=int(totals["with_ts"][0]),
-        by_op={r["op"]: int(r["calls"]) for r in by_op.sort("op").iter_rows(named=True)},
-        by_op_size=by_op_size,
-        per_comm=per_comm,
+        calls=int(by_op_size["calls"].sum()),
+        instances=int(instances["instances"].sum()),
+        with_ts=int(by_op_size["with_ts"].sum()),
+        by_op={r["op"]: int(r["calls"]) for r in by_op.iter_rows(named=True)},
+        by_op_size=by_op_size.drop("with_ts"),
+        per_comm=instances,
     )
