@@ -17,6 +17,8 @@ import polars as pl
 
 from ncclscope.parsers.nccl import errors as E
 from ncclscope.parsers.nccl.collectives import (
+    apply_host_repairs,
+    repair_spliced_hosts,
     CollSummary,
     build_collectives,
     coll_lines,
@@ -99,7 +101,7 @@ def run_analysis(
     )
     paths = [inp.display for inp in inputs]
     targets = [
-        ScanTarget(k, inp.path, sniff_offsets(inp.path, inp.size_bytes))
+        ScanTarget(k, inp.path, sniff_offsets(inp.path, inp.size_bytes), inp.shifted)
         for k, inp in enumerate(inputs)
         if inp.size_bytes > 0
     ]
@@ -130,6 +132,14 @@ def run_analysis(
         _count_other_lines(text_store, records)
         lines = coll_lines(coll_stores, records)
         stats = proc_comm_stats(lines)
+        repairs = repair_spliced_hosts(stats, records)
+        if not repairs.is_empty():
+            lines = apply_host_repairs(lines, repairs)
+            stats = proc_comm_stats(lines)
+            for r in repairs.iter_rows(named=True):
+                records.spliced[r["file_id"]] += r["calls"]
+                bad = records.first_bad.setdefault(r["file_id"], {})
+                bad["spliced"] = min(bad.get("spliced", r["first_line"]), r["first_line"])
     else:
         records = LineRecords()
         lines = None
@@ -146,7 +156,7 @@ def run_analysis(
     analysis = Analysis(
         paths=paths,
         inputs=account,
-        notes={inp.display: list(inp.notes) for inp in inputs if inp.notes},
+        notes=_notes(inputs, records),
         problems=problems,
         nccl_versions=sorted({v.version for *_, v in records.versions}, key=_version_key),
         cuda_versions=sorted({v.cuda for *_, v in records.versions}, key=_version_key),
@@ -211,6 +221,30 @@ def _count_other_lines(text_store: Path, records: LineRecords) -> None:
     for r in counts.iter_rows(named=True):
         records.unparsed.setdefault(r["file_id"], Counter())[r["reason"]] += r["n"]
         records.first_bad.setdefault(r["file_id"], {}).setdefault(r["reason"], r["first"])
+
+
+_DAMAGE = {
+    "binary": "binary data or invalid UTF-8",
+    "too_long": "lines longer than any NCCL line",
+    "malformed": "NCCL lines that match no known format",
+    "spliced": "two processes' writes spliced on one line (the whole tail was kept)",
+}
+
+
+def _notes(inputs: list[Input], records: LineRecords) -> dict[str, list[str]]:
+    """Per input: what the sources said, and where each kind of damage first appears."""
+    notes: dict[str, list[str]] = {}
+    for k, inp in enumerate(inputs):
+        found = list(inp.notes)
+        skipped = records.unparsed.get(k, Counter())
+        for reason, what in _DAMAGE.items():
+            n = records.spliced.get(k, 0) if reason == "spliced" else skipped.get(reason, 0)
+            first = records.first_bad.get(k, {}).get(reason)
+            if n and first is not None:
+                found.append(f"{n:,} line{'s' if n > 1 else ''}: {what}, first at line {first}")
+        if found:
+            notes[inp.display] = found
+    return notes
 
 
 def _version_key(v: str) -> tuple[int, ...]:

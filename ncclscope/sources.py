@@ -10,9 +10,10 @@ from __future__ import annotations
 import glob
 import gzip
 import os
+import shutil
 import zlib
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO
 
@@ -51,6 +52,9 @@ class Input:
     size_bytes: int
     notes: tuple[str, ...] = field(default=())
     partial_last_line: bool = False
+    #: ``path`` is a copy with one empty line put in front (see ``_shield``): line k of
+    #: the copy is line k-1 of the input.
+    shifted: bool = False
 
 
 @dataclass(frozen=True)
@@ -171,11 +175,13 @@ def _open_input(
         if stdin is None:
             raise InputError("-", "standard input is not available")
         target = _fresh(workdir, "stdin")
-        head = stdin.peek(2)[:2] if hasattr(stdin, "peek") else b""
-        if head == _GZIP_MAGIC:
-            notes.extend(_gunzip(stdin, target, display, on_copy))
+        # Read the magic ourselves: a pipe cannot seek back and not every stream peeks.
+        first = stdin.read(_CHUNK)
+        stream = _Prepended(first, stdin)
+        if first[:2] == _GZIP_MAGIC:
+            notes.extend(_gunzip(stream, target, display, on_copy))
         else:
-            _copy(stdin, target, display, on_copy)
+            _copy(stream, target, display, on_copy)
         return _finish(display, target, notes)
     path = Path(real)
     try:
@@ -187,8 +193,40 @@ def _open_input(
         target = _fresh(workdir, path.name.removesuffix(".gz"))
         with path.open("rb") as raw:
             notes.extend(_gunzip(raw, target, display, on_copy))
-        return _finish(display, target, notes)
-    return _finish(display, path, notes)
+        return _shield(_finish(display, target, notes), workdir)
+    return _shield(_finish(display, path, notes), workdir)
+
+
+#: First bytes that make polars' CSV reader decompress a file on its own (zlib, zstd).
+_OTHER_MAGIC = (b"\x78\x01", b"\x78\x5e", b"\x78\x9c", b"\x78\xda", b"\x28\xb5\x2f\xfd")
+
+
+def _shield(inp: Input, workdir: Path) -> Input:
+    """A text file that merely starts with compression magic (junk left by a crash) is
+    copied behind one empty line, so the reader sees text; line numbers shift by one."""
+    with inp.path.open("rb") as fh:
+        head = fh.read(4)
+    if not any(head.startswith(magic) for magic in _OTHER_MAGIC):
+        return inp
+    target = _fresh(workdir, inp.path.name)
+    with inp.path.open("rb") as src, target.open("wb") as out:
+        out.write(b"\n")
+        shutil.copyfileobj(src, out, _CHUNK)
+    return replace(inp, path=target, shifted=True)
+
+
+class _Prepended:
+    """A read-only stream that yields ``head`` and then the rest of ``rest``."""
+
+    def __init__(self, head: bytes, rest: BinaryIO) -> None:
+        self._head = head
+        self._rest = rest
+
+    def read(self, size: int = -1) -> bytes:
+        if self._head:
+            out, self._head = self._head, b""
+            return out
+        return self._rest.read(size)
 
 
 def _finish(display: str, path: Path, notes: list[str]) -> Input:
@@ -214,7 +252,7 @@ def _fresh(workdir: Path, stem: str) -> Path:
     raise InputError(stem, "cannot create a work file")  # pragma: no cover
 
 
-def _copy(src: BinaryIO, target: Path, display: str, on_copy: Callable[[str, int], None] | None) -> None:
+def _copy(src: BinaryIO | _Prepended, target: Path, display: str, on_copy: Callable[[str, int], None] | None) -> None:
     done = 0
     with target.open("wb") as out:
         while chunk := src.read(_CHUNK):
@@ -225,7 +263,7 @@ def _copy(src: BinaryIO, target: Path, display: str, on_copy: Callable[[str, int
 
 
 def _gunzip(
-    src: BinaryIO, target: Path, display: str, on_copy: Callable[[str, int], None] | None
+    src: BinaryIO | _Prepended, target: Path, display: str, on_copy: Callable[[str, int], None] | None
 ) -> list[str]:
     """Decompress a gzip stream (all members) with zlib, keeping every byte before damage.
 

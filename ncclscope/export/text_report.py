@@ -140,19 +140,10 @@ def _gaps(out: list[str], doc: dict[str, Any]) -> None:
 
 
 def _inputs(out: list[str], doc: dict[str, Any]) -> None:
-    notes = []
-    for inp in doc["inputs"]:
-        damaged = {k: v for k, v in inp["unparsed_by_reason"].items() if k not in ("blank", "other")}
-        parts = [f"{v:,} {k.replace('_', ' ')}" for k, v in damaged.items()]
-        if inp["spliced"]:
-            parts.append(f"{inp['spliced']:,} spliced (two writes on one line; tail kept)")
-        if parts or inp["notes"]:
-            text = "; ".join(parts + inp["notes"])
-            notes.append(f"  {inp['path']}: {text}")
-    for problem in doc["problems"]:
-        notes.append(f"  {problem['path']}: {problem['reason']}")
+    notes = [f"  {inp['path']}: {note}" for inp in doc["inputs"] for note in inp["notes"]]
+    notes.extend(f"  {p['path']}: {p['reason']}" for p in doc["problems"])
     if notes:
-        out.append("INPUT PROBLEMS (lines skipped are counted, nothing else was dropped)")
+        out.append("INPUT PROBLEMS (skipped lines are counted; no valid line around them was lost)")
         out.extend(notes)
         out.append("")
 

@@ -19,7 +19,15 @@ from ncclscope.parsers.nccl.records import LineRecords
 from ncclscope.schema import COLL_STORE_SCHEMA, COLLECTIVES_SCHEMA
 from ncclscope.units import DTYPE_BYTES
 
-__all__ = ["CollSummary", "build_collectives", "coll_lines", "coll_only_comms", "summarise"]
+__all__ = [
+    "CollSummary",
+    "apply_host_repairs",
+    "build_collectives",
+    "coll_lines",
+    "coll_only_comms",
+    "repair_spliced_hosts",
+    "summarise",
+]
 
 _PROC_COMM = ["file_id", "host", "pid", "comm"]
 
@@ -53,6 +61,47 @@ def coll_lines(coll_stores: list[Path], records: LineRecords) -> pl.LazyFrame:
     ]
     slow = pl.DataFrame(slow_rows, schema=schema).lazy()
     return pl.concat([fast, slow], how="vertical")
+
+
+def repair_spliced_hosts(stats: pl.DataFrame, records: LineRecords) -> pl.DataFrame:
+    """Processes on COLL lines whose host is another write's tail glued to a real host.
+
+    ``node-a:41node-b:5202:5202 [0] NCCL INFO AllReduce: ...`` is node-b's line with
+    the end of node-a's cut write in front of it.  A process the intact lines never
+    mention, whose host ends with the host of a known process with the same pid, is that
+    process.  Returns (file_id, host, pid, fixed_host, calls, first_line) per repair.
+    """
+    known: dict[tuple[int, int], list[str]] = {}
+    for file_id, host, pid in records.procs:
+        known.setdefault((file_id, pid), []).append(host)
+    rows = []
+    seen = stats.group_by("file_id", "host", "pid").agg(
+        pl.col("calls").sum(), pl.col("first_line").min()
+    )
+    for r in seen.iter_rows(named=True):
+        if (r["file_id"], r["host"], r["pid"]) in records.procs:
+            continue
+        hosts = known.get((r["file_id"], r["pid"]), [])
+        match = max((h for h in hosts if r["host"].endswith(h)), key=len, default=None)
+        if match is not None and match != r["host"]:
+            rows.append({**r, "fixed_host": match})
+    return pl.DataFrame(
+        rows,
+        schema={"file_id": pl.UInt32, "host": pl.String, "pid": pl.Int32, "calls": pl.UInt32,
+                "first_line": pl.UInt32, "fixed_host": pl.String},
+    )
+
+
+def apply_host_repairs(lines: pl.LazyFrame, repairs: pl.DataFrame) -> pl.LazyFrame:
+    """Rewrite the hosts ``repair_spliced_hosts`` found (a no-op when there are none)."""
+    if repairs.is_empty():
+        return lines
+    fix = repairs.select("file_id", "host", "pid", "fixed_host").lazy()
+    return (
+        lines.join(fix, on=["file_id", "host", "pid"], how="left")
+        .with_columns(pl.coalesce("fixed_host", "host").alias("host"))
+        .drop("fixed_host")
+    )
 
 
 def coll_only_comms(stats: pl.DataFrame) -> list[CollOnlyComm]:

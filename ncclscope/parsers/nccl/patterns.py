@@ -17,6 +17,7 @@ import re
 
 __all__ = [
     "ANSI_RE",
+    "HOST_CHARS",
     "BANNER_RE",
     "CHAIN_RE",
     "COLL_RE",
@@ -32,6 +33,10 @@ __all__ = [
     "RING_LIST_RE",
     "TREE_RANK_RE",
 ]
+
+#: Characters of a host name as NCCL prints it: gethostname() cut at the first dot, ``%``
+#: and ``/`` replaced by ``-`` since 2.29, or a redaction such as ``<cluster_name>``.
+HOST_CHARS = r"[A-Za-z0-9_<>.%/-]"
 
 #: ANSI escape sequences (colours, cursor moves) that terminals and loggers add.
 ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
@@ -50,7 +55,7 @@ ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 #:
 #:     node1:4411:4411 [0] 1532.221680 ncclAllReduce:123 NCCL TRACE ...
 HEADER_RE = re.compile(
-    r"(?P<host>[^\s:\[\]()\x00-\x1f\x7f\ufffd]+):(?P<pid>\d+):(?P<tid>\d+) "
+    rf"(?P<host>{HOST_CHARS}+):(?P<pid>\d+):(?P<tid>\d+) "
     r"(?:\[(?P<dev>-?\d+)\] )?"
     r"(?:(?P<ms>\d+\.\d+) (?P<tfunc>[^\s:]+):(?P<tline>\d+) NCCL (?P<trace>TRACE) "
     r"|(?P<src>[^\s:]+):(?P<srcline>\d+)(?: \((?P<func>[^)]*)\))? NCCL (?P<warn>WARN) ?"

@@ -69,6 +69,8 @@ class LineRecords:
     errors: list[ErrorGroup] = field(default_factory=list)
     env: dict[str, set[str]] = field(default_factory=dict)
     hosts: set[str] = field(default_factory=set)
+    #: processes seen on intact (not spliced) lines parsed here
+    procs: set[ProcKey] = field(default_factory=set)
     #: per file_id: reason -> lines
     unparsed: dict[int, Counter[str]] = field(default_factory=dict)
     #: per file_id: first line number per reason (to point the user at the damage)
@@ -106,7 +108,7 @@ def collect_records(
     """
     out = LineRecords()
     open_groups: dict[tuple[ProcKey, int], ErrorGroup] = {}
-    spliced: list[tuple[int, int, ParsedLine]] = []
+    fast_hosts = set(known_hosts)
     for file_id, line_no, kind, text, n_chars in rows:
         if kind == LINE_KIND["blank"] or text is None:
             out.skip(file_id, line_no, "blank")
@@ -124,14 +126,12 @@ def collect_records(
             continue
         if parsed.spliced:
             # The head of another process's write was lost in the splice; the tail is
-            # a whole line, kept once every intact host name is known.
+            # a whole line whose host may carry the lost write's last characters.
             out.spliced[file_id] += 1
-            spliced.append((file_id, line_no, parsed))
-            continue
+            out.first_bad.setdefault(file_id, {}).setdefault("spliced", line_no)
+            hosts = sorted(out.hosts | fast_hosts, key=len, reverse=True)
+            parsed = _repair_host(parsed, hosts)
         _take(out, parsed, file_id, line_no, open_groups)
-    hosts = sorted(out.hosts | set(known_hosts), key=len, reverse=True)
-    for file_id, line_no, parsed in spliced:
-        _take(out, _repair_host(parsed, hosts), file_id, line_no, open_groups)
     return out
 
 
@@ -160,9 +160,10 @@ def _take(
             out.parsed[file_id] += 1
         return
     out.parsed[file_id] += 1
+    proc: ProcKey = (file_id, header.host, header.pid)
     if not parsed.spliced:
         out.hosts.add(header.host)
-    proc: ProcKey = (file_id, header.host, header.pid)
+        out.procs.add(proc)
     out.header_lines += 1
     if parsed.ts_source == "nccl":
         out.header_lines_with_ts += 1

@@ -36,6 +36,7 @@ from pathlib import Path
 import polars as pl
 
 from ncclscope.parsers.nccl.lines import parse_line
+from ncclscope.parsers.nccl.patterns import HOST_CHARS
 from ncclscope.schema import COLL_STORE_SCHEMA, LINE_KIND, TEXT_STORE_SCHEMA
 
 __all__ = ["MAX_TEXT_CHARS", "ScanTarget", "scan_inputs", "sniff_offsets"]
@@ -73,6 +74,18 @@ class ScanTarget:
     file_id: int
     path: Path
     offsets: tuple[int, ...] = ()
+    #: the file is a copy with one empty line in front (``Input.shifted``)
+    shifted: bool = False
+
+
+def _read(target: ScanTarget, **options: object) -> pl.LazyFrame:
+    """Lines of ``target`` numbered from 1 as in the user's file."""
+    if target.shifted:
+        return (
+            pl.scan_csv(target.path, **(_READ | {"row_index_offset": 0}), **options)  # type: ignore[arg-type]
+            .filter(pl.col("i") >= 1)
+        )
+    return pl.scan_csv(target.path, **_READ, **options)  # type: ignore[arg-type]
 
 
 def sniff_offsets(path: Path, size: int) -> tuple[int, ...]:
@@ -139,19 +152,20 @@ def _fields(targets: Sequence[ScanTarget], h: int) -> pl.LazyFrame:
         & (f(5) == "opCount")
         & (f(7) == "sendbuff")
         & (f(19) == "comm")
-        # Control bytes glued to the host (colour codes, \r bars, NUL padding) or a
-        # second header in the prefix (spliced writes): the reference parser decides.
-        & ~f(0).str.contains(r"[\x00-\x1f\x7f\ufffd]")
     )
     for k in range(h):
+        # a second header in the prefix: two processes' writes spliced
         valid = valid & (c(k).fill_null("") != "NCCL")
     host_pid = f(0).str.split(":")
+    # Anything glued to the host that no host name holds (colour codes, \r bars, NUL
+    # padding, punctuation): the reference parser finds where the host starts.
+    valid = valid & host_pid.list.get(-3, null_on_oob=True).str.contains(f"^{HOST_CHARS}+$")
     if h >= 2:
         ts = _default_ts(c(h - 2), c(h - 1))
     else:
         ts = pl.lit(None, dtype=pl.Datetime("us", "UTC"))
     frames = [
-        pl.scan_csv(t.path, separator=" ", schema=schema, missing_columns="insert", **_READ)
+        _read(t, separator=" ", schema=schema, missing_columns="insert", extra_columns="ignore")
         .filter(valid.fill_null(value=False))
         .select(
             pl.lit(t.file_id, dtype=pl.UInt32).alias("file_id"),
@@ -185,7 +199,7 @@ def _lines(targets: Sequence[ScanTarget]) -> pl.LazyFrame:
     line = pl.col("line")
     has_op = line.str.contains("opCount", literal=True).fill_null(value=False)
     frames = [
-        pl.scan_csv(t.path, separator="\x1f", schema={"line": pl.String}, **_READ).select(
+        _read(t, separator="\x1f", schema={"line": pl.String}).select(
             pl.lit(t.file_id, dtype=pl.UInt32).alias("file_id"),
             "i",
             has_op.alias("has_op"),
@@ -222,7 +236,7 @@ def _reread(targets: Sequence[ScanTarget], wanted: pl.DataFrame) -> pl.DataFrame
         if lines.is_empty():
             continue
         frames.append(
-            pl.scan_csv(t.path, separator="\x1f", schema={"line": pl.String}, **_READ)
+            _read(t, separator="\x1f", schema={"line": pl.String})
             .filter(pl.col("i").is_in(lines.implode()))
             .select(
                 pl.lit(t.file_id, dtype=pl.UInt32).alias("file_id"),
