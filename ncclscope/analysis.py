@@ -15,26 +15,26 @@ from typing import BinaryIO
 
 import polars as pl
 
-from ncclscope.parsers.nccl import errors as E
+from ncclscope.parsers.nccl import errors as nccl_errors
 from ncclscope.parsers.nccl.collectives import (
-    apply_host_repairs,
-    repair_spliced_hosts,
     CollSummary,
+    apply_host_repairs,
     build_collectives,
     coll_lines,
     coll_only_comms,
     proc_comm_stats,
+    repair_spliced_hosts,
     summarise,
 )
 from ncclscope.parsers.nccl.identity import Identity, resolve_identity
 from ncclscope.parsers.nccl.records import TOO_LONG_CHARS, LineRecords, collect_records
 from ncclscope.parsers.nccl.scan import ScanTarget, scan_inputs, sniff_offsets
 from ncclscope.schema import (
-    LINE_KIND,
     COMMUNICATORS_SCHEMA,
     CONNECTIONS_SCHEMA,
     ERRORS_SCHEMA,
     INPUTS_SCHEMA,
+    LINE_KIND,
     validate,
 )
 from ncclscope.sources import Input, Problem, expand_inputs
@@ -115,17 +115,24 @@ def run_analysis(
         fast_hosts: list[str] = []
         if coll_stores:
             fast_hosts = (
-                pl.scan_parquet(coll_stores).select(pl.col("host").unique())
-                .collect(engine="streaming")["host"].drop_nulls().to_list()
+                pl.scan_parquet(coll_stores)
+                .select(pl.col("host").unique())
+                .collect(engine="streaming")["host"]
+                .drop_nulls()
+                .to_list()
             )
         nccl_rows = (
-            pl.scan_parquet(text_store).filter(pl.col("kind") == LINE_KIND["nccl"])
-            .collect(engine="streaming").iter_rows()
+            pl.scan_parquet(text_store)
+            .filter(pl.col("kind") == LINE_KIND["nccl"])
+            .collect(engine="streaming")
+            .iter_rows()
         )
         records = collect_records(nccl_rows, known_hosts=fast_hosts)
         if coll_stores:
             per_file = (
-                pl.scan_parquet(coll_stores).group_by("file_id").agg(pl.len())
+                pl.scan_parquet(coll_stores)
+                .group_by("file_id")
+                .agg(pl.len())
                 .collect(engine="streaming")
             )
             records.fast_calls.update(dict(per_file.iter_rows()))
@@ -206,9 +213,12 @@ def _count_other_lines(text_store: Path, records: LineRecords) -> None:
     of a chatty job that logs no COLL)."""
     kind = pl.col("kind")
     reason = (
-        pl.when(pl.col("n_chars") > TOO_LONG_CHARS).then(pl.lit("too_long"))
-        .when(kind == LINE_KIND["blank"]).then(pl.lit("blank"))
-        .when(kind == LINE_KIND["binary"]).then(pl.lit("binary"))
+        pl.when(pl.col("n_chars") > TOO_LONG_CHARS)
+        .then(pl.lit("too_long"))
+        .when(kind == LINE_KIND["blank"])
+        .then(pl.lit("blank"))
+        .when(kind == LINE_KIND["binary"])
+        .then(pl.lit("binary"))
         .otherwise(pl.lit("other"))
     )
     counts = (
@@ -294,8 +304,12 @@ def _communicators(identity: Identity, summary: CollSummary | None) -> pl.DataFr
         summary.per_comm
         if summary is not None
         else pl.DataFrame(
-            schema={"comm_key": pl.String, "calls": pl.Int64, "instances": pl.Int64,
-                    "last_seq": pl.Int64}
+            schema={
+                "comm_key": pl.String,
+                "calls": pl.Int64,
+                "instances": pl.Int64,
+                "last_seq": pl.Int64,
+            }
         )
     )
     frame = (
@@ -328,7 +342,9 @@ def _connections(records: LineRecords) -> pl.DataFrame:
         }
         for proc, line_no, c in records.connections
     ]
-    return validate(pl.DataFrame(rows, schema=CONNECTIONS_SCHEMA), CONNECTIONS_SCHEMA, "connections")
+    return validate(
+        pl.DataFrame(rows, schema=CONNECTIONS_SCHEMA), CONNECTIONS_SCHEMA, "connections"
+    )
 
 
 def _errors(records: LineRecords, identity: Identity) -> pl.DataFrame:
@@ -338,11 +354,13 @@ def _errors(records: LineRecords, identity: Identity) -> pl.DataFrame:
     rows = []
     for group in records.errors:
         if group.from_warn:
-            kind, severity = E.classify_warn(group.message)
+            kind, severity = nccl_errors.classify_warn(group.message)
         else:
-            kind, severity = E.kind_of_code(group.code or 0), "error"
+            kind, severity = nccl_errors.kind_of_code(group.code or 0), "error"
         by_dev = ranks.get(group.proc, {})
-        rank = next(iter(by_dev.values())) if len(set(by_dev.values())) == 1 else by_dev.get(group.dev)
+        rank = (
+            next(iter(by_dev.values())) if len(set(by_dev.values())) == 1 else by_dev.get(group.dev)
+        )
         rows.append(
             {
                 "file_id": group.proc[0],
@@ -354,7 +372,7 @@ def _errors(records: LineRecords, identity: Identity) -> pl.DataFrame:
                 "kind": kind,
                 "severity": severity,
                 "message": group.message,
-                "signature": E.signature(group.message),
+                "signature": nccl_errors.signature(group.message),
                 "src": group.src,
                 "chain": group.chain,
                 "code": group.code,

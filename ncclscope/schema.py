@@ -6,7 +6,13 @@ UTC datetime; ``ts_source`` says where a time came from (DESIGN §4).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
 import polars as pl
+
+if TYPE_CHECKING:
+    from polars._typing import PolarsDataType
 
 __all__ = [
     "COLLECTIVES_SCHEMA",
@@ -16,21 +22,26 @@ __all__ = [
     "ERRORS_SCHEMA",
     "INPUTS_SCHEMA",
     "LINE_KIND",
-        "MEMBERS_SCHEMA",
+    "MEMBERS_SCHEMA",
     "RANKS_SCHEMA",
-    "SchemaMismatch",
     "TEXT_STORE_SCHEMA",
     "TS",
+    "SchemaMismatchError",
     "validate",
 ]
 
 TS = pl.Datetime("us", "UTC")
 
+
+def _schema(columns: Mapping[str, PolarsDataType]) -> pl.Schema:
+    return pl.Schema(columns)
+
+
 #: Line classes written by the first pass.
 LINE_KIND: dict[str, int] = {"blank": 0, "binary": 1, "nccl": 2, "other": 3}
 
 #: First-pass store of the COLL lines the vectorised field reader parsed.
-COLL_STORE_SCHEMA = pl.Schema(
+COLL_STORE_SCHEMA = _schema(
     {
         "file_id": pl.UInt32,
         "i": pl.UInt32,  # 1-based line number within the file
@@ -49,7 +60,7 @@ COLL_STORE_SCHEMA = pl.Schema(
 )
 
 #: First-pass store of the lines the fast path did not take, for the Python parser.
-TEXT_STORE_SCHEMA = pl.Schema(
+TEXT_STORE_SCHEMA = _schema(
     {
         "file_id": pl.UInt32,
         "i": pl.UInt32,
@@ -60,7 +71,7 @@ TEXT_STORE_SCHEMA = pl.Schema(
 )
 
 #: Per input: lines read, parsed and unparsed, and why lines were not parsed.
-INPUTS_SCHEMA = pl.Schema(
+INPUTS_SCHEMA = _schema(
     {
         "path": pl.String,
         "size_bytes": pl.Int64,
@@ -79,7 +90,7 @@ INPUTS_SCHEMA = pl.Schema(
 )
 
 #: One row per (process, communicator pointer): who holds which rank where.
-MEMBERS_SCHEMA = pl.Schema(
+MEMBERS_SCHEMA = _schema(
     {
         "file_id": pl.UInt32,
         "host": pl.String,
@@ -99,7 +110,7 @@ MEMBERS_SCHEMA = pl.Schema(
 )
 
 #: One row per global rank.
-RANKS_SCHEMA = pl.Schema(
+RANKS_SCHEMA = _schema(
     {
         "rank": pl.Int32,
         "host": pl.String,
@@ -113,7 +124,7 @@ RANKS_SCHEMA = pl.Schema(
 )
 
 #: One row per communicator matched across ranks.
-COMMUNICATORS_SCHEMA = pl.Schema(
+COMMUNICATORS_SCHEMA = _schema(
     {
         "comm_key": pl.String,
         "comm_id": pl.String,
@@ -128,7 +139,7 @@ COMMUNICATORS_SCHEMA = pl.Schema(
 )
 
 #: One row per COLL line (lives in Parquet; read lazily).
-COLLECTIVES_SCHEMA = pl.Schema(
+COLLECTIVES_SCHEMA = _schema(
     {
         "file_id": pl.UInt32,
         "line_no": pl.UInt32,
@@ -154,7 +165,7 @@ COLLECTIVES_SCHEMA = pl.Schema(
 )
 
 #: One row per transport connection line.
-CONNECTIONS_SCHEMA = pl.Schema(
+CONNECTIONS_SCHEMA = _schema(
     {
         "file_id": pl.UInt32,
         "host": pl.String,
@@ -170,7 +181,7 @@ CONNECTIONS_SCHEMA = pl.Schema(
 )
 
 #: One row per error group: a WARN (or an orphan return-code chain) and its chain.
-ERRORS_SCHEMA = pl.Schema(
+ERRORS_SCHEMA = _schema(
     {
         "file_id": pl.UInt32,
         "line_no": pl.UInt32,
@@ -190,7 +201,7 @@ ERRORS_SCHEMA = pl.Schema(
 )
 
 
-class SchemaMismatch(ValueError):
+class SchemaMismatchError(ValueError):
     """A frame does not have the declared schema (a bug in ncclscope, not in the input)."""
 
 
@@ -199,6 +210,8 @@ def validate(df: pl.DataFrame, schema: pl.Schema, name: str) -> pl.DataFrame:
     if df.schema != schema:
         got = dict(df.schema)
         want = dict(schema)
-        diff = {k: (got.get(k), want.get(k)) for k in set(got) | set(want) if got.get(k) != want.get(k)}
-        raise SchemaMismatch(f"table {name}: columns differ from its schema: {diff}")
+        diff = {
+            k: (got.get(k), want.get(k)) for k in set(got) | set(want) if got.get(k) != want.get(k)
+        }
+        raise SchemaMismatchError(f"table {name}: columns differ from its schema: {diff}")
     return df

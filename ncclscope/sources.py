@@ -8,7 +8,6 @@ scanner can stream them from disk in bounded memory.
 from __future__ import annotations
 
 import glob
-import gzip
 import os
 import shutil
 import zlib
@@ -26,9 +25,35 @@ _GZIP_MAGIC = b"\x1f\x8b"
 #: Extensions that are never logs; skipped when walking a directory (named files are read).
 _NOT_LOGS = frozenset(
     {
-        ".parquet", ".png", ".jpg", ".jpeg", ".gif", ".svg", ".pdf", ".pt", ".pth", ".bin",
-        ".safetensors", ".npy", ".npz", ".so", ".pyc", ".zip", ".tar", ".whl", ".html",
-        ".json", ".yaml", ".yml", ".md", ".py", ".sh", ".ipynb", ".ckpt", ".h5", ".arrow",
+        ".parquet",
+        ".png",
+        ".jpg",
+        ".jpeg",
+        ".gif",
+        ".svg",
+        ".pdf",
+        ".pt",
+        ".pth",
+        ".bin",
+        ".safetensors",
+        ".npy",
+        ".npz",
+        ".so",
+        ".pyc",
+        ".zip",
+        ".tar",
+        ".whl",
+        ".html",
+        ".json",
+        ".yaml",
+        ".yml",
+        ".md",
+        ".py",
+        ".sh",
+        ".ipynb",
+        ".ckpt",
+        ".h5",
+        ".arrow",
     }
 )
 
@@ -252,7 +277,12 @@ def _fresh(workdir: Path, stem: str) -> Path:
     raise InputError(stem, "cannot create a work file")  # pragma: no cover
 
 
-def _copy(src: BinaryIO | _Prepended, target: Path, display: str, on_copy: Callable[[str, int], None] | None) -> None:
+def _copy(
+    src: BinaryIO | _Prepended,
+    target: Path,
+    display: str,
+    on_copy: Callable[[str, int], None] | None,
+) -> None:
     done = 0
     with target.open("wb") as out:
         while chunk := src.read(_CHUNK):
@@ -263,7 +293,10 @@ def _copy(src: BinaryIO | _Prepended, target: Path, display: str, on_copy: Calla
 
 
 def _gunzip(
-    src: BinaryIO | _Prepended, target: Path, display: str, on_copy: Callable[[str, int], None] | None
+    src: BinaryIO | _Prepended,
+    target: Path,
+    display: str,
+    on_copy: Callable[[str, int], None] | None,
 ) -> list[str]:
     """Decompress a gzip stream (all members) with zlib, keeping every byte before damage.
 

@@ -60,23 +60,34 @@ H = "node-a:4411:4411 [1] NCCL INFO "
             "busId 2000 commId 0xabc12 - Init START",
             "comm_event",
             CommEvent(
-                "0x55d4f0", 3, 8, "Init", "START", "ncclCommInitRankConfig", 1, 1, "2000",
-                "0xabc12", None,
+                "0x55d4f0",
+                3,
+                8,
+                "Init",
+                "START",
+                "ncclCommInitRankConfig",
+                1,
+                1,
+                "2000",
+                "0xabc12",
+                None,
             ),
         ),
         (
             H + "ncclCommSplit comm 0x55e1 rank 1 nranks 4 cudaDev 1 nvmlDev 1 busId 1b000 "
             "parent 0x55d4f0 splitCount 1 color 0 key 1- Init START",
             "comm_event",
-            CommEvent("0x55e1", 1, 4, "Init", "START", "ncclCommSplit", 1, 1, "1b000", None,
-                      "0x55d4f0"),
+            CommEvent(
+                "0x55e1", 1, 4, "Init", "START", "ncclCommSplit", 1, 1, "1b000", None, "0x55d4f0"
+            ),
         ),
         (
             H + "[Rank 3] ncclCommInitRank comm 0x55d4f0 rank 3 nranks 8 cudaDev 1 nvmlDev 1 "
             "busId 2000 commId 0xabc12 - Init START",
             "comm_event",
-            CommEvent("0x55d4f0", 3, 8, "Init", "START", "ncclCommInitRank", 1, 1, "2000",
-                      "0xabc12", None),
+            CommEvent(
+                "0x55d4f0", 3, 8, "Init", "START", "ncclCommInitRank", 1, 1, "2000", "0xabc12", None
+            ),
         ),
         (
             H + "comm 0x55d4f0 rank 3 nRanks 8 cudaDev 1 busId 2000 - Abort START",
@@ -154,8 +165,11 @@ H = "node-a:4411:4411 [1] NCCL INFO "
             Coll("AlltoAll", 0, 8, 9, 0, 0, "0x55d4f0", 8),
         ),
         # 3.7 chains, env, timings
-        (H + "transport/net.cc:1286 -> 6", "chain", Chain("transport/net.cc", 1286, 6, None, None,
-                                                          None)),
+        (
+            H + "transport/net.cc:1286 -> 6",
+            "chain",
+            Chain("transport/net.cc", 1286, 6, None, None, None),
+        ),
         (
             H + "misc/socket.cc:561 -> 2 (Connection refused) [Async thread]",
             "chain",
@@ -166,7 +180,11 @@ H = "node-a:4411:4411 [1] NCCL INFO "
             "chain",
             Chain("proxy.cc", 1529, 6, None, "Progress Thread", "progressOps"),
         ),
-        (H + "NCCL_IB_TIMEOUT set by environment to 22.", "env", EnvSetting("NCCL_IB_TIMEOUT", "22")),
+        (
+            H + "NCCL_IB_TIMEOUT set by environment to 22.",
+            "env",
+            EnvSetting("NCCL_IB_TIMEOUT", "22"),
+        ),
         (H + "NCCL_IB_HCA set to mlx5_0", "env", EnvSetting("NCCL_IB_HCA", "mlx5_0")),
         (
             H + "Init timings - ncclCommInitRank: rank 3 nranks 16 total 1.21 (kernels 0.18, "
@@ -188,12 +206,23 @@ def test_families(line: str, kind: str, body: object) -> None:
 @pytest.mark.parametrize(
     ("line", "src", "func"),
     [
-        ("node-a:4411:4502 [3] misc/socket.cc:479 NCCL WARN Net : Connection closed by remote peer",
-         "misc/socket.cc", None),
-        ("node-a:4411:4502 [3] transport/net.cc:1286 (sendProxyProgress) NCCL WARN Bad thing",
-         "transport/net.cc", "sendProxyProgress"),
-        ("[2025-03-14 09:05:37] node-a:4411:4502 [3] ib_plugin.c:1187 NCCL WARN NET/IB : Got async "
-         "event : port error", "ib_plugin.c", None),
+        (
+            "node-a:4411:4502 [3] misc/socket.cc:479 NCCL WARN Net : Connection closed by remote "
+            "peer",
+            "misc/socket.cc",
+            None,
+        ),
+        (
+            "node-a:4411:4502 [3] transport/net.cc:1286 (sendProxyProgress) NCCL WARN Bad thing",
+            "transport/net.cc",
+            "sendProxyProgress",
+        ),
+        (
+            "[2025-03-14 09:05:37] node-a:4411:4502 [3] ib_plugin.c:1187 NCCL WARN NET/IB : Got "
+            "async event : port error",
+            "ib_plugin.c",
+            None,
+        ),
     ],
 )
 def test_warn_header(line: str, src: str, func: str | None) -> None:
@@ -248,8 +277,10 @@ def test_clean_line_strips_ansi_and_progress_bars() -> None:
 
 
 def test_spliced_line_keeps_the_complete_tail() -> None:
-    line = ("node-a:1:1 [0] NCCL INFO AllRednode-b:2:2 [1] NCCL INFO Broadcast: opCount 3 "
-            "sendbuff 0x1 recvbuff 0x2 count 5 datatype 7 op 0 root 0 comm 0x55 [nranks=2] stream 0x5")
+    line = (
+        "node-a:1:1 [0] NCCL INFO AllRednode-b:2:2 [1] NCCL INFO Broadcast: opCount 3 "
+        "sendbuff 0x1 recvbuff 0x2 count 5 datatype 7 op 0 root 0 comm 0x55 [nranks=2] stream 0x5"
+    )
     parsed = parse_line(line)
     assert parsed is not None
     assert parsed.spliced
@@ -260,8 +291,15 @@ def test_spliced_line_keeps_the_complete_tail() -> None:
 
 @pytest.mark.parametrize(
     "line",
-    ["", "hello world", "NCCL INFO", "x:1:2 [0] NCCL BOGUS y", "\x00\x01\x02", "[rank0]: Traceback",
-     "NCCL error in: ../ProcessGroupNCCL.cpp:1970, unhandled system error, NCCL version 2.18.6"],
+    [
+        "",
+        "hello world",
+        "NCCL INFO",
+        "x:1:2 [0] NCCL BOGUS y",
+        "\x00\x01\x02",
+        "[rank0]: Traceback",
+        "NCCL error in: ../ProcessGroupNCCL.cpp:1970, unhandled system error, NCCL version 2.18.6",
+    ],
 )
 def test_not_nccl(line: str) -> None:
     assert parse_line(line) is None
@@ -298,11 +336,32 @@ def test_fast_path_agrees_with_reference(tmp_path: Path) -> None:
         assert ref is not None
         assert ref.header is not None
         assert isinstance(ref.body, Coll)
-        got = (row["host"], row["pid"], row["op"], row["opcount"], row["count"], row["dtype"],
-               row["redop"], row["root"], row["comm"], row["nranks"], row["ts"])
-        want = (ref.header.host, ref.header.pid, ref.body.op, ref.body.opcount, ref.body.count,
-                ref.body.dtype, ref.body.redop, ref.body.root, ref.body.comm, ref.body.nranks,
-                ref.ts if ref.ts_source == "nccl" else None)
+        got = (
+            row["host"],
+            row["pid"],
+            row["op"],
+            row["opcount"],
+            row["count"],
+            row["dtype"],
+            row["redop"],
+            row["root"],
+            row["comm"],
+            row["nranks"],
+            row["ts"],
+        )
+        want = (
+            ref.header.host,
+            ref.header.pid,
+            ref.body.op,
+            ref.body.opcount,
+            ref.body.count,
+            ref.body.dtype,
+            ref.body.redop,
+            ref.body.root,
+            ref.body.comm,
+            ref.body.nranks,
+            ref.ts if ref.ts_source == "nccl" else None,
+        )
         assert got == want, lines[row["i"] - 1]
     # and every COLL line the reference parser finds was taken by one path or the other
     text = pl.read_parquet(text_store)

@@ -36,21 +36,19 @@ def to_json_dict(analysis: Analysis) -> dict[str, Any]:
 
 
 def _inputs(analysis: Analysis) -> list[dict[str, Any]]:
-    rows = []
-    for r in analysis.inputs.sort("path").iter_rows(named=True):
-        rows.append(
-            {
-                "path": r["path"],
-                "size_bytes": r["size_bytes"],
-                "lines": r["lines"],
-                "parsed": r["parsed"],
-                "unparsed": r["unparsed"],
-                "unparsed_by_reason": {k: r[k] for k in _REASONS if r[k]},
-                "spliced": r["spliced"],
-                "notes": analysis.notes.get(r["path"], []),
-            }
-        )
-    return rows
+    return [
+        {
+            "path": r["path"],
+            "size_bytes": r["size_bytes"],
+            "lines": r["lines"],
+            "parsed": r["parsed"],
+            "unparsed": r["unparsed"],
+            "unparsed_by_reason": {k: r[k] for k in _REASONS if r[k]},
+            "spliced": r["spliced"],
+            "notes": analysis.notes.get(r["path"], []),
+        }
+        for r in analysis.inputs.sort("path").iter_rows(named=True)
+    ]
 
 
 def _job(analysis: Analysis) -> dict[str, Any]:
@@ -117,7 +115,9 @@ def _errors(analysis: Analysis) -> list[dict[str, Any]]:
     if errors.is_empty():
         return []
     grouped = (
-        errors.group_by("file_id", "host", "pid", "kind", "severity", "signature", maintain_order=True)
+        errors.group_by(
+            "file_id", "host", "pid", "kind", "severity", "signature", maintain_order=True
+        )
         .agg(
             pl.col("rank").first(),
             pl.col("message").first(),
@@ -129,21 +129,20 @@ def _errors(analysis: Analysis) -> list[dict[str, Any]]:
         )
         .sort("file_id", "line_no")
     )
-    out = []
-    for r in grouped.iter_rows(named=True):
-        out.append(
-            {
-                "host": r["host"],
-                "pid": r["pid"],
-                "rank": r["rank"],
-                "kind": r["kind"],
-                "severity": r["severity"],
-                "message": r["message"],
-                "count": r["count"],
-                "first_line": {"path": analysis.paths[r["file_id"]], "line_no": r["line_no"]},
-                "source": r["src"],
-                "chain": r["chain"],
-                "ts": r["ts"].isoformat() if r["ts"] is not None else None,
-            }
-        )
-    return out
+    out = [
+        {
+            "host": r["host"],
+            "pid": r["pid"],
+            "rank": r["rank"],
+            "kind": r["kind"],
+            "severity": r["severity"],
+            "message": r["message"],
+            "count": r["count"],
+            "first_line": {"path": analysis.paths[r["file_id"]], "line_no": r["line_no"]},
+            "source": r["src"],
+            "chain": r["chain"],
+            "ts": r["ts"].isoformat() if r["ts"] is not None else None,
+        }
+        for r in grouped.iter_rows(named=True)
+    ]
+    return sorted(out, key=lambda e: (e["first_line"]["path"], e["first_line"]["line_no"]))

@@ -46,7 +46,8 @@ def _job(out: list[str], doc: dict[str, Any]) -> None:
     nhosts = len(job["hosts"])
     out.append("JOB")
     out.append(
-        f"  NCCL {versions}" + (f" (CUDA {cuda})" if cuda else "")
+        f"  NCCL {versions}"
+        + (f" (CUDA {cuda})" if cuda else "")
         + f" · {nhosts} host{'s' if nhosts != 1 else ''} · world size {world}"
         + f" · NCCL timestamps: {job['timestamps']}"
     )

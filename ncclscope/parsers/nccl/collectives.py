@@ -87,8 +87,14 @@ def repair_spliced_hosts(stats: pl.DataFrame, records: LineRecords) -> pl.DataFr
             rows.append({**r, "fixed_host": match})
     return pl.DataFrame(
         rows,
-        schema={"file_id": pl.UInt32, "host": pl.String, "pid": pl.Int32, "calls": pl.UInt32,
-                "first_line": pl.UInt32, "fixed_host": pl.String},
+        schema={
+            "file_id": pl.UInt32,
+            "host": pl.String,
+            "pid": pl.Int32,
+            "calls": pl.UInt32,
+            "first_line": pl.UInt32,
+            "fixed_host": pl.String,
+        },
     )
 
 
@@ -141,20 +147,19 @@ def build_collectives(
         (pl.col("opcount_min") == pl.col("opcount_max")) & (pl.col("calls") > 1)
     ).select(_PROC_COMM)
     mapping = members.select(*_PROC_COMM, "comm_key", "comm_rank", "rank")
-    enriched = (
-        lines.join(mapping.lazy(), on=_PROC_COMM, how="left")
-        .with_columns(
-            _size_bytes().alias("size_bytes"),
-            pl.when(pl.col("ts").is_not_null()).then(pl.lit("nccl")).otherwise(pl.lit("none"))
-            .alias("ts_source"),
-            pl.col("i").alias("line_no"),
-        )
+    enriched = lines.join(mapping.lazy(), on=_PROC_COMM, how="left").with_columns(
+        _size_bytes().alias("size_bytes"),
+        pl.when(pl.col("ts").is_not_null())
+        .then(pl.lit("nccl"))
+        .otherwise(pl.lit("none"))
+        .alias("ts_source"),
+        pl.col("i").alias("line_no"),
     )
     by_opcount = (
         enriched.join(counted.lazy(), on=_PROC_COMM, how="anti")
         .with_columns(pl.col("opcount").alias("seq"))
         .select(list(COLLECTIVES_SCHEMA))
-        .cast(dict(COLLECTIVES_SCHEMA))
+        .cast(COLLECTIVES_SCHEMA)
     )
     if not counted.height:
         return by_opcount
@@ -166,7 +171,7 @@ def build_collectives(
         .sort("file_id", "i")
         .with_columns(pl.int_range(pl.len()).over(_PROC_COMM).cast(pl.Int64).alias("seq"))
         .select(list(COLLECTIVES_SCHEMA))
-        .cast(dict(COLLECTIVES_SCHEMA))
+        .cast(COLLECTIVES_SCHEMA)
         .sink_parquet(part, engine="in-memory")
     )
     return pl.concat([by_opcount, pl.scan_parquet(part)])

@@ -24,23 +24,35 @@ __all__ = [
 ERROR_KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("ib_completion", re.compile(r"NET/IB ?: ?Got completion|NET/IB.*completion (?:with )?error")),
     ("net_completion", re.compile(r"Got completion|[Cc]ompletion (?:with )?error|cq error")),
-    ("remote_exit", re.compile(
-        r"[Cc]onnection closed by remote peer|[Cc]onnection reset by peer|remote process exited"
-        r"|[Rr]emote peer .*(?:exited|closed)|declaring peer .* as DEAD|closed by localRank"
-    )),
+    (
+        "remote_exit",
+        re.compile(
+            r"[Cc]onnection closed by remote peer|[Cc]onnection reset by peer|remote process exited"
+            r"|[Rr]emote peer .*(?:exited|closed)|declaring peer .* as DEAD|closed by localRank"
+        ),
+    ),
     ("bootstrap", re.compile(r"[Bb]ootstrap|has already checked in")),
-    ("socket", re.compile(
-        r"[Ss]ocket|Connect to .* failed|Call to (?:connect|recv|send|accept|poll)|Net : "
-    )),
+    (
+        "socket",
+        re.compile(
+            r"[Ss]ocket|Connect to .* failed|Call to (?:connect|recv|send|accept|poll)|Net : "
+        ),
+    ),
     ("proxy", re.compile(r"[Pp]roxy")),
     ("cuda", re.compile(r"Cuda failure|CUDA error|cuda\w* .*(?:failed|error)|cuMem|NVML|nvml")),
-    ("system", re.compile(
-        r"[Ss]ystem error|Failed to open|No such file|errno|Cannot allocate|[Oo]ut of memory"
-        r"|Permission denied|Resource temporarily|[Cc]all to \w+ failed|ibv_\w+ failed"
-    )),
-    ("internal", re.compile(
-        r"[Ii]nternal error|does not loop back|Mismatched|Duplicate GPU|[Ii]nvalid|mismatch"
-    )),
+    (
+        "system",
+        re.compile(
+            r"[Ss]ystem error|Failed to open|No such file|errno|Cannot allocate|[Oo]ut of memory"
+            r"|Permission denied|Resource temporarily|[Cc]all to \w+ failed|ibv_\w+ failed"
+        ),
+    ),
+    (
+        "internal",
+        re.compile(
+            r"[Ii]nternal error|does not loop back|Mismatched|Duplicate GPU|[Ii]nvalid|mismatch"
+        ),
+    ),
 )
 
 #: WARNs that report an optional feature missing rather than a failure.

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from ncclscope.parsers.nccl import patterns as P
+from ncclscope.parsers.nccl import patterns as pat
 
 __all__ = [
     "Chain",
@@ -221,7 +221,7 @@ def clean_line(line: str) -> str:
     "node1:1:1 [0] NCCL INFO x"``
     """
     if "\x1b" in line:
-        line = P.ANSI_RE.sub("", line)
+        line = pat.ANSI_RE.sub("", line)
     if "\r" in line:
         # tqdm redraws with \r; the real line is the last non-empty segment.
         segments = [s for s in line.split("\r") if s.strip()]
@@ -230,7 +230,7 @@ def clean_line(line: str) -> str:
 
 
 def _parse_ts(prefix: str) -> tuple[datetime | None, str]:
-    match = P.PREFIX_TS_RE.search(prefix)
+    match = pat.PREFIX_TS_RE.search(prefix)
     if match:
         return _to_dt(match["date"], match["time"], match["frac"]), "nccl"
     logger = re.search(r"(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})(?:[.,](\d{1,9}))?", prefix)
@@ -250,7 +250,7 @@ def _to_dt(date: str, time: str, frac: str | None) -> datetime | None:
 
 
 def _launcher(prefix: str) -> tuple[str | None, int | None]:
-    for name, regex in P.LAUNCHER_RES:
+    for name, regex in pat.LAUNCHER_RES:
         match = regex.search(prefix)
         if match:
             groups = match.groupdict()
@@ -289,7 +289,7 @@ def transport_name(via: str) -> str:
 
 
 def _coll(msg: str) -> Record | None:
-    m = P.COLL_RE.match(msg)
+    m = pat.COLL_RE.match(msg)
     if not m:
         return None
     return Coll(
@@ -309,10 +309,10 @@ def _int_or_none(value: str | None) -> int | None:
 
 
 def _comm_event(msg: str) -> Record | None:
-    m = P.COMM_EVENT_RE.match(msg)
+    m = pat.COMM_EVENT_RE.match(msg)
     if not m:
         return None
-    kv = dict(P.KV_RE.findall(m["kv"]))
+    kv = dict(pat.KV_RE.findall(m["kv"]))
     return CommEvent(
         comm=m["comm"].lower(),
         rank=int(m["rank"]),
@@ -329,7 +329,7 @@ def _comm_event(msg: str) -> Record | None:
 
 
 def _nnodes(msg: str) -> Record | None:
-    m = P.NNODES_RE.match(msg)
+    m = pat.NNODES_RE.match(msg)
     if not m:
         return None
     return NodeLayout(
@@ -345,7 +345,7 @@ def _nnodes(msg: str) -> Record | None:
 def _connection(msg: str) -> Record | None:
     if " via " not in msg:
         return None
-    m = P.CONN_RE.match(msg)
+    m = pat.CONN_RE.match(msg)
     if not m:
         return None
     via = m["via"]
@@ -364,14 +364,14 @@ def _connection(msg: str) -> Record | None:
 
 
 def _ring_list(msg: str) -> Record | None:
-    m = P.RING_LIST_RE.match(msg)
+    m = pat.RING_LIST_RE.match(msg)
     if not m or not m["ranks"].strip():
         return None
     return RingList(channel=int(m["ch"]), ranks=tuple(int(x) for x in m["ranks"].split()))
 
 
 def _rank_hint(msg: str) -> Record | None:
-    m = P.TREE_RANK_RE.match(msg)
+    m = pat.TREE_RANK_RE.match(msg)
     if m:
         source = "trees" if m["trees"] is not None else "graph"
         return RankHint(rank=int(m["trees"] or m["graph"]), source=source)
@@ -382,7 +382,7 @@ def _rank_hint(msg: str) -> Record | None:
 
 
 def _chain(msg: str) -> Record | None:
-    m = P.CHAIN_RE.match(msg)
+    m = pat.CHAIN_RE.match(msg)
     if not m:
         return None
     return Chain(
@@ -396,19 +396,19 @@ def _chain(msg: str) -> Record | None:
 
 
 def _version(msg: str) -> Record | None:
-    m = P.BANNER_RE.match(msg)
+    m = pat.BANNER_RE.match(msg)
     if not m:
         return None
     return Version(version=m["version"], cuda=m["cuda"], suffix=m["suffix"])
 
 
 def _env(msg: str) -> Record | None:
-    m = P.ENV_RE.match(msg)
+    m = pat.ENV_RE.match(msg)
     return EnvSetting(name=m["name"], value=m["value"]) if m else None
 
 
 def _init_timings(msg: str) -> Record | None:
-    m = P.INIT_TIMINGS_RE.match(msg)
+    m = pat.INIT_TIMINGS_RE.match(msg)
     if not m:
         return None
     return InitTimings(rank=int(m["rank"]), nranks=int(m["nranks"]), total_s=float(m["total"]))
@@ -443,9 +443,9 @@ def parse_line(line: str) -> ParsedLine | None:
     if len(line) > _MAX_LINE:
         return None
     text = clean_line(line)
-    headers = list(P.HEADER_RE.finditer(text))
+    headers = list(pat.HEADER_RE.finditer(text))
     if not headers:
-        m = P.BANNER_RE.search(text)
+        m = pat.BANNER_RE.search(text)
         if m and "compiled with" not in text:
             prefix = text[: m.start()]
             ts, ts_source = _parse_ts(prefix)

@@ -17,7 +17,6 @@ import re
 
 __all__ = [
     "ANSI_RE",
-    "HOST_CHARS",
     "BANNER_RE",
     "CHAIN_RE",
     "COLL_RE",
@@ -25,6 +24,7 @@ __all__ = [
     "CONN_RE",
     "ENV_RE",
     "HEADER_RE",
+    "HOST_CHARS",
     "INIT_TIMINGS_RE",
     "KV_RE",
     "LAUNCHER_RES",
@@ -66,7 +66,8 @@ HEADER_RE = re.compile(
 #:
 #: Sample prefix: ``[2025-06-02 14:03:11.482913] ``
 PREFIX_TS_RE = re.compile(
-    r"\[?(?P<date>\d{4}-\d{2}-\d{2})[ T_](?P<time>\d{2}:\d{2}:\d{2})(?:[.,](?P<frac>\d{1,9}))?\]?\s*$"
+    r"\[?(?P<date>\d{4}-\d{2}-\d{2})[ T_](?P<time>\d{2}:\d{2}:\d{2})"
+    r"(?:[.,](?P<frac>\d{1,9}))?\]?\s*$"
 )
 
 #: Launcher prefixes that carry a rank or a host, tried in order on the text before the header.
@@ -144,14 +145,18 @@ CONN_RE = re.compile(
 )
 
 #: Rank 0's ring listing (``Channel 00/32 :    0   1   2 ...``); at most 20 ranks before 2.23.
-RING_LIST_RE = re.compile(r"^Channel (?P<ch>\d+)(?:/(?P<nch>\d+))? :(?P<ranks>(?: +\d+)*)(?: \.\.\.)?\s*$")
+RING_LIST_RE = re.compile(
+    r"^Channel (?P<ch>\d+)(?:/(?P<nch>\d+))? :(?P<ranks>(?: +\d+)*)(?: \.\.\.)?\s*$"
+)
 
 #: The rank inside ``Trees`` / ``Ring`` / ``Tree`` lines: the middle of ``a->rank->b``.
 #:
 #: Samples: ``Trees [0] 1/-1/-1->0->-1 [1] -1/-1/-1->0->1`` (2.8+),
 #: ``Ring 00 : 7 -> 0 -> 1`` (GRAPH), ``Tree 0 : -1 -> 0 -> 1/8/-1`` (GRAPH).
-TREE_RANK_RE = re.compile(r"^(?:Trees \[\d+\] [-\d/]+->(?P<trees>\d+)->"
-                          r"|(?:Ring|Tree) \d+ : -?[\d/-]+ -> (?P<graph>\d+) -> )")
+TREE_RANK_RE = re.compile(
+    r"^(?:Trees \[\d+\] [-\d/]+->(?P<trees>\d+)->"
+    r"|(?:Ring|Tree) \d+ : -?[\d/-]+ -> (?P<graph>\d+) -> )"
+)
 
 #: A return-code chain line (INFO): ``transport/net.cc:1286 -> 6`` and its variants.
 #:

@@ -13,8 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from ncclscope.parsers.nccl import errors as E
-from ncclscope.schema import LINE_KIND
+from ncclscope.parsers.nccl import errors as nccl_errors
 from ncclscope.parsers.nccl.lines import (
     Chain,
     Coll,
@@ -28,6 +27,7 @@ from ncclscope.parsers.nccl.lines import (
     Version,
     parse_line,
 )
+from ncclscope.schema import LINE_KIND
 
 __all__ = ["TOO_LONG_CHARS", "ErrorGroup", "LineRecords", "ProcKey", "collect_records"]
 
@@ -210,7 +210,7 @@ def _chain(
     text = f"{body.file}:{body.line} -> {body.code}"
     if group is None:
         # A failure returned up the stack with no WARN: still a root cause to report.
-        name = E.RESULT_CODES.get(body.code, f"code {body.code}")
+        name = nccl_errors.RESULT_CODES.get(body.code, f"code {body.code}")
         message = f"{name} returned at {body.file}:{body.line} (no WARN line before it)"
         group = ErrorGroup(proc, tid, dev, line_no, message, None, ts, from_warn=False)
         open_groups[key] = group

@@ -81,9 +81,8 @@ class ScanTarget:
 def _read(target: ScanTarget, **options: object) -> pl.LazyFrame:
     """Lines of ``target`` numbered from 1 as in the user's file."""
     if target.shifted:
-        return (
-            pl.scan_csv(target.path, **(_READ | {"row_index_offset": 0}), **options)  # type: ignore[arg-type]
-            .filter(pl.col("i") >= 1)
+        return pl.scan_csv(target.path, **(_READ | {"row_index_offset": 0}), **options).filter(  # type: ignore[arg-type]
+            pl.col("i") >= 1
         )
     return pl.scan_csv(target.path, **_READ, **options)  # type: ignore[arg-type]
 
@@ -179,8 +178,11 @@ def _fields(targets: Sequence[ScanTarget], h: int) -> pl.LazyFrame:
             f(16).cast(pl.Int16, strict=False).alias("redop"),
             f(18).cast(pl.Int32, strict=False).alias("root"),
             f(20).alias("comm"),  # %p prints lowercase hex
-            f(21).str.strip_prefix("[nranks=").str.strip_suffix("]")
-            .cast(pl.Int32, strict=False).alias("nranks"),
+            f(21)
+            .str.strip_prefix("[nranks=")
+            .str.strip_suffix("]")
+            .cast(pl.Int32, strict=False)
+            .alias("nranks"),
             ts.alias("ts"),
         )
         # A damaged field: the line goes to the reference parser instead.
@@ -279,7 +281,8 @@ def scan_inputs(
     lines_store = store / "lines.parquet"
     _lines(targets).sink_parquet(lines_store, compression="lz4", engine="streaming")
     counts = (
-        pl.scan_parquet(lines_store).group_by("file_id")
+        pl.scan_parquet(lines_store)
+        .group_by("file_id")
         .agg(pl.len().alias("lines"), pl.col("has_op").sum().alias("op"))
         .collect(engine="streaming")
     )
@@ -293,7 +296,7 @@ def scan_inputs(
         for h in sorted({h for hs in plan.values() for h in hs}):
             chosen = [t for t in targets if h in plan[t.file_id]]
             part = store / f"coll-{len(coll_stores)}.parquet"
-            _fields(chosen, h).cast(dict(COLL_STORE_SCHEMA)).sink_parquet(
+            _fields(chosen, h).cast(COLL_STORE_SCHEMA).sink_parquet(
                 part, compression="lz4", engine="streaming"
             )
             coll_stores.append(part)
@@ -302,8 +305,11 @@ def scan_inputs(
         taken: dict[int, int] = {}
         if coll_stores:
             taken = dict(
-                pl.scan_parquet(coll_stores).group_by("file_id").agg(pl.len())
-                .collect(engine="streaming").iter_rows()
+                pl.scan_parquet(coll_stores)
+                .group_by("file_id")
+                .agg(pl.len())
+                .collect(engine="streaming")
+                .iter_rows()
             )
         short = [t for t in targets if op_lines.get(t.file_id, 0) != taken.get(t.file_id, 0)]
         if not short:
