@@ -45,6 +45,12 @@ Modelling decisions (what a reader of the output can rely on):
   by the last rank of the host (the one whose ring ``[send]`` crosses the network); its
   receiver on the next host logs a consequential flush error; PyTorch-style
   ``Abort COMPLETE`` lines (2.12+) follow.
+* Benign WARNs (``benign_warns``): an InfiniBand async event that NCCL's IB async thread
+  only logs (``SM change``: the subnet manager moved; established connections are not
+  touched), so no return-code chain follows and the job goes on. Each one is printed by
+  one process on a random rank, from its NIC's async thread (own TID, ``[0]`` because that
+  thread never sets a CUDA device). A real port event reaches every process that opened
+  the NIC; one line per event keeps ``N`` = the number of WARN lines.
 * Invented but plausible: pids, pointers, commIds, ``file:line`` numbers of WARN and
   return-code chains, IB GIDs, timings. Everything else follows ``formats/nccl.md``.
 """
@@ -56,7 +62,7 @@ import math
 import random
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -67,6 +73,7 @@ __all__ = [
     "LAUNCHERS",
     "LAYOUTS",
     "MISMATCH_FIELDS",
+    "BenignWarnRecord",
     "CommRecord",
     "Era",
     "Fault",
@@ -231,6 +238,12 @@ class SynthSpec:
         start_time: Wall-clock start of the job (ISO 8601; naive = printed as is).
         tp_traffic: Also run one AllReduce per layer in forward and in backward on each
             intra-host (tensor-parallel-like) communicator.
+        benign_warns: Harmless NCCL WARN lines (an IB async ``SM change`` event, in the
+            era's WARN format) spread evenly over the training steps, each on a random rank;
+            the job goes on. With ``target_size_bytes`` (and no terminal fault) they are
+            spread by bytes written, one every ``size / N`` bytes; otherwise by collective
+            slots. Needs >= 2 hosts (a one-host job has no IB device) and at least one step.
+            0 (the default) leaves the output byte-identical to a spec without it.
     """
 
     ranks: int = 16
@@ -249,6 +262,7 @@ class SynthSpec:
     step_time_s: float = 0.5
     start_time: str = "2025-03-14T09:00:00"
     tp_traffic: bool = False
+    benign_warns: int = 0
 
     def __post_init__(self) -> None:
         """Validate the spec; raise ``ValueError`` with a user-facing message."""
@@ -303,6 +317,15 @@ class SynthSpec:
                         f"bad host name {name!r}: it must be non-empty, without ':', '.', "
                         "'/', '%' or whitespace (NCCL prints the name cut at the first '.')"
                     )
+        if self.benign_warns < 0:
+            raise ValueError(f"benign_warns must be >= 0, got {self.benign_warns}")
+        if self.benign_warns and self.hosts < 2:
+            raise ValueError(
+                "benign_warns are IB async events and need >= 2 hosts (a one-host job uses "
+                "sockets and opens no IB device)"
+            )
+        if self.benign_warns and self.target_size_bytes is None and self.steps == 0:
+            raise ValueError("benign_warns need at least one step to be spread over")
         self._validate_faults()
 
     @property
@@ -442,6 +465,25 @@ class FaultOutcome:
 
 
 @dataclass(frozen=True)
+class BenignWarnRecord:
+    """One injected benign WARN.
+
+    ``path`` is the file it went to (relative to the output directory) and ``line_no`` the
+    1-based number of the WARN line itself in that file (the empty line NCCL writes before
+    it is ``line_no - 1``). ``tid`` is the IB async thread that printed it.
+    """
+
+    rank: int
+    host: str
+    pid: int
+    tid: int
+    path: str
+    line_no: int
+    warn_src: str
+    message: str
+
+
+@dataclass(frozen=True)
 class Truth:
     """Ground truth of a synthetic job (written to ``truth.json``)."""
 
@@ -461,6 +503,7 @@ class Truth:
     last_ts: str
     faults: list[FaultOutcome]
     format_version: int = _TRUTH_FORMAT_VERSION
+    benign_warns: list[BenignWarnRecord] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Json]:
         """Plain JSON-compatible dict."""
@@ -516,6 +559,9 @@ class _EraFormat:
     ib_code: int
     chain: tuple[str, ...]
     chain_last_suffix: str
+    # Benign IB async event (ncclIbAsyncThreadMain): {hca} {port} {event}
+    async_warn: str
+    async_src: str
     timestamps_supported: bool
     warn_default_ts: bool
     opcount_zero_single_node: bool
@@ -531,6 +577,19 @@ _END = "comm {comm} rank {rank} nranks {nranks} cudaDev {dev} busId {bus} - {wha
 _TT_OLD = "8/8/64 | 128/8/64 | 8/8/512"
 _TT_NEW = "8/8/64 | 128/8/64 | 512 | 512"
 _NOT_FOUND = "libnccl-net.so: cannot open shared object file: No such file or directory"
+# ncclIbAsyncThreadMain prints every async event but COMM_EST and carries on:
+#   <= 2.18  WARN("NET/IB : Got async event : %s", ibv_event_type_str(type))
+#   by 2.20  WARN("NET/IB : %s:%d Got async event : %s", devName, portNum, str)  (2.20.5)
+#   2.2x+    a switch: fatal QP/CQ/device events bump a counter that later fails the comm;
+#            the non-fatal ones (PORT_ERR/ACTIVE, LID/PKEY/SM change, CLIENT_REREGISTER ...)
+#            only print "NET/IB : %s:%d Got async error event: %s" (2.2x-era sources;
+#            "Got non-fatal async event: %s(%d)" at HEAD).
+# IBV_EVENT_SM_CHANGE ("SM change" in libibverbs) is benign in every era: the subnet manager
+# moved (opensm failover/restart); existing RC queue pairs keep their LIDs and paths, so
+# nothing fails and no "-> N" return-code chain follows. (GID_CHANGE, the other common one,
+# got its own "GID table changed" case in 2.2x, at a release we could not pin down.)
+_ASYNC_OLD = "NET/IB : Got async event : {event}"
+_ASYNC_EVENT = "SM change"
 
 _ERA_FORMATS: dict[str, _EraFormat] = {
     "2.7": _EraFormat(
@@ -578,6 +637,8 @@ _ERA_FORMATS: dict[str, _EraFormat] = {
         ib_code=2,
         chain=("transport/net_ib.cc:790", "transport/net.cc:405", "proxy.cc:196"),
         chain_last_suffix="",
+        async_warn=_ASYNC_OLD,
+        async_src="transport/net_ib.cc:83",
         timestamps_supported=False,
         warn_default_ts=False,
         opcount_zero_single_node=False,
@@ -626,6 +687,8 @@ _ERA_FORMATS: dict[str, _EraFormat] = {
         ib_code=6,
         chain=("transport/net_ib.cc:1424", "transport/net.cc:1225", "proxy.cc:715", "proxy.cc:864"),
         chain_last_suffix="",
+        async_warn=_ASYNC_OLD,
+        async_src="transport/net_ib.cc:93",
         timestamps_supported=False,
         warn_default_ts=False,
         opcount_zero_single_node=False,
@@ -678,6 +741,8 @@ _ERA_FORMATS: dict[str, _EraFormat] = {
         ib_code=6,
         chain=("transport/net_ib.cc:1699", "transport/net.cc:1304", "proxy.cc:731", "proxy.cc:935"),
         chain_last_suffix=" [Progress Thread]",
+        async_warn="NET/IB : {hca}:{port} Got async event : {event}",
+        async_src="transport/net_ib.cc:101",
         timestamps_supported=False,
         warn_default_ts=False,
         opcount_zero_single_node=False,
@@ -728,6 +793,8 @@ _ERA_FORMATS: dict[str, _EraFormat] = {
         ib_code=6,
         chain=("transport/net_ib.cc:2262", "transport/net.cc:1373", "proxy.cc:746", "proxy.cc:958"),
         chain_last_suffix=" [Progress Thread]",
+        async_warn="NET/IB : {hca}:{port} Got async error event: {event}",
+        async_src="transport/net_ib.cc:198",
         timestamps_supported=True,
         warn_default_ts=True,
         opcount_zero_single_node=True,
@@ -833,10 +900,34 @@ class _IbInfo:
     peer_message: str
 
 
+class _WarnPlan:
+    """When the benign WARNs fall due: ascending thresholds on a progress measure.
+
+    The measure is bytes written (``by_bytes``) or the number of collective slots entered.
+    """
+
+    __slots__ = ("at", "by_bytes", "next")
+
+    def __init__(self, at: list[float], *, by_bytes: bool) -> None:
+        self.at = at
+        self.by_bytes = by_bytes
+        self.next = 0
+
+    def due(self, progress: float, *, everything: bool = False) -> int:
+        """How many WARNs fall due at ``progress`` (all that are left if ``everything``)."""
+        at = self.at
+        k = self.next
+        while k < len(at) and (everything or progress >= at[k]):
+            k += 1
+        count = k - self.next
+        self.next = k
+        return count
+
+
 class _Sink:
     """A binary output file that buffers text and counts what it wrote."""
 
-    __slots__ = ("bytes", "fh", "lines", "pending", "rel")
+    __slots__ = ("_counted", "_counted_lines", "bytes", "fh", "lines", "pending", "rel")
 
     def __init__(self, path: Path, rel: str) -> None:
         self.rel = rel
@@ -844,18 +935,29 @@ class _Sink:
         self.pending: list[str] = []
         self.bytes = 0
         self.lines = 0
+        # '\n's in pending[:_counted], so that pending_lines() scans each text only once.
+        self._counted = 0
+        self._counted_lines = 0
 
     def add(self, text: str) -> None:
         self.pending.append(text)
 
     def pending_lines(self) -> int:
-        return sum(text.count("\n") for text in self.pending)
+        """'\n's buffered but not yet written (incremental: texts are counted once)."""
+        pending = self.pending
+        if self._counted < len(pending):
+            self._counted_lines += sum(
+                pending[i].count("\n") for i in range(self._counted, len(pending))
+            )
+            self._counted = len(pending)
+        return self._counted_lines
 
     def flush(self) -> None:
         if not self.pending:
             return
         data = "".join(self.pending).encode("utf-8")
         self.pending.clear()
+        self._counted = self._counted_lines = 0
         self.fh.write(data)
         self.bytes += len(data)
         self.lines += data.count(b"\n")
@@ -1053,6 +1155,10 @@ class _Job:
             random.Random(spec.seed * 7919 + 1), [rk.head for rk in self.ranks], total_steps
         )
         self.noise_on = noise_on
+        # Benign WARNs draw from their own generator, so that benign_warns=0 leaves every
+        # other random choice (and so every byte) as it was.
+        self.warn_rnd = random.Random(spec.seed * 7919 + 2)
+        self.benign: list[BenignWarnRecord] = []
 
     # ---- identities ------------------------------------------------------------------
 
@@ -1174,12 +1280,22 @@ class _Job:
     def _info(self, rk: _Rank, t: float, msg: str, *, proxy: bool = False) -> str:
         return f"{rk.head}{self._ts(t)}{rk.proxy_info if proxy else rk.info}{msg}\n"
 
-    def _warn(self, rk: _Rank, t: float, src: str, msg: str) -> str:
+    def _warn(
+        self,
+        rk: _Rank,
+        t: float,
+        src: str,
+        msg: str,
+        *,
+        tid: int | None = None,
+        dev: int | None = None,
+    ) -> str:
         # NCCL writes "\n" + line in one write: an empty line always precedes a WARN, and
-        # the launcher prefixes both.
+        # the launcher prefixes both. Default thread: the proxy thread, on the rank's GPU.
         return (
-            f"{rk.head}\n{rk.head}{self._warn_ts(t)}{rk.host}:{rk.pid}:{rk.proxy_tid} "
-            f"[{rk.local}] {src} NCCL WARN {msg}\n"
+            f"{rk.head}\n{rk.head}{self._warn_ts(t)}{rk.host}:{rk.pid}:"
+            f"{rk.proxy_tid if tid is None else tid} "
+            f"[{rk.local if dev is None else dev}] {src} NCCL WARN {msg}\n"
         )
 
     def _touch(self, t: float) -> None:
@@ -1486,6 +1602,63 @@ class _Job:
             s.flush()
         return sum(s.bytes for s in self.sinks)
 
+    # ---- benign WARNs -----------------------------------------------------------------
+
+    def _slots_to_run(self) -> int:
+        """Collective slots (positions of the step program) the steps phase will enter."""
+        n_prog = len(self.prog)
+        if self.halt_at >= 0:  # the job stops in the slot of world instance halt_at
+            world_pos = [j for j, call in enumerate(self.prog) if call.world]
+            step, k = divmod(self.halt_at, len(world_pos))
+            return step * n_prog + world_pos[k] + 1
+        return self.spec.steps * n_prog
+
+    def _warn_plan(self, written: int) -> _WarnPlan:
+        """Spread ``benign_warns`` evenly: the i-th falls due at (i + 1/2) / N of the run."""
+        n = self.spec.benign_warns
+        target = self.spec.target_size_bytes
+        if n == 0:
+            return _WarnPlan([], by_bytes=False)
+        if target is not None and self.halt_at < 0:
+            # Unknown number of steps: spread over the bytes the steps phase will write.
+            span = max(target - written, 0)
+            return _WarnPlan([written + (i + 0.5) * span / n for i in range(n)], by_bytes=True)
+        slots = self._slots_to_run()
+        # floor((i + 1/2) * slots / n) <= slots - 1: all fall due before the last slot runs.
+        return _WarnPlan([math.floor((i + 0.5) * slots / n) for i in range(n)], by_bytes=False)
+
+    def _benign_warns(self, count: int, t: float) -> int:
+        """Write ``count`` benign WARNs from time ``t`` on; return the characters added."""
+        era = self.era
+        added = 0
+        for _ in range(count):
+            rk = self.ranks[self.warn_rnd.randrange(self.n)]
+            nic = rk.local * _N_NICS // self.rph
+            # The NIC's "NCCL IbAsync" thread: started by ncclIbInit at network set-up, so
+            # before the proxy thread. It never sets a CUDA device, hence "[0]".
+            tid = rk.pid + 9 + rk.pid % 7 + nic
+            msg = era.async_warn.format(hca=f"mlx5_{nic}", port=1, event=_ASYNC_EVENT)
+            text = self._warn(rk, t, era.async_src, msg, tid=tid, dev=0)
+            sink = self.rank_sink[rk.rank]
+            line_no = sink.lines + sink.pending_lines() + 2  # after the empty line
+            sink.add(text)
+            self._touch(t)
+            self.benign.append(
+                BenignWarnRecord(
+                    rank=rk.rank,
+                    host=rk.host,
+                    pid=rk.pid,
+                    tid=tid,
+                    path=sink.rel,
+                    line_no=line_no,
+                    warn_src=era.async_src,
+                    message=msg,
+                )
+            )
+            added += len(text)
+            t += 0.0001
+        return added
+
     # ---- steps (the hot loop) --------------------------------------------------------
 
     def _coll_parts(
@@ -1563,11 +1736,26 @@ class _Job:
         last_sec = -1
         sec_str = ""
         times: list[float] = []
+        n_prog = len(prog)
+        n_warn = spec.benign_warns
+        plan = self._warn_plan(written)
+        # A WARN due at a slot goes between the previous slot's lines and this slot's.
+        warn_offset = _JITTER_S + max(late)
+        warn_room = max(gap - warn_offset, 0.0)
         step = 0
         while max_steps is None or step < max_steps:
             for j, call in enumerate(prog):
                 comm = world if call.world else host0
                 seq = comm.seq
+                if plan.next < n_warn:
+                    full = target is not None and written + pending >= target
+                    k = plan.due(
+                        written + pending if plan.by_bytes else step * n_prog + j,
+                        everything=full,
+                    )
+                    if k:
+                        t_warn = base + warn_offset + self.warn_rnd.random() * warn_room
+                        pending += self._benign_warns(k, t_warn)
                 if target is not None and written + pending >= target:
                     self.end_reason = "target_size"
                     self._touch(max(times, default=self.t0))
@@ -1793,6 +1981,7 @@ class _Job:
             first_ts=_iso(self.first_t if math.isfinite(self.first_t) else self.t0),
             last_ts=_iso(self.last_t),
             faults=[self._outcome(f, last) for f in self.spec.faults],
+            benign_warns=list(self.benign),
         )
 
     def _world_call(self, instance: int) -> _Call:

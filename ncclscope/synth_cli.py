@@ -128,9 +128,10 @@ def _summary(truth: Truth, out_dir: Path, seconds: float) -> str:
     lines = sum(f.lines for f in truth.files)
     files = truth.files[0].path if len(truth.files) == 1 else f"{len(truth.files)} per-rank files"
     rate = size / seconds / 1e6 if seconds > 0 else 0.0
+    warns = f", {len(truth.benign_warns)} benign WARNs" if truth.benign_warns else ""
     return (
         f"synth: wrote {files} to {out_dir}: {_human(size)}, {lines:,} lines, "
-        f"{truth.coll_calls:,} COLL calls, {truth.steps_completed} steps, "
+        f"{truth.coll_calls:,} COLL calls{warns}, {truth.steps_completed} steps, "
         f"end={truth.end_reason}; truth.json beside it ({seconds:.1f} s, {rate:.0f} MB/s)"
     )
 
@@ -141,6 +142,7 @@ Examples:
       --era 2.27 --timestamps --launcher torchrun --slow-rank 5:0.05
   ncclscope synth --out /tmp/hang --stop-rank 3:40
   ncclscope synth --out /tmp/big --ranks 64 --hosts 8 --timestamps --size 1GB
+  ncclscope synth --out /tmp/noisy --ranks 64 --hosts 8 --size 1GB --warns 8
 
 \b
 Collective instances are numbered from 0 along the world communicator; one step has
@@ -226,6 +228,18 @@ backward, then one grad-norm AllReduce).
     help="Comma-separated host names (default node-0, node-1, ...).",
 )
 @click.option(
+    "--warns",
+    "warns",
+    default=0,
+    show_default=True,
+    metavar="N",
+    help=(
+        "N harmless WARN lines spread evenly over the run (by bytes with --size), each on a "
+        "random rank: an IB async 'SM change' event in the era's WARN format, which NCCL only "
+        "logs; the job goes on. Recorded in truth.json (benign_warns). Needs >= 2 hosts."
+    ),
+)
+@click.option(
     "--slow-rank",
     multiple=True,
     metavar="RANK:SECONDS",
@@ -265,6 +279,7 @@ def synth(
     step_time: float,
     tp_traffic: bool,
     host_names: str | None,
+    warns: int,
     slow_rank: tuple[str, ...],
     stop_rank: tuple[str, ...],
     mismatch: tuple[str, ...],
@@ -299,6 +314,7 @@ def synth(
             host_names=names,
             step_time_s=step_time,
             tp_traffic=tp_traffic,
+            benign_warns=warns,
         )
     except (ValueError, TypeError) as exc:
         raise click.UsageError(str(exc)) from None

@@ -516,3 +516,215 @@ def test_cli_run_writes_summary(tmp_path: Path) -> None:
     assert "end=hang" in result.output
     truth = _truth(out)
     assert [f["kind"] for f in truth["spec"]["faults"]] == ["SlowRank", "StopRank"]
+
+
+# --- benign WARNs ---------------------------------------------------------------------
+
+# nccl.md §1: a WARN is "\n" + [timestamp, 2.26+] + "host:pid:tid [dev] file:line NCCL WARN msg";
+# the "(function)" after file:line only appears in 2.30.7+, so never in these eras.
+_WARN_HEAD = r"(?P<host>[^\s:]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] (?P<src>[\w/.]+:\d+) "
+WARN_SHAPE = {
+    "no-ts": re.compile("^" + _WARN_HEAD + r"NCCL WARN (?P<msg>.*)$"),
+    # 2.26+ default NCCL_DEBUG_TIMESTAMP_LEVELS=WARN with the default "[%F %T] " format
+    "default-ts": re.compile(
+        r"^\[\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}\] " + _WARN_HEAD + r"NCCL WARN (?P<msg>.*)$"
+    ),
+    # NCCL_DEBUG_TIMESTAMP_FORMAT="[%F %T.%6f] "
+    "us-ts": re.compile(
+        r"^\[\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}\.\d{6}\] " + _WARN_HEAD + r"NCCL WARN (?P<msg>.*)$"
+    ),
+}
+# nccl.md §3.7 "NET/IB : Got async event : %s"; 2.20.5 source adds "%s:%d" (device:port);
+# the 2.2x switch prints non-fatal events as "%s:%d Got async error event: %s".
+ASYNC_RE = {
+    "2.7": re.compile(r"^NET/IB : Got async event : (?P<event>[\w ]+)$"),
+    "2.18": re.compile(r"^NET/IB : Got async event : (?P<event>[\w ]+)$"),
+    "2.21": re.compile(r"^NET/IB : mlx5_\d+:\d+ Got async event : (?P<event>[\w ]+)$"),
+    "2.27": re.compile(r"^NET/IB : mlx5_\d+:\d+ Got async error event: (?P<event>[\w ]+)$"),
+}
+_PREFIX_OF = {"none": "", "pdsh": "{host}: ", "torchrun": "[default{local}]:"}
+
+
+def _warn_lines(out: Path, truth: Truth) -> list[tuple[str, int]]:
+    """(file, 1-based line number) of every line that contains 'NCCL WARN'."""
+    found = []
+    for f in truth.files:
+        for i, line in enumerate(_lines(out / f.path)):
+            if "NCCL WARN" in line:
+                found.append((f.path, i + 1))
+    return found
+
+
+def _without_lines(path: Path, drop: set[int]) -> bytes:
+    data = path.read_bytes().split(b"\n")
+    return b"\n".join(x for i, x in enumerate(data) if i + 1 not in drop)
+
+
+@pytest.mark.parametrize(
+    ("era", "timestamps", "shape"),
+    [
+        ("2.7", False, "no-ts"),
+        ("2.18", False, "no-ts"),
+        ("2.21", False, "no-ts"),
+        ("2.27", False, "default-ts"),
+        ("2.27", True, "us-ts"),
+    ],
+)
+@pytest.mark.parametrize(("layout", "launcher"), [("combined", "pdsh"), ("per-rank", "none")])
+def test_benign_warns_shape_and_truth(
+    tmp_path: Path, era: str, timestamps: bool, shape: str, layout: str, launcher: str
+) -> None:
+    kw: dict[str, Any] = {
+        **SMALL,
+        "steps": 6,
+        "era": era,
+        "timestamps": timestamps,
+        "layout": layout,
+        "launcher": launcher,
+    }
+    out, truth = _gen(tmp_path, "w", benign_warns=5, **kw)
+    assert truth.end_reason == "completed"  # the job goes on
+    recs = truth.benign_warns
+    assert len(recs) == 5
+    assert _truth(out)["benign_warns"] == [
+        {
+            "rank": r.rank,
+            "host": r.host,
+            "pid": r.pid,
+            "tid": r.tid,
+            "path": r.path,
+            "line_no": r.line_no,
+            "warn_src": r.warn_src,
+            "message": r.message,
+        }
+        for r in recs
+    ]
+    # Every WARN line in the output is a recorded one, and nothing else is a WARN.
+    assert sorted(_warn_lines(out, truth)) == sorted((r.path, r.line_no) for r in recs)
+    ranks = {r.rank: r for r in truth.ranks}
+    for rec in recs:
+        rk = ranks[rec.rank]
+        assert rec.path == rk.file
+        lines = _lines(out / rec.path)
+        prefix = _PREFIX_OF[launcher].format(host=rk.host, local=rk.local_rank)
+        assert lines[rec.line_no - 2] == prefix  # the empty line NCCL writes before a WARN
+        warn = lines[rec.line_no - 1]
+        assert warn.startswith(prefix)
+        m = WARN_SHAPE[shape].match(warn[len(prefix) :])
+        assert m, warn
+        assert WARN_RE.search(warn)  # and the generic §1.2 regex agrees
+        assert (m["host"], int(m["pid"]), int(m["tid"])) == (rec.host, rec.pid, rec.tid)
+        assert (rk.host, rk.pid) == (rec.host, rec.pid)
+        assert int(m["tid"]) not in (rk.pid, rk.proxy_tid)  # the IB async thread
+        assert m["dev"] == "0"  # helper thread that never set a CUDA device
+        assert m["src"] == rec.warn_src
+        assert m["src"].startswith("transport/net_ib.cc:")
+        assert m["msg"] == rec.message
+        a = ASYNC_RE[era].match(m["msg"])
+        assert a, m["msg"]
+        assert a["event"] == "SM change"
+        # Benign: no "file:line -> N" chain after it, nothing else from that thread.
+        later = [mm for x in lines[rec.line_no :] if (mm := INFO_RE.search(x))]
+        assert later  # the job went on
+        assert not any(CHAIN_RE.match(mm["msg"]) for mm in later)
+        assert all(int(mm["tid"]) != rec.tid for mm in later)
+
+
+@pytest.mark.parametrize("layout", ["combined", "per-rank"])
+def test_benign_warns_change_nothing_else(tmp_path: Path, layout: str) -> None:
+    kw: dict[str, Any] = {**SMALL, "steps": 4, "era": "2.27", "timestamps": True, "layout": layout}
+    plain, t0 = _gen(tmp_path, "plain", **kw)
+    warned, t1 = _gen(tmp_path, "warned", benign_warns=7, **kw)
+    again, _ = _gen(tmp_path, "again", benign_warns=7, **kw)
+    assert [f.path for f in t0.files] == [f.path for f in t1.files]
+    drop: dict[str, set[int]] = defaultdict(set)
+    for rec in t1.benign_warns:
+        drop[rec.path] |= {rec.line_no - 1, rec.line_no}
+    for f in t1.files:
+        assert (warned / f.path).read_bytes() == (again / f.path).read_bytes()  # deterministic
+        # Take the WARNs (and their empty lines) out: the rest is the job without them.
+        assert _without_lines(warned / f.path, drop[f.path]) == (plain / f.path).read_bytes()
+    assert t0.coll_calls == t1.coll_calls
+    assert t0.benign_warns == []
+    assert _truth(plain)["spec"]["benign_warns"] == 0
+
+
+def test_benign_warns_evenly_spread_over_steps(tmp_path: Path) -> None:
+    n = 6
+    out, truth = _gen(tmp_path, benign_warns=n, non_nccl_frac=0.0, **{**SMALL, "steps": 10})
+    recs = _coll_records(out)
+    slots = 10 * (3 * SMALL["layers"] + 1)
+    assert len(recs) == slots * SMALL["ranks"]
+    for i, rec in enumerate(truth.benign_warns):
+        before = sum(r["line_no"] < rec.line_no for r in recs)
+        # Each slot logs one line per rank, so this is the fraction of slots before it.
+        assert abs(before / len(recs) - (i + 0.5) / n) <= 1 / slots
+
+
+def test_benign_warns_spread_by_bytes_with_target_size(tmp_path: Path) -> None:
+    n, target = 8, 2_000_000
+    out, truth = _gen(
+        tmp_path, benign_warns=n, target_size_bytes=target, ranks=16, hosts=2, timestamps=True
+    )
+    assert truth.end_reason == "target_size"
+    assert len(truth.benign_warns) == n
+    data = (out / "job.log").read_bytes()
+    assert abs(len(data) - target) / target < 0.05
+    starts = [0]
+    for line in data.split(b"\n"):
+        starts.append(starts[-1] + len(line) + 1)
+    offsets = [starts[rec.line_no - 1] for rec in truth.benign_warns]
+    first_coll = data.index(b"NCCL INFO AllGather: opCount")
+    spacing = (len(data) - first_coll) / n
+    gaps = [b - a for a, b in zip([first_coll, *offsets], offsets, strict=False)]
+    assert gaps[0] == pytest.approx(spacing / 2, rel=0.1)  # the first falls at 1/2N
+    for gap in gaps[1:]:
+        assert gap == pytest.approx(spacing, rel=0.1)
+
+
+def test_benign_warns_with_a_tiny_target_all_still_written(tmp_path: Path) -> None:
+    out, truth = _gen(tmp_path, benign_warns=3, target_size_bytes=1000, ranks=8, hosts=2)
+    assert len(truth.benign_warns) == 3
+    assert len(_warn_lines(out, truth)) == 3
+
+
+def test_benign_warns_before_a_terminal_fault(tmp_path: Path) -> None:
+    faults = (IbError(host="node-0", at_instance=9),)
+    out, truth = _gen(tmp_path, benign_warns=4, faults=faults, **SMALL)
+    assert truth.end_reason == "error"
+    assert len(truth.benign_warns) == 4
+    (outcome,) = truth.faults
+    ib_line = outcome.details["line_no"]
+    assert isinstance(ib_line, int)
+    lines = _lines(out / "job.log")
+    assert "Got completion" in lines[ib_line - 1]  # its line number is still right
+    assert all(rec.line_no < ib_line for rec in truth.benign_warns)
+    all_warns = {no for _, no in _warn_lines(out, truth)}
+    assert {rec.line_no for rec in truth.benign_warns} < all_warns
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"benign_warns": -1}, "benign_warns must be >= 0"),
+        ({"benign_warns": 2, "hosts": 1, "ranks": 4}, ">= 2 hosts"),
+        ({"benign_warns": 2, "steps": 0}, "at least one step"),
+    ],
+)
+def test_benign_warns_validation(kw: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        SynthSpec(**kw)
+
+
+def test_cli_warns(tmp_path: Path) -> None:
+    out = tmp_path / "cli"
+    args = ["--out", str(out), "--ranks", "8", "--hosts", "2", "--steps", "3", "--warns", "3"]
+    result = CliRunner().invoke(synth, args)
+    assert result.exit_code == 0, result.output
+    assert ", 3 benign WARNs," in result.output
+    assert len(_truth(out)["benign_warns"]) == 3
+    bad = CliRunner().invoke(synth, [*args, "--hosts", "1", "--ranks", "4"])
+    assert bad.exit_code == 2
+    assert ">= 2 hosts" in bad.output
+    helped = CliRunner().invoke(synth, ["--help"])
+    assert "--warns N" in helped.output
