@@ -234,10 +234,10 @@ def _count_other_lines(text_store: Path, records: LineRecords) -> None:
 
 
 _DAMAGE = {
-    "binary": "binary data or invalid UTF-8",
-    "too_long": "lines longer than any NCCL line",
-    "malformed": "NCCL lines that match no known format",
-    "spliced": "two processes' writes spliced on one line (the whole tail was kept)",
+    "binary": "of binary data or invalid UTF-8 skipped",
+    "too_long": "longer than any NCCL line skipped",
+    "malformed": "with an NCCL marker but no known NCCL format skipped",
+    "spliced": "holding two processes' writes spliced together (the whole tail was kept)",
 }
 
 
@@ -251,7 +251,7 @@ def _notes(inputs: list[Input], records: LineRecords) -> dict[str, list[str]]:
             n = records.spliced.get(k, 0) if reason == "spliced" else skipped.get(reason, 0)
             first = records.first_bad.get(k, {}).get(reason)
             if n and first is not None:
-                found.append(f"{n:,} line{'s' if n > 1 else ''}: {what}, first at line {first}")
+                found.append(f"{n:,} line{'s' if n > 1 else ''} {what}, first at line {first}")
         if found:
             notes[inp.display] = found
     return notes
@@ -394,7 +394,7 @@ def _timestamps(records: LineRecords, summary: CollSummary | None) -> str:
 
 def _gaps(analysis: Analysis, records: LineRecords) -> list[Gap]:
     gaps: list[Gap] = []
-    has_nccl = records.header_lines > 0 or (analysis.summary is not None)
+    has_nccl = records.header_lines > 0 or analysis.summary is not None or records.versions
     if not has_nccl:
         gaps.append(
             Gap(
@@ -410,7 +410,7 @@ def _gaps(analysis: Analysis, records: LineRecords) -> list[Gap]:
                 ("NCCL_DEBUG_SUBSYS=INIT,COLL (add COLL to the list you use)",),
             )
         )
-    if analysis.identity.members.filter(pl.col("comm_rank").is_not_null()).is_empty():
+    if not any(ev.event == "Init" for _p, _l, ev in records.comm_events):
         gaps.append(
             Gap(
                 "No communicator init lines: ranks cannot be tied to hosts, pids and GPUs.",
@@ -425,16 +425,15 @@ def _gaps(analysis: Analysis, records: LineRecords) -> list[Gap]:
                 (
                     "NCCL >= 2.26: NCCL_DEBUG_TIMESTAMP_LEVELS=WARN,INFO",
                     "NCCL_DEBUG_TIMESTAMP_FORMAT='[%F %T.%6f] '",
-                    "older NCCL: run `ncclscope agent --follow LOG` beside the job to stamp lines",
                 ),
             )
         )
-    if "order" in analysis.identity.matched_by.values():
+    if any(ev.comm_id is None and ev.event == "Init" for _p, _l, ev in records.comm_events):
         gaps.append(
             Gap(
-                "Some communicators have no commId (NCCL < 2.17): they were matched across "
-                "ranks by size and creation order.",
-                ("NCCL >= 2.18 prints commId on Init lines",),
+                "Init lines carry no commId (NCCL < 2.17): communicators were matched across "
+                "ranks by size and creation order, which sub-communicators can confuse.",
+                ("NCCL >= 2.17 prints commId on Init lines",),
             )
         )
     if not analysis.nccl_versions:

@@ -61,7 +61,7 @@ _BENIGN = re.compile(
     r"|is deprecated|Could not find"
 )
 #: WARNs that are worth a look but do not stop the job by themselves.
-_WARNING = re.compile(r"Got async event|timeout warning|retrying|HINT|[Tt]rying again")
+_WARNING = re.compile(r"Got async (?:error )?event|timeout warning|retrying|HINT|[Tt]rying again")
 
 #: ``ncclResult_t`` values (``src/nccl.h.in``).
 RESULT_CODES: dict[int, str] = {

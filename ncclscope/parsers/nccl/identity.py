@@ -165,7 +165,7 @@ def _world(members: list[Member]) -> tuple[str | None, int | None]:
     stats: dict[str, tuple[int, int, int]] = {}
     for member in members:
         n, seen, first = stats.get(member.comm_key, (member.nranks, 0, member.first_line))
-        stats[member.comm_key] = (n, seen + 1, min(first, member.first_line))
+        stats[member.comm_key] = (max(n, member.nranks), seen + 1, min(first, member.first_line))
     key = max(stats, key=lambda k: (stats[k][0], stats[k][1], -stats[k][2]))
     return key, stats[key][0]
 

@@ -35,6 +35,13 @@ __all__ = ["TOO_LONG_CHARS", "ErrorGroup", "LineRecords", "ProcKey", "collect_re
 #: two containers that both call themselves ``localhost`` with pid 7 apart.
 ProcKey = tuple[int, str, int]
 
+#: A return-code line this many lines after its thread's last error line starts a new
+#: error: a chain is printed as the failure unwinds, within a few lines of its WARN
+#: (other processes' lines interleave in a combined log, hence the slack).
+_CHAIN_GAP_LINES = 2_000
+#: A WARN this close after another of its thread (and no chain between) is its follow-up.
+_HINT_GAP_LINES = 64
+
 #: Longer than any NCCL line can be (NCCL's own buffer is 1 KiB up to 2.28).
 TOO_LONG_CHARS = 1 << 16
 
@@ -54,6 +61,7 @@ class ErrorGroup:
     code: int | None = None
     from_warn: bool = True
     closed: bool = False  # a chain line was seen: the next WARN starts a new group
+    last_line: int = 0  # line of the group's last WARN or chain line
 
 
 @dataclass
@@ -186,11 +194,18 @@ def _take(
     elif isinstance(body, Message) and parsed.kind == "warn":
         key = (proc, header.tid)
         group = open_groups.get(key)
-        if group is not None and not group.closed and group.from_warn:
-            # Consecutive WARNs of one thread describe one failure (e.g. a HINT line).
+        if (
+            group is not None
+            and not group.closed
+            and group.from_warn
+            and line_no - group.last_line <= _HINT_GAP_LINES
+        ):
+            # Back-to-back WARNs of one thread describe one failure (e.g. a HINT line).
+            group.last_line = line_no
             return
         src = f"{header.src_file}:{header.src_line}" if header.src_file else None
         group = ErrorGroup(proc, header.tid, header.dev, line_no, body.text, src, parsed.ts)
+        group.last_line = line_no
         open_groups[key] = group
         out.errors.append(group)
 
@@ -208,6 +223,8 @@ def _chain(
     key = (proc, tid)
     group = open_groups.get(key)
     text = f"{body.file}:{body.line} -> {body.code}"
+    if group is not None and line_no - group.last_line > _CHAIN_GAP_LINES:
+        group = None  # a later failure on the same thread, not the end of that chain
     if group is None:
         # A failure returned up the stack with no WARN: still a root cause to report.
         name = nccl_errors.RESULT_CODES.get(body.code, f"code {body.code}")
@@ -218,3 +235,4 @@ def _chain(
     group.chain.append(text)
     group.code = body.code
     group.closed = True
+    group.last_line = line_no
