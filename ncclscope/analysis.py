@@ -23,6 +23,7 @@ from ncclscope.parsers.nccl.collectives import (
     coll_lines,
     coll_only_comms,
     proc_comm_stats,
+    proc_table,
     repair_spliced_hosts,
     summarise,
 )
@@ -108,19 +109,12 @@ def run_analysis(
     store = workdir / "store"
     total_bytes = sum(inp.size_bytes for inp in inputs)
     report("scan", 0, total_bytes)
-    targets, coll_stores, text_store, n_lines = _scan(targets, inputs, store, problems)
+    targets, coll_stores, text_store, n_lines, bad = _scan(targets, inputs, store, problems)
     report("scan", total_bytes, total_bytes)
 
     if targets and text_store is not None:
-        fast_hosts: list[str] = []
-        if coll_stores:
-            fast_hosts = (
-                pl.scan_parquet(coll_stores)
-                .select(pl.col("host").unique())
-                .collect(engine="streaming")["host"]
-                .drop_nulls()
-                .to_list()
-            )
+        # Host names seen on intact COLL lines, to repair spliced lines' hosts.
+        fast_hosts = proc_table(coll_lines(coll_stores, bad, LineRecords()))["host"].to_list()
         nccl_rows = (
             pl.scan_parquet(text_store)
             .filter(pl.col("kind") == LINE_KIND["nccl"])
@@ -131,31 +125,36 @@ def run_analysis(
         if coll_stores:
             per_file = (
                 pl.scan_parquet(coll_stores)
+                .filter(~pl.col("proc").is_in(bad))
                 .group_by("file_id")
                 .agg(pl.len())
                 .collect(engine="streaming")
             )
             records.fast_calls.update(dict(per_file.iter_rows()))
         _count_other_lines(text_store, records)
-        lines = coll_lines(coll_stores, records)
-        stats = proc_comm_stats(lines)
+        lines = coll_lines(coll_stores, bad, records)
+        procs = proc_table(lines)
+        stats = proc_comm_stats(lines, procs)
         repairs = repair_spliced_hosts(stats, records)
         if not repairs.is_empty():
-            lines = apply_host_repairs(lines, repairs)
-            stats = proc_comm_stats(lines)
+            procs = apply_host_repairs(procs, repairs)
+            stats = proc_comm_stats(lines, procs)
             for r in repairs.iter_rows(named=True):
                 records.spliced[r["file_id"]] += r["calls"]
-                bad = records.first_bad.setdefault(r["file_id"], {})
-                bad["spliced"] = min(bad.get("spliced", r["first_line"]), r["first_line"])
+                first = records.first_bad.setdefault(r["file_id"], {})
+                first["spliced"] = min(first.get("spliced", r["first_line"]), r["first_line"])
     else:
         records = LineRecords()
         lines = None
         stats = pl.DataFrame()
+        procs = pl.DataFrame()
     report("build", 0, 1)
     identity = resolve_identity(records, coll_only_comms(stats) if len(stats) else [], paths)
     collectives = summary = None
     if lines is not None and len(stats):
-        collectives = build_collectives(lines, stats, identity.members, workdir / "collectives")
+        collectives = build_collectives(
+            lines, stats, identity.members, procs, workdir / "collectives"
+        )
         summary = summarise(lines, collectives)
     account = _account(inputs, n_lines, records)
     hosts = sorted(set(identity.members["host"].to_list()) | records.hosts)
@@ -186,9 +185,9 @@ def run_analysis(
 
 def _scan(
     targets: list[ScanTarget], inputs: list[Input], store: Path, problems: list[Problem]
-) -> tuple[list[ScanTarget], list[Path], Path | None, dict[int, int]]:
+) -> tuple[list[ScanTarget], list[Path], Path | None, dict[int, int], list[str]]:
     if not targets:
-        return [], [], None, {}
+        return [], [], None, {}, []
     try:
         return targets, *scan_inputs(targets, store)
     except (pl.exceptions.PolarsError, OSError):
@@ -204,7 +203,7 @@ def _scan(
             reason = str(err).splitlines()[0] if str(err) else type(err).__name__
             problems.append(Problem(inputs[target.file_id].display, f"cannot be read: {reason}"))
     if not good:
-        return [], [], None, {}
+        return [], [], None, {}, []
     return good, *scan_inputs(good, store)
 
 

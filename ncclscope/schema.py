@@ -45,16 +45,15 @@ COLL_STORE_SCHEMA = _schema(
     {
         "file_id": pl.UInt32,
         "i": pl.UInt32,  # 1-based line number within the file
-        "host": pl.String,
-        "pid": pl.Int32,
-        "op": pl.String,
+        "proc": pl.String,  # the header token as printed: [prefix]host:pid:tid
+        "op_tok": pl.String,  # "AllGather:" as printed
         "opcount": pl.Int64,
         "count": pl.Int64,
         "dtype": pl.Int16,
         "redop": pl.Int16,
         "root": pl.Int32,
         "comm": pl.String,
-        "nranks": pl.Int32,
+        "nranks_tok": pl.String,  # "[nranks=16]" as printed
         "ts": TS,
     }
 )

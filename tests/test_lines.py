@@ -27,6 +27,7 @@ from ncclscope.parsers.nccl.lines import (
     parse_line,
     transport_name,
 )
+from ncclscope.parsers.nccl.collectives import decode_proc
 from ncclscope.parsers.nccl.scan import ScanTarget, scan_inputs, sniff_offsets
 
 H = "node-a:4411:4411 [1] NCCL INFO "
@@ -327,8 +328,11 @@ def test_fast_path_agrees_with_reference(tmp_path: Path) -> None:
     log.write_text("\n".join(lines) + "\n")
     offsets = sniff_offsets(log, log.stat().st_size)
     assert offsets  # the fixtures use several prefix shapes
-    coll_stores, text_store, n_lines = scan_inputs([ScanTarget(0, log, offsets)], tmp_path / "s")
+    coll_stores, text_store, n_lines, bad = scan_inputs(
+        [ScanTarget(0, log, offsets)], tmp_path / "s"
+    )
     assert n_lines == {0: len(lines)}
+    assert bad == []
     fast = pl.read_parquet(coll_stores)
     assert fast.height > 300
     for row in fast.iter_rows(named=True):
@@ -336,17 +340,20 @@ def test_fast_path_agrees_with_reference(tmp_path: Path) -> None:
         assert ref is not None
         assert ref.header is not None
         assert isinstance(ref.body, Coll)
+        decoded = decode_proc(row["proc"])
+        assert decoded is not None
+        host, pid, _tid = decoded
         got = (
-            row["host"],
-            row["pid"],
-            row["op"],
+            host,
+            pid,
+            row["op_tok"].removesuffix(":"),
             row["opcount"],
             row["count"],
             row["dtype"],
             row["redop"],
             row["root"],
             row["comm"],
-            row["nranks"],
+            int(row["nranks_tok"].removeprefix("[nranks=").removesuffix("]")),
             row["ts"],
         )
         want = (

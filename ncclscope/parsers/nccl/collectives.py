@@ -9,12 +9,14 @@ read lazily: a large job has tens of millions of rows.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
 
 from ncclscope.parsers.nccl.identity import CollOnlyComm
+from ncclscope.parsers.nccl.patterns import HOST_CHARS
 from ncclscope.parsers.nccl.records import LineRecords
 from ncclscope.schema import COLL_STORE_SCHEMA, COLLECTIVES_SCHEMA
 from ncclscope.units import DTYPE_BYTES
@@ -22,45 +24,121 @@ from ncclscope.units import DTYPE_BYTES
 __all__ = [
     "CollSummary",
     "apply_host_repairs",
+    "bad_tokens",
     "build_collectives",
     "coll_lines",
     "coll_only_comms",
+    "decode_proc",
+    "proc_table",
     "repair_spliced_hosts",
     "summarise",
 ]
 
 _PROC_COMM = ["file_id", "host", "pid", "comm"]
+_HOST = re.compile(f"{HOST_CHARS}+")
+#: COLL rows are keyed by the raw ``host:pid:tid`` token until identity is applied: a
+#: job has a few thousand distinct tokens, so splitting them once beats splitting
+#: every one of tens of millions of lines.
+_TOKEN_COMM = ["file_id", "proc", "comm"]
+_PROCS_SCHEMA = {"proc": pl.String, "host": pl.String, "pid": pl.Int32, "tid": pl.Int32}
 
 
-def coll_lines(coll_stores: list[Path], records: LineRecords) -> pl.LazyFrame:
-    """All COLL lines: the field reader's rows plus those the Python parser read."""
-    schema = dict(COLL_STORE_SCHEMA) | {"tid": pl.Int32}
-    fast = (
-        pl.scan_parquet(coll_stores).with_columns(pl.lit(None, dtype=pl.Int32).alias("tid"))
-        if coll_stores
-        else pl.LazyFrame(schema=schema)
-    )
+def decode_proc(token: str) -> tuple[str, int, int] | None:
+    """``[default3]:node-6:5381:5382`` -> ``("node-6", 5381, 5382)``; None if not a header.
+
+    >>> decode_proc("[default3]:node-6:5381:5382"), decode_proc("x\x00y:1:2")
+    (('node-6', 5381, 5382), None)
+    """
+    parts = token.rsplit(":", 3)
+    if len(parts) < 3:
+        return None
+    host, pid, tid = parts[-3], parts[-2], parts[-1]
+    if not (_HOST.fullmatch(host) and pid.isdigit() and tid.isdigit()):
+        return None
+    return host, int(pid), int(tid)
+
+
+def bad_tokens(tokens: list[str]) -> list[str]:
+    """The tokens whose host holds characters no host name has (junk glued in front)."""
+    return [t for t in tokens if decode_proc(t) is None]
+
+
+def coll_lines(coll_stores: list[Path], bad: list[str], records: LineRecords) -> pl.LazyFrame:
+    """All COLL lines, raw: the field reader's rows plus those the Python parser read.
+
+    Columns are those of ``COLL_STORE_SCHEMA`` (``proc``, ``op_tok``, ``nranks_tok`` as
+    printed); ``decode`` and the aggregations turn tokens into values.
+    """
+    fast = pl.scan_parquet(coll_stores) if coll_stores else pl.LazyFrame(schema=COLL_STORE_SCHEMA)
+    if bad:
+        fast = fast.filter(~pl.col("proc").is_in(bad))
     slow_rows = [
         {
             "file_id": proc[0],
             "i": line_no,
-            "host": proc[1],
-            "pid": proc[2],
-            "op": c.op,
+            "proc": f"{proc[1]}:{proc[2]}:{tid}",
+            "op_tok": f"{c.op}:",
             "opcount": c.opcount,
             "count": c.count,
             "dtype": c.dtype,
             "redop": c.redop,
             "root": c.root,
             "comm": c.comm,
-            "nranks": c.nranks,
+            "nranks_tok": f"[nranks={c.nranks}]",
             "ts": ts,
-            "tid": tid,
         }
         for proc, line_no, tid, c, ts in records.colls
     ]
-    slow = pl.DataFrame(slow_rows, schema=schema).lazy()
+    slow = pl.DataFrame(slow_rows, schema=COLL_STORE_SCHEMA).lazy()
     return pl.concat([fast, slow], how="vertical")
+
+
+def proc_table(lines: pl.LazyFrame) -> pl.DataFrame:
+    """Every distinct ``host:pid:tid`` token with its host, pid and tid."""
+    tokens = lines.select(pl.col("proc").unique()).collect(engine="streaming")["proc"]
+    rows = []
+    for token in tokens.to_list():
+        decoded = decode_proc(token)
+        if decoded is not None:
+            rows.append({"proc": token, "host": decoded[0], "pid": decoded[1], "tid": decoded[2]})
+    return pl.DataFrame(rows, schema=_PROCS_SCHEMA)
+
+
+def _nranks() -> pl.Expr:
+    return (
+        pl.col("nranks_tok")
+        .str.strip_prefix("[nranks=")
+        .str.strip_suffix("]")
+        .cast(pl.Int32, strict=False)
+    )
+
+
+def proc_comm_stats(lines: pl.LazyFrame, procs: pl.DataFrame) -> pl.DataFrame:
+    """Per (process, comm pointer): calls, opCount range, first line, nranks."""
+    per_token = (
+        lines.group_by(_TOKEN_COMM)
+        .agg(
+            pl.len().alias("calls"),
+            pl.col("opcount").min().alias("opcount_min"),
+            pl.col("opcount").max().alias("opcount_max"),
+            pl.col("i").min().alias("first_line"),
+            pl.col("nranks_tok").first(),
+        )
+        .collect(engine="streaming")
+    )
+    # A process logs from several threads (several tokens): merge them.
+    return (
+        per_token.join(procs, on="proc", how="inner")
+        .with_columns(_nranks().alias("nranks"))
+        .group_by(_PROC_COMM)
+        .agg(
+            pl.col("calls").sum(),
+            pl.col("opcount_min").min(),
+            pl.col("opcount_max").max(),
+            pl.col("first_line").min(),
+            pl.col("nranks").max(),
+        )
+    )
 
 
 def repair_spliced_hosts(stats: pl.DataFrame, records: LineRecords) -> pl.DataFrame:
@@ -98,15 +176,15 @@ def repair_spliced_hosts(stats: pl.DataFrame, records: LineRecords) -> pl.DataFr
     )
 
 
-def apply_host_repairs(lines: pl.LazyFrame, repairs: pl.DataFrame) -> pl.LazyFrame:
-    """Rewrite the hosts ``repair_spliced_hosts`` found (a no-op when there are none)."""
+def apply_host_repairs(procs: pl.DataFrame, repairs: pl.DataFrame) -> pl.DataFrame:
+    """The token table with the hosts ``repair_spliced_hosts`` found rewritten."""
     if repairs.is_empty():
-        return lines
-    fix = repairs.select("file_id", "host", "pid", "fixed_host").lazy()
+        return procs
+    fix = repairs.select("host", "pid", "fixed_host").unique(["host", "pid"])
     return (
-        lines.join(fix, on=["file_id", "host", "pid"], how="left")
+        procs.join(fix, on=["host", "pid"], how="left")
         .with_columns(pl.coalesce("fixed_host", "host").alias("host"))
-        .drop("fixed_host")
+        .select(list(_PROCS_SCHEMA))
     )
 
 
@@ -118,23 +196,12 @@ def coll_only_comms(stats: pl.DataFrame) -> list[CollOnlyComm]:
     ]
 
 
-def proc_comm_stats(lines: pl.LazyFrame) -> pl.DataFrame:
-    """Per (process, comm pointer): calls, opCount range, first line, nranks."""
-    return (
-        lines.group_by(_PROC_COMM)
-        .agg(
-            pl.len().alias("calls"),
-            pl.col("opcount").min().alias("opcount_min"),
-            pl.col("opcount").max().alias("opcount_max"),
-            pl.col("i").min().alias("first_line"),
-            pl.col("nranks").max().alias("nranks"),
-        )
-        .collect(engine="streaming")
-    )
-
-
 def build_collectives(
-    lines: pl.LazyFrame, stats: pl.DataFrame, members: pl.DataFrame, out_dir: Path
+    lines: pl.LazyFrame,
+    stats: pl.DataFrame,
+    members: pl.DataFrame,
+    procs: pl.DataFrame,
+    out_dir: Path,
 ) -> pl.LazyFrame:
     """The collectives table (``COLLECTIVES_SCHEMA``) as a lazy query over the stores.
 
@@ -143,11 +210,21 @@ def build_collectives(
     whose ``opCount`` is constant need counting in order; those few rows are written
     to ``out_dir``.
     """
-    counted = stats.filter(
-        (pl.col("opcount_min") == pl.col("opcount_max")) & (pl.col("calls") > 1)
-    ).select(_PROC_COMM)
-    mapping = members.select(*_PROC_COMM, "comm_key", "comm_rank", "rank")
-    enriched = lines.join(mapping.lazy(), on=_PROC_COMM, how="left").with_columns(
+    # (file_id, token, comm) -> identity; every row's host and pid come with it.
+    mapping = (
+        members.select(*_PROC_COMM, "comm_key", "comm_rank", "rank")
+        .join(procs, on=["host", "pid"], how="inner")
+        .select(*_TOKEN_COMM, "host", "pid", "tid", "comm_key", "comm_rank", "rank")
+    )
+    counted = (
+        stats.filter((pl.col("opcount_min") == pl.col("opcount_max")) & (pl.col("calls") > 1))
+        .select(_PROC_COMM)
+        .join(mapping.select(*_TOKEN_COMM, "host", "pid"), on=_PROC_COMM, how="inner")
+        .select(_TOKEN_COMM)
+    )
+    enriched = lines.join(mapping.lazy(), on=_TOKEN_COMM, how="left").with_columns(
+        pl.col("op_tok").str.strip_suffix(":").alias("op"),
+        _nranks().alias("nranks"),
         _size_bytes().alias("size_bytes"),
         pl.when(pl.col("ts").is_not_null())
         .then(pl.lit("nccl"))
@@ -156,7 +233,7 @@ def build_collectives(
         pl.col("i").alias("line_no"),
     )
     by_opcount = (
-        enriched.join(counted.lazy(), on=_PROC_COMM, how="anti")
+        enriched.join(counted.lazy(), on=_TOKEN_COMM, how="anti")
         .with_columns(pl.col("opcount").alias("seq"))
         .select(list(COLLECTIVES_SCHEMA))
         .cast(COLLECTIVES_SCHEMA)
@@ -167,7 +244,7 @@ def build_collectives(
     part = out_dir / "counted.parquet"
     # Only these rows need a window in memory: count each process's calls in order.
     (
-        enriched.join(counted.lazy(), on=_PROC_COMM, how="semi")
+        enriched.join(counted.lazy(), on=_TOKEN_COMM, how="semi")
         .sort("file_id", "i")
         .with_columns(pl.int_range(pl.len()).over(_PROC_COMM).cast(pl.Int64).alias("seq"))
         .select(list(COLLECTIVES_SCHEMA))
@@ -211,14 +288,15 @@ def summarise(lines: pl.LazyFrame, collectives: pl.LazyFrame) -> CollSummary:
     )
     by_op_size = (
         lines.with_columns(_size_bytes().alias("size_bytes"))
-        .group_by("op", bucket.alias("size_bytes_min"))
+        .group_by("op_tok", bucket.alias("size_bytes_min"))
         .agg(
             pl.len().cast(pl.Int64).alias("calls"),
             pl.col("size_bytes").sum().alias("total_bytes"),
             pl.col("ts").is_not_null().sum().alias("with_ts"),
         )
-        .sort("op", "size_bytes_min")
         .collect(engine="streaming")
+        .select(pl.col("op_tok").str.strip_suffix(":").alias("op"), pl.exclude("op_tok"))
+        .sort("op", "size_bytes_min")
     )
     instances = (
         collectives.select("comm_key", "seq")

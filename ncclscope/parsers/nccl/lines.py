@@ -240,16 +240,27 @@ def _parse_ts(prefix: str) -> tuple[datetime | None, str]:
 
 
 def _to_dt(date: str, time: str, frac: str | None) -> datetime | None:
+    # The regexes fixed the digit positions; int() on slices is ~10x faster than strptime.
     micro = int((frac or "0")[:6].ljust(6, "0"))
     try:
-        base = datetime.strptime(f"{date} {time}", "%Y-%m-%d %H:%M:%S")
-    except ValueError:
+        # NCCL prints the host's local time; without a zone we keep the wall clock as UTC.
+        return datetime(
+            int(date[0:4]),
+            int(date[5:7]),
+            int(date[8:10]),
+            int(time[0:2]),
+            int(time[3:5]),
+            int(time[6:8]),
+            micro,
+            tzinfo=UTC,
+        )
+    except ValueError:  # 2025-13-45: digits in the right places, not a date
         return None
-    # NCCL prints the host's local time; without a zone we keep the wall clock as UTC.
-    return base.replace(microsecond=micro, tzinfo=UTC)
 
 
 def _launcher(prefix: str) -> tuple[str | None, int | None]:
+    if not prefix:
+        return None, None
     for name, regex in pat.LAUNCHER_RES:
         match = regex.search(prefix)
         if match:

@@ -32,10 +32,11 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 
-from ncclscope.parsers.nccl.patterns import HOST_CHARS
+from ncclscope.parsers.nccl.collectives import bad_tokens
 from ncclscope.schema import COLL_STORE_SCHEMA, LINE_KIND, TEXT_STORE_SCHEMA
 
 __all__ = ["MAX_TEXT_CHARS", "ScanTarget", "scan_inputs", "sniff_offsets"]
@@ -57,15 +58,6 @@ _SAMPLE_LINES = 64
 _MIN_SHARE = 0.02
 #: COLL lines left to the Python parser beyond which the offsets are learned again.
 _REPLAN_LINES = 20_000
-
-_READ = {
-    "has_header": False,
-    "quote_char": None,
-    "truncate_ragged_lines": True,
-    "encoding": "utf8-lossy",
-    "row_index_name": "i",
-    "row_index_offset": 1,
-}
 
 
 @dataclass(frozen=True)
@@ -91,16 +83,20 @@ class _Batch:
     ids: list[int] = field(default_factory=list)
     paths: list[str] = field(default_factory=list)
 
-    def read(self, **options: object) -> pl.LazyFrame:
+    def read(self, **options: Any) -> pl.LazyFrame:
         """All lines of the batch's files, numbered ``g`` from 1 across the list; with
         the file's path when the batch holds several files."""
         shifted = self.targets[0].shifted  # a shifted file is always alone in its batch
-        extra = {"include_file_paths": "path"} if len(self.targets) > 1 else {}
         lf = pl.scan_csv(
             [str(t.path) for t in self.targets],
-            **(_READ | {"row_index_name": "g", "row_index_offset": 0 if shifted else 1}),
-            **extra,
-            **options,  # type: ignore[arg-type]
+            has_header=False,
+            quote_char=None,  # a log line is never quoted
+            truncate_ragged_lines=True,
+            encoding="utf8-lossy",  # crashed jobs leave invalid UTF-8: keep the line
+            row_index_name="g",
+            row_index_offset=0 if shifted else 1,
+            include_file_paths="path" if len(self.targets) > 1 else None,
+            **options,
         )
         return lf.filter(pl.col("g") >= 1) if shifted else lf
 
@@ -210,10 +206,6 @@ def _fields(batch: _Batch, h: int) -> pl.LazyFrame:
     for k in range(h):
         # a second header in the prefix: two processes' writes spliced
         valid = valid & (c(k).fill_null("") != "NCCL")
-    host_pid = f(0).str.split(":")
-    # Anything glued to the host that no host name holds (colour codes, \r bars, NUL
-    # padding, punctuation): the reference parser finds where the host starts.
-    valid = valid & host_pid.list.get(-3, null_on_oob=True).str.contains(f"^{HOST_CHARS}+$")
     if h >= 2:
         ts = _default_ts(c(h - 2), c(h - 1))
     else:
@@ -226,24 +218,20 @@ def _fields(batch: _Batch, h: int) -> pl.LazyFrame:
         .select(
             "file_id",
             "i",
-            host_pid.list.get(-3, null_on_oob=True).alias("host"),
-            host_pid.list.get(-2, null_on_oob=True).cast(pl.Int32, strict=False).alias("pid"),
-            f(4).str.strip_suffix(":").alias("op"),
+            # Tokens kept as printed: a job has few distinct values, decoded once later.
+            f(0).alias("proc"),
+            f(4).alias("op_tok"),
             f(6).str.to_integer(base=16, strict=False).alias("opcount"),
             f(12).cast(pl.Int64, strict=False).alias("count"),
             f(14).cast(pl.Int16, strict=False).alias("dtype"),
             f(16).cast(pl.Int16, strict=False).alias("redop"),
             f(18).cast(pl.Int32, strict=False).alias("root"),
             f(20).alias("comm"),  # %p prints lowercase hex
-            f(21)
-            .str.strip_prefix("[nranks=")
-            .str.strip_suffix("]")
-            .cast(pl.Int32, strict=False)
-            .alias("nranks"),
+            f(21).alias("nranks_tok"),
             ts.alias("ts"),
         )
         # A damaged field: the line goes to the reference parser instead.
-        .drop_nulls(["host", "pid", "opcount", "count", "nranks"])
+        .drop_nulls(["opcount", "count"])
     )
 
 
@@ -289,11 +277,11 @@ def _reread(batches: Sequence[_Batch], wanted: pl.DataFrame) -> pl.DataFrame:
         if rows.is_empty():
             continue
         lines = rows.select(batch.global_row())["g"]
-        rows = batch.read(separator="\x1f", schema={"line": pl.String}).filter(
+        read = batch.read(separator="\x1f", schema={"line": pl.String}).filter(
             pl.col("g").is_in(lines.implode())
         )
         frames.append(
-            batch.locate(rows)
+            batch.locate(read)
             .select(
                 "file_id",
                 "i",
@@ -313,7 +301,7 @@ def _offsets_of(lines: pl.DataFrame) -> Counter[int]:
 
 def scan_inputs(
     targets: Sequence[ScanTarget], store: Path
-) -> tuple[list[Path], Path, dict[int, int]]:
+) -> tuple[list[Path], Path, dict[int, int], list[str]]:
     """Scan ``targets`` into Parquet stores under ``store``.
 
     Returns:
@@ -357,6 +345,7 @@ def scan_inputs(
     plan = {t.file_id: set(t.offsets) for t in targets}
     done: dict[int, set[int]] = {t.file_id: set() for t in targets}
     missing = pl.DataFrame(schema={"file_id": pl.UInt32, "i": pl.UInt32})
+    bad: list[str] = []
     for _round in range(3):
         for batch in batches:
             wanted = {h for t in batch.targets for h in plan.get(t.file_id, ())}
@@ -370,8 +359,13 @@ def scan_inputs(
                     done[t.file_id].add(h)
         taken: dict[int, int] = {}
         if coll_stores:
+            # Junk glued to a host (colour codes, NUL padding, a \r bar): those lines
+            # go to the reference parser, which finds where the host starts.
+            tokens = pl.scan_parquet(coll_stores).select(pl.col("proc").unique())
+            bad = bad_tokens(tokens.collect(engine="streaming")["proc"].to_list())
             taken = dict(
                 pl.scan_parquet(coll_stores)
+                .filter(~pl.col("proc").is_in(bad))
                 .group_by("file_id")
                 .agg(pl.len())
                 .collect(engine="streaming")
@@ -385,7 +379,7 @@ def scan_inputs(
             break
         # Some opCount lines were not taken: find exactly which.
         taken_lines = (
-            pl.scan_parquet(coll_stores).select("file_id", "i")
+            pl.scan_parquet(coll_stores).filter(~pl.col("proc").is_in(bad)).select("file_id", "i")
             if coll_stores
             else pl.LazyFrame(schema={"file_id": pl.UInt32, "i": pl.UInt32})
         )
@@ -420,4 +414,4 @@ def scan_inputs(
     text.with_columns(_kind()).select(list(TEXT_STORE_SCHEMA)).sort("file_id", "i").sink_parquet(
         text_store, compression="lz4", engine="streaming"
     )
-    return coll_stores, text_store, n_lines
+    return coll_stores, text_store, n_lines, bad
