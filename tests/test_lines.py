@@ -11,6 +11,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from ncclscope.parsers.nccl.collectives import decode_proc
 from ncclscope.parsers.nccl.lines import (
     Chain,
     Coll,
@@ -27,7 +28,6 @@ from ncclscope.parsers.nccl.lines import (
     parse_line,
     transport_name,
 )
-from ncclscope.parsers.nccl.collectives import decode_proc
 from ncclscope.parsers.nccl.scan import ScanTarget, scan_inputs, sniff_offsets
 
 H = "node-a:4411:4411 [1] NCCL INFO "
