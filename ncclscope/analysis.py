@@ -28,7 +28,13 @@ from ncclscope.parsers.nccl.collectives import (
     summarise,
 )
 from ncclscope.parsers.nccl.identity import Identity, resolve_identity
-from ncclscope.parsers.nccl.records import TOO_LONG_CHARS, LineRecords, collect_records
+from ncclscope.parsers.nccl.records import (
+    TOO_LONG_CHARS,
+    LineRecords,
+    add_connection_lines,
+    collect_records,
+    connection_lines,
+)
 from ncclscope.parsers.nccl.scan import ScanTarget, scan_inputs, sniff_offsets
 from ncclscope.schema import (
     COMMUNICATORS_SCHEMA,
@@ -71,6 +77,7 @@ class Analysis:
     communicators: pl.DataFrame  # COMMUNICATORS_SCHEMA
     connections: pl.DataFrame  # CONNECTIONS_SCHEMA
     transports: list[str]
+    networks: list[str]  # network plugins in use: IB, Socket, IBext, ...
     errors: pl.DataFrame  # ERRORS_SCHEMA
     collectives: pl.LazyFrame | None  # COLLECTIVES_SCHEMA, in Parquet
     summary: CollSummary | None
@@ -115,13 +122,13 @@ def run_analysis(
     if targets and text_store is not None:
         # Host names seen on intact COLL lines, to repair spliced lines' hosts.
         fast_hosts = proc_table(coll_lines(coll_stores, bad, LineRecords()))["host"].to_list()
-        nccl_rows = (
-            pl.scan_parquet(text_store)
-            .filter(pl.col("kind") == LINE_KIND["nccl"])
-            .collect(engine="streaming")
-            .iter_rows()
+        nccl_lines = pl.scan_parquet(text_store).filter(pl.col("kind") == LINE_KIND["nccl"])
+        conns = connection_lines(nccl_lines)
+        rest = nccl_lines.join(conns.lazy().select("file_id", "i"), on=["file_id", "i"], how="anti")
+        records = collect_records(
+            rest.collect(engine="streaming").iter_rows(), known_hosts=fast_hosts
         )
-        records = collect_records(nccl_rows, known_hosts=fast_hosts)
+        add_connection_lines(records, conns)
         if coll_stores:
             per_file = (
                 pl.scan_parquet(coll_stores)
@@ -168,7 +175,8 @@ def run_analysis(
         cuda_versions=sorted({v.cuda for *_, v in records.versions}, key=_version_key),
         hosts=hosts,
         identity=identity,
-        communicators=_communicators(identity, summary),
+        communicators=_communicators(identity, summary, records),
+        networks=sorted(records.networks),
         connections=_connections(records),
         transports=sorted({c.transport for _p, _l, c in records.connections}),
         errors=errors,
@@ -281,7 +289,9 @@ def _account(inputs: list[Input], per_file: dict[int, int], records: LineRecords
     return validate(pl.DataFrame(rows, schema=INPUTS_SCHEMA), INPUTS_SCHEMA, "inputs")
 
 
-def _communicators(identity: Identity, summary: CollSummary | None) -> pl.DataFrame:
+def _communicators(
+    identity: Identity, summary: CollSummary | None, records: LineRecords
+) -> pl.DataFrame:
     members = identity.members
     if members.is_empty():
         return pl.DataFrame(schema=COMMUNICATORS_SCHEMA)
@@ -299,6 +309,18 @@ def _communicators(identity: Identity, summary: CollSummary | None) -> pl.DataFr
         {"comm_key": list(identity.matched_by), "matched_by": list(identity.matched_by.values())},
         schema={"comm_key": pl.String, "matched_by": pl.String},
     )
+    aborted_keys = {
+        (proc, ev.comm) for proc, _line, ev in records.comm_events if ev.event == "Abort"
+    }
+    aborted = pl.DataFrame(
+        [{"file_id": f, "host": h, "pid": p, "comm": c} for (f, h, p), c in aborted_keys],
+        schema={"file_id": pl.UInt32, "host": pl.String, "pid": pl.Int32, "comm": pl.String},
+    )
+    aborted_per_comm = (
+        members.join(aborted, on=["file_id", "host", "pid", "comm"], how="semi")
+        .group_by("comm_key")
+        .agg(pl.len().cast(pl.Int32).alias("aborted"))
+    )
     per_comm = (
         summary.per_comm
         if summary is not None
@@ -315,7 +337,9 @@ def _communicators(identity: Identity, summary: CollSummary | None) -> pl.DataFr
         grouped.join(nnodes, on="comm_key", how="left")
         .join(matched, on="comm_key", how="left")
         .join(per_comm, on="comm_key", how="left")
+        .join(aborted_per_comm, on="comm_key", how="left")
         .with_columns(
+            pl.col("aborted").fill_null(0),
             pl.col("calls").fill_null(0).cast(pl.Int64),
             pl.col("ranks_seen").cast(pl.List(pl.Int32)),
         )

@@ -132,6 +132,7 @@ COMMUNICATORS_SCHEMA = _schema(
         "members_seen": pl.Int32,
         "ranks_seen": pl.List(pl.Int32),
         "matched_by": pl.String,  # commId | order
+        "aborted": pl.Int32,  # members that logged "Abort START/COMPLETE"
         "calls": pl.Int64,
         "last_seq": pl.Int64,
     }

@@ -28,6 +28,7 @@ from ncclscope.parsers.nccl.lines import (
     parse_line,
     transport_name,
 )
+from ncclscope.parsers.nccl.records import LineRecords, add_connection_lines, connection_lines
 from ncclscope.parsers.nccl.scan import ScanTarget, scan_inputs, sniff_offsets
 
 H = "node-a:4411:4411 [1] NCCL INFO "
@@ -195,6 +196,11 @@ H = "node-a:4411:4411 [1] NCCL INFO "
             InitTimings(3, 16, 1.21),
         ),
         (H + "Using network IB", "info", Message("Using network IB")),
+        (
+            H + "RAS declaring peer 10.0.0.2<41234> as DEAD; rasDeadPeersHash 0x1f2e",
+            "ras",
+            Message("RAS declaring peer 10.0.0.2<41234> as DEAD; rasDeadPeersHash 0x1f2e"),
+        ),
     ],
 )
 def test_families(line: str, kind: str, body: object) -> None:
@@ -377,3 +383,25 @@ def test_fast_path_agrees_with_reference(tmp_path: Path) -> None:
     )
     ref_coll = sum(1 for t in lines if (p := parse_line(t)) and p.kind == "coll")
     assert fast.height + slow_coll == ref_coll
+
+
+def test_vectorised_connection_lines_agree_with_reference() -> None:
+    """The polars reader of connection lines gives the reference parser's records."""
+    texts = [t for t in _fixture_lines() if " via " in t]
+    texts.append("x\x1b[0mnode-a:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC")
+    frame = pl.DataFrame(
+        {"file_id": [0] * len(texts), "i": list(range(1, len(texts) + 1)), "text": texts},
+        schema={"file_id": pl.UInt32, "i": pl.UInt32, "text": pl.String},
+    )
+    conns = connection_lines(frame.lazy())
+    records = LineRecords()
+    add_connection_lines(records, conns)
+    assert len(records.connections) > 100
+    for proc, line_no, conn in records.connections:
+        ref = parse_line(texts[line_no - 1])
+        assert ref is not None
+        assert ref.header is not None
+        assert (ref.header.host, ref.header.pid) == (proc[1], proc[2])
+        assert ref.body == conn
+    # the line with a colour code in front of the host is left to the reference parser
+    assert len(texts) not in {line for _p, line, _c in records.connections}

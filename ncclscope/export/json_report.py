@@ -72,6 +72,7 @@ def _job(analysis: Analysis) -> dict[str, Any]:
             "nnodes": r["nnodes"],
             "ranks_seen": r["ranks_seen"],
             "matched_by": r["matched_by"],
+            "aborted": r["aborted"],
             "calls": r["calls"],
         }
         for r in analysis.communicators.iter_rows(named=True)
@@ -84,6 +85,7 @@ def _job(analysis: Analysis) -> dict[str, Any]:
         "ranks": ranks,
         "communicators": comms,
         "transports": analysis.transports,
+        "networks": analysis.networks,
         "timestamps": analysis.timestamps,
         "env": analysis.env,
     }

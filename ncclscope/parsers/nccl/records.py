@@ -13,6 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
+import polars as pl
+
 from ncclscope.parsers.nccl import errors as nccl_errors
 from ncclscope.parsers.nccl.lines import (
     Chain,
@@ -26,10 +28,19 @@ from ncclscope.parsers.nccl.lines import (
     RankHint,
     Version,
     parse_line,
+    transport_name,
 )
 from ncclscope.schema import LINE_KIND
 
-__all__ = ["TOO_LONG_CHARS", "ErrorGroup", "LineRecords", "ProcKey", "collect_records"]
+__all__ = [
+    "TOO_LONG_CHARS",
+    "ErrorGroup",
+    "LineRecords",
+    "ProcKey",
+    "add_connection_lines",
+    "collect_records",
+    "connection_lines",
+]
 
 #: A process: (file_id, host, pid).  Host names repeat across nodes; the file keeps
 #: two containers that both call themselves ``localhost`` with pid 7 apart.
@@ -77,6 +88,8 @@ class LineRecords:
     errors: list[ErrorGroup] = field(default_factory=list)
     env: dict[str, set[str]] = field(default_factory=dict)
     hosts: set[str] = field(default_factory=set)
+    #: network plugins in use (``Using network IB``)
+    networks: set[str] = field(default_factory=set)
     #: processes seen on intact (not spliced) lines parsed here
     procs: set[ProcKey] = field(default_factory=set)
     #: per file_id: reason -> lines
@@ -191,7 +204,10 @@ def _take(
         out.env.setdefault(body.name, set()).add(body.value)
     elif isinstance(body, Chain):
         _chain(out, proc, header.tid, header.dev, line_no, body, parsed.ts, open_groups)
-    elif isinstance(body, Message) and parsed.kind == "warn":
+    elif isinstance(body, Message) and parsed.kind == "info":
+        if body.text.startswith("Using network "):
+            out.networks.add(body.text.removeprefix("Using network ").strip())
+    elif isinstance(body, Message) and parsed.kind in ("warn", "ras"):
         key = (proc, header.tid)
         group = open_groups.get(key)
         if (
@@ -236,3 +252,63 @@ def _chain(
     group.code = body.code
     group.closed = True
     group.last_line = line_no
+
+
+#: A whole connection line, for the vectorised reader (Rust regex, ASCII classes).
+_CONN_LINE = (
+    r"^(?P<pre>[^\r\x1b]*?)(?P<host>[A-Za-z0-9_<>.%/-]+):(?P<pid>[0-9]+):(?P<tid>[0-9]+) "
+    r"\[(?P<dev>-?[0-9]+)\] NCCL INFO (?P<kind>Ring|Channel|CollNet) (?P<ch>[0-9]+)(?:/[0-9]+)? : "
+    r"(?P<src>[0-9]+)(?:\[[0-9a-fA-F]+\])?(?: -> (?P<dst>[0-9]+)(?:\[[0-9a-fA-F]+\])?)?"
+    r"(?: \[(?P<dir>send|receive)\])? via (?P<via>[^\r]+?) *$"
+)
+#: The default NCCL timestamp at the end of a prefix (as ``PREFIX_TS_RE``).
+_TS_TAIL = r"[0-9]{4}-[0-9]{2}-[0-9]{2}[ T_][0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.,][0-9]{1,9})?\]? *$"
+
+
+def connection_lines(nccl_lines: pl.LazyFrame) -> pl.DataFrame:
+    """Connection lines of the text store, parsed in polars.
+
+    A 1,024-rank job prints tens of thousands of them (every channel of every ring and
+    tree); they are half the non-COLL lines and all of one simple shape, so they skip
+    the per-line Python parser.  Lines with two headers or control bytes stay with it.
+    """
+    text = pl.col("text")
+    return (
+        nccl_lines.filter(
+            text.str.contains(" via ", literal=True)
+            & (text.str.count_matches(" NCCL ", literal=True) == 1)
+        )
+        .select("file_id", "i", text.str.extract_groups(_CONN_LINE).alias("m"))
+        .unnest("m")
+        .filter(pl.col("host").is_not_null())
+        .with_columns(pl.col("pre").str.contains(_TS_TAIL).alias("has_ts"))
+        .collect(engine="streaming")
+    )
+
+
+def add_connection_lines(out: LineRecords, conns: pl.DataFrame) -> None:
+    """Fold the vectorised connection lines into the records, as ``_take`` would."""
+    vias = {via: transport_name(via) for via in conns["via"].unique().to_list()}
+    for r in conns.iter_rows(named=True):
+        proc: ProcKey = (r["file_id"], r["host"], int(r["pid"]))
+        transport = "CollNet" if r["kind"] == "CollNet" else vias[r["via"]]
+        out.connections.append(
+            (
+                proc,
+                r["i"],
+                Connection(
+                    channel=int(r["ch"]),
+                    src=int(r["src"]),
+                    dst=int(r["dst"]) if r["dst"] is not None else None,
+                    direction=r["dir"],
+                    transport=transport,
+                    via=r["via"],
+                ),
+            )
+        )
+        out.procs.add(proc)
+        out.hosts.add(r["host"])
+    for file_id, n in conns.group_by("file_id").agg(pl.len()).iter_rows():
+        out.parsed[file_id] += n
+    out.header_lines += conns.height
+    out.header_lines_with_ts += int(conns["has_ts"].sum())
