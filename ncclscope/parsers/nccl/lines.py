@@ -528,12 +528,35 @@ def parse_line(line: str) -> ParsedLine | None:
     )
 
 
+#: Which families can start with a given first word; the rest of INFO_FAMILIES is tried
+#: for any other word (chain lines start with a source path, so they have no fixed word).
+_BY_FIRST_WORD: dict[str, tuple[str, ...]] = {
+    "Channel": ("connection", "ring_list"),
+    "Ring": ("connection", "rank_hint"),
+    "CollNet": ("connection",),
+    "Trees": ("rank_hint",),
+    "Tree": ("rank_hint",),
+    "comm": ("comm_event", "node_layout"),
+    "[Rank": ("comm_event",),
+    "[Proxy": ("rank_hint",),
+    "NCCL": ("version",),
+    "Init": ("init_timings",),
+    "RAS": ("ras",),
+}
+_FAMILY = dict(INFO_FAMILIES)
+_OTHER_WORD = ("chain", "comm_event", "env")  # "ncclCommInitRank comm ...", "NCCL_IB_HCA ..."
+
+
 def _classify(level: str, msg: str) -> tuple[str, Record]:
     if level == "WARN":
         return "warn", Message(msg.strip())
     if level == "INFO":
-        for kind, parser in INFO_FAMILIES:
-            record = parser(msg)
+        word = msg.split(" ", 1)[0]
+        kinds = _BY_FIRST_WORD.get(word)
+        if kinds is None:
+            kinds = ("env",) if word.startswith("NCCL_") else _OTHER_WORD
+        for kind in ("coll", *kinds) if word.endswith(":") else kinds:
+            record = _FAMILY[kind](msg)
             if record is not None:
                 return kind, record
         return "info", Message(msg.strip())
