@@ -158,7 +158,7 @@ def run_analysis(
         collectives = build_collectives(
             lines, stats, identity.members, procs, workdir / "collectives"
         )
-        summary = summarise(lines, collectives)
+        summary = summarise(lines, collectives, stats, identity.members)
     account = _account(inputs, n_lines, records)
     hosts = sorted(set(identity.members["host"].to_list()) | records.hosts)
     errors = _errors(records, identity)

@@ -271,12 +271,38 @@ def _size_bytes() -> pl.Expr:
     return pl.col("count") * elem
 
 
-def summarise(lines: pl.LazyFrame, collectives: pl.LazyFrame) -> CollSummary:
-    """Calls, instances and size histograms, in two streaming aggregations.
+def _merged_length(intervals: list[tuple[int, int]]) -> int:
+    """Integers covered by the union of closed intervals: ``[(0, 4), (3, 9)] -> 10``."""
+    total = 0
+    end = None
+    for lo, hi in sorted(intervals):
+        if end is None or lo > end:
+            total += hi - lo + 1
+            end = hi
+        elif hi > end:
+            total += hi - end
+            end = hi
+    return total
 
-    The size histogram needs no identity, so it runs on the raw COLL lines and skips
-    the join; the instance count runs on the collectives table.
+
+def summarise(
+    lines: pl.LazyFrame, collectives: pl.LazyFrame, stats: pl.DataFrame, members: pl.DataFrame
+) -> CollSummary:
+    """Calls, instances and size histograms with memory that does not grow with the log.
+
+    The size histogram groups by (op, datatype, count), a few thousand groups, and
+    computes sizes on the result.  Instances (distinct (communicator, sequence)) come
+    from each member's sequence range: a process's calls on one communicator are
+    ``calls`` consecutive sequence numbers in every normal log, so the union of the
+    members' ranges counts them exactly; a member with gaps sends its communicator
+    through an exact distinct count instead.
     """
+    per_count = (
+        lines.group_by("op_tok", "dtype", "count")
+        .agg(pl.len().alias("calls"), pl.col("ts").is_not_null().sum().alias("with_ts"))
+        .collect(engine="streaming")
+        .with_columns(_size_bytes().alias("size_bytes"))
+    )
     bucket = (
         pl.when(pl.col("size_bytes").fill_null(0) <= 0)
         .then(pl.lit(0, dtype=pl.Int64))
@@ -287,19 +313,63 @@ def summarise(lines: pl.LazyFrame, collectives: pl.LazyFrame) -> CollSummary:
         )
     )
     by_op_size = (
-        lines.with_columns(_size_bytes().alias("size_bytes"))
-        .group_by("op_tok", bucket.alias("size_bytes_min"))
-        .agg(
-            pl.len().cast(pl.Int64).alias("calls"),
-            pl.col("size_bytes").sum().alias("total_bytes"),
-            pl.col("ts").is_not_null().sum().alias("with_ts"),
+        per_count.group_by(
+            pl.col("op_tok").str.strip_suffix(":").alias("op"), bucket.alias("size_bytes_min")
         )
-        .collect(engine="streaming")
-        .select(pl.col("op_tok").str.strip_suffix(":").alias("op"), pl.exclude("op_tok"))
+        .agg(
+            pl.col("calls").sum().cast(pl.Int64),
+            (pl.col("size_bytes") * pl.col("calls")).sum().alias("total_bytes"),
+            pl.col("with_ts").sum(),
+        )
         .sort("op", "size_bytes_min")
     )
-    instances = (
-        collectives.select("comm_key", "seq")
+    per_comm = _instances(collectives, stats, members)
+    by_op = by_op_size.group_by("op").agg(pl.col("calls").sum()).sort("op")
+    return CollSummary(
+        calls=int(by_op_size["calls"].sum()),
+        instances=int(per_comm["instances"].sum()),
+        with_ts=int(by_op_size["with_ts"].sum()),
+        by_op={r["op"]: int(r["calls"]) for r in by_op.iter_rows(named=True)},
+        by_op_size=by_op_size.drop("with_ts"),
+        per_comm=per_comm,
+    )
+
+
+def _instances(
+    collectives: pl.LazyFrame, stats: pl.DataFrame, members: pl.DataFrame
+) -> pl.DataFrame:
+    """Per communicator: calls, distinct sequences (instances) and the last sequence."""
+    counted = (pl.col("opcount_min") == pl.col("opcount_max")) & (pl.col("calls") > 1)
+    ranges = stats.join(members.select(*_PROC_COMM, "comm_key"), on=_PROC_COMM, how="left").select(
+        "comm_key",
+        pl.col("calls").cast(pl.Int64),
+        pl.when(counted).then(0).otherwise(pl.col("opcount_min")).alias("lo"),
+        pl.when(counted).then(pl.col("calls") - 1).otherwise(pl.col("opcount_max")).alias("hi"),
+    )
+    gapped = set(
+        ranges.filter(pl.col("hi") - pl.col("lo") + 1 != pl.col("calls"))["comm_key"].to_list()
+    )
+    rows = []
+    for (key,), group in ranges.filter(~pl.col("comm_key").is_in(list(gapped))).group_by(
+        "comm_key"
+    ):
+        intervals = list(zip(group["lo"].to_list(), group["hi"].to_list(), strict=True))
+        rows.append(
+            {
+                "comm_key": key,
+                "calls": int(group["calls"].sum()),
+                "instances": _merged_length(intervals),
+                "last_seq": max(hi for _lo, hi in intervals),
+            }
+        )
+    schema = pl.Schema(
+        {"comm_key": pl.String, "calls": pl.Int64, "instances": pl.Int64, "last_seq": pl.Int64}
+    )
+    exact = pl.DataFrame(rows, schema=schema)
+    if not gapped:
+        return exact
+    slow = (
+        collectives.filter(pl.col("comm_key").is_in(list(gapped)))
         .group_by("comm_key", "seq")
         .agg(pl.len().alias("calls"))
         .group_by("comm_key")
@@ -310,12 +380,4 @@ def summarise(lines: pl.LazyFrame, collectives: pl.LazyFrame) -> CollSummary:
         )
         .collect(engine="streaming")
     )
-    by_op = by_op_size.group_by("op").agg(pl.col("calls").sum()).sort("op")
-    return CollSummary(
-        calls=int(by_op_size["calls"].sum()),
-        instances=int(instances["instances"].sum()),
-        with_ts=int(by_op_size["with_ts"].sum()),
-        by_op={r["op"]: int(r["calls"]) for r in by_op.iter_rows(named=True)},
-        by_op_size=by_op_size.drop("with_ts"),
-        per_comm=instances,
-    )
+    return pl.concat([exact, slow.cast(schema)])
