@@ -32,8 +32,10 @@ from ncclscope.parsers.nccl.records import (
     TOO_LONG_CHARS,
     LineRecords,
     add_connection_lines,
+    add_plain_info_lines,
     collect_records,
     connection_lines,
+    plain_info_lines,
 )
 from ncclscope.parsers.nccl.scan import ScanTarget, scan_inputs, sniff_offsets
 from ncclscope.schema import (
@@ -120,11 +122,14 @@ def run_analysis(
         fast_hosts = proc_table(coll_lines(coll_stores, bad, LineRecords()))["host"].to_list()
         nccl_lines = pl.scan_parquet(text_store).filter(pl.col("kind") == LINE_KIND["nccl"])
         conns = connection_lines(nccl_lines)
-        rest = nccl_lines.join(conns.lazy().select("file_id", "i"), on=["file_id", "i"], how="anti")
+        plain = plain_info_lines(nccl_lines)
+        done = pl.concat([conns.select("file_id", "i"), plain.select("file_id", "i")])
+        rest = nccl_lines.join(done.lazy(), on=["file_id", "i"], how="anti")
         records = collect_records(
             rest.collect(engine="streaming").iter_rows(), known_hosts=fast_hosts
         )
         add_connection_lines(records, conns)
+        add_plain_info_lines(records, plain)
         if coll_stores:
             per_file = (
                 pl.scan_parquet(coll_stores)

@@ -38,8 +38,10 @@ __all__ = [
     "LineRecords",
     "ProcKey",
     "add_connection_lines",
+    "add_plain_info_lines",
     "collect_records",
     "connection_lines",
+    "plain_info_lines",
 ]
 
 #: A process: (file_id, host, pid).  Host names repeat across nodes; the file keeps
@@ -312,3 +314,58 @@ def add_connection_lines(out: LineRecords, conns: pl.DataFrame) -> None:
         out.parsed[file_id] += n
     out.header_lines += conns.height
     out.header_lines_with_ts += int(conns["has_ts"].sum())
+
+
+#: First words of INFO messages that carry a record (``lines.INFO_FAMILIES``) or a
+#: network name; every other INFO message is only counted (its text is not needed).
+_RECORD_WORDS = (
+    "Channel",
+    "Ring",
+    "CollNet",
+    "Trees",
+    "Tree",
+    "comm",
+    "[Rank",
+    "[Proxy",
+    "NCCL",
+    "Init",
+    "RAS",
+    "Using",
+)
+_INFO_HEAD = (
+    r"^(?P<pre>[^\r\x1b]*?)(?P<host>[A-Za-z0-9_<>.%/-]+):(?P<pid>[0-9]+):(?P<tid>[0-9]+) "
+    r"\[-?[0-9]+\] NCCL INFO (?P<word>[^ ]*)"
+)
+
+
+def plain_info_lines(nccl_lines: pl.LazyFrame) -> pl.DataFrame:
+    """INFO lines whose message no table needs (``Setting affinity``, ``Connected all
+    rings``, ...): counted in polars instead of parsed one by one in Python."""
+    text = pl.col("text")
+    word = pl.col("word")
+    return (
+        nccl_lines.filter(text.str.count_matches(" NCCL ", literal=True) == 1)
+        .select("file_id", "i", text.str.extract_groups(_INFO_HEAD).alias("m"))
+        .unnest("m")
+        .filter(
+            pl.col("host").is_not_null()
+            & ~word.is_in(_RECORD_WORDS)
+            & ~word.str.contains(":", literal=True)  # a return-code chain, a COLL op
+            & ~word.str.starts_with("NCCL_")  # an environment setting
+            & ~word.str.starts_with("nccl")  # ncclCommInitRank comm ...
+        )
+        .with_columns(pl.col("pre").str.contains(_TS_TAIL).alias("has_ts"))
+        .select("file_id", "i", "host", pl.col("pid").cast(pl.Int32), "has_ts")
+        .collect(engine="streaming")
+    )
+
+
+def add_plain_info_lines(out: LineRecords, plain: pl.DataFrame) -> None:
+    """Count the lines ``plain_info_lines`` found, as ``_take`` would."""
+    for file_id, host, pid in plain.select("file_id", "host", "pid").unique().iter_rows():
+        out.procs.add((file_id, host, pid))
+        out.hosts.add(host)
+    for file_id, n in plain.group_by("file_id").agg(pl.len()).iter_rows():
+        out.parsed[file_id] += n
+    out.header_lines += plain.height
+    out.header_lines_with_ts += int(plain["has_ts"].sum())
