@@ -73,7 +73,8 @@ def _job(out: list[str], doc: dict[str, Any]) -> None:
         if len(job["communicators"]) > 10:
             out.append(f"    ... {len(job['communicators']) - 10} more (--format json lists all)")
     if job["transports"]:
-        out.append(f"  transports: {', '.join(job['transports'])}")
+        nets = f" (network plugin: {', '.join(job['networks'])})" if job["networks"] else ""
+        out.append(f"  transports: {', '.join(job['transports'])}{nets}")
     out.append("")
 
 
