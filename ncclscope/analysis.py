@@ -411,6 +411,7 @@ def _errors(records: LineRecords, identity: Identity) -> pl.DataFrame:
                 "severity": severity,
                 "message": group.message,
                 "signature": nccl_errors.signature(group.message),
+                "hint": nccl_errors.hint_for(kind, group.message),
                 "src": group.src,
                 "chain": group.chain,
                 "code": group.code,

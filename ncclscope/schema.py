@@ -193,6 +193,7 @@ ERRORS_SCHEMA = _schema(
         "severity": pl.String,
         "message": pl.String,
         "signature": pl.String,  # the message with numbers and addresses masked, for grouping
+        "hint": pl.String,  # what the error means, where the message alone is cryptic
         "src": pl.String,  # NCCL source file:line of the WARN
         "chain": pl.List(pl.String),  # the `file:line -> code` lines that followed
         "code": pl.Int32,  # the ncclResult_t the chain returned, when seen

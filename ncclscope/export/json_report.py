@@ -126,6 +126,7 @@ def _errors(analysis: Analysis) -> list[dict[str, Any]]:
             pl.len().alias("count"),
             pl.col("line_no").first(),
             pl.col("src").first(),
+            pl.col("hint").first(),
             pl.col("chain").first(),
             pl.col("ts").first(),
         )
@@ -142,6 +143,7 @@ def _errors(analysis: Analysis) -> list[dict[str, Any]]:
             "count": r["count"],
             "first_line": {"path": analysis.paths[r["file_id"]], "line_no": r["line_no"]},
             "source": r["src"],
+            "hint": r["hint"],
             "chain": r["chain"],
             "ts": r["ts"].isoformat() if r["ts"] is not None else None,
         }

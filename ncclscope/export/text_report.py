@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections import defaultdict
 from typing import Any
 
@@ -122,6 +123,12 @@ def _errors(out: list[str], doc: dict[str, Any]) -> None:
         times = f" x{err['count']}" if err["count"] > 1 else ""
         out.append(f"  [{err['severity']}] {err['kind']}{times}  {who}  {where}")
         out.append(f"      {_cut(err['message'], 110)}")
+        if err["hint"]:
+            out.append(
+                textwrap.fill(
+                    err["hint"], 110, initial_indent="      means: ", subsequent_indent=" " * 13
+                )
+            )
         if err["chain"]:
             chain = " <- ".join(err["chain"][:3])
             more = f" (+{len(err['chain']) - 3})" if len(err["chain"]) > 3 else ""

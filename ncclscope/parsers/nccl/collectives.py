@@ -46,7 +46,7 @@ _PROCS_SCHEMA = {"proc": pl.String, "host": pl.String, "pid": pl.Int32, "tid": p
 def decode_proc(token: str) -> tuple[str, int, int] | None:
     """``[default3]:node-6:5381:5382`` -> ``("node-6", 5381, 5382)``; None if not a header.
 
-    >>> decode_proc("[default3]:node-6:5381:5382"), decode_proc("x\x00y:1:2")
+    >>> decode_proc("[default3]:node-6:5381:5382"), decode_proc("x|y:1:2")
     (('node-6', 5381, 5382), None)
     """
     parts = token.rsplit(":", 3)

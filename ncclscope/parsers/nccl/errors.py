@@ -16,6 +16,7 @@ __all__ = [
     "ERROR_KINDS",
     "RESULT_CODES",
     "classify_warn",
+    "hint_for",
     "kind_of_code",
     "signature",
 ]
@@ -110,3 +111,54 @@ def signature(message: str) -> str:
     'Connect to # failed : Connection refused'
     """
     return _MASK.sub("#", message)
+
+
+#: ``enum ibv_wc_status`` (libibverbs) values NCCL prints as ``status=N`` / ``error N``.
+IBV_WC_STATUS: dict[int, str] = {
+    1: "LOC_LEN_ERR",
+    2: "LOC_QP_OP_ERR",
+    4: "LOC_PROT_ERR",
+    5: "WR_FLUSH_ERR",
+    7: "BAD_RESP_ERR",
+    8: "LOC_ACCESS_ERR",
+    9: "REM_INV_REQ_ERR",
+    10: "REM_ACCESS_ERR",
+    11: "REM_OP_ERR",
+    12: "RETRY_EXC_ERR",
+    13: "RNR_RETRY_EXC_ERR",
+    16: "REM_ABORT_ERR",
+    19: "FATAL_ERR",
+    20: "RESP_TIMEOUT_ERR",
+    21: "GENERAL_ERR",
+}
+_IB_MEANING: dict[int, str] = {
+    4: "the buffer was not registered for RDMA on this side (memory registration, "
+    "GPUDirect RDMA / peer memory module)",
+    5: "the queue pair was already in error: a consequence of an earlier failure, "
+    "look for the first error",
+    10: "the peer refused access to its memory (registration on the peer side)",
+    12: "retries exhausted: the peer or a link stopped answering (peer process dead, "
+    "port down, heavy congestion); check the peer host first, then the fabric; "
+    "NCCL_IB_TIMEOUT and NCCL_IB_RETRY_CNT set how long NCCL waits",
+    13: "the peer was not ready to receive, again and again (receiver stalled or dead)",
+}
+_IB_STATUS = re.compile(r"(?:status=|with error )(\d+)")
+
+
+def hint_for(kind: str, message: str) -> str | None:
+    """What an error means, where the message alone is cryptic.
+
+    >>> hint_for("ib_completion", "NET/IB : Got completion from peer x with status=12")[:44]
+    'IB work completion status 12 (RETRY_EXC_ERR)'
+    """
+    if kind == "ib_completion":
+        m = _IB_STATUS.search(message)
+        if m:
+            code = int(m[1])
+            name = IBV_WC_STATUS.get(code, "unknown status")
+            meaning = _IB_MEANING.get(code)
+            head = f"IB work completion status {code} ({name})"
+            return f"{head}: {meaning}" if meaning else head
+    if kind == "remote_exit":
+        return "another process closed the connection: it probably died first; find its error"
+    return None
