@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["InputError", "NcclscopeError", "UsageError"]
+__all__ = ["InputError", "NcclscopeError"]
 
 
 class NcclscopeError(Exception):
@@ -21,7 +21,3 @@ class InputError(NcclscopeError):
         super().__init__(f"{path}: {reason}")
         self.path = path
         self.reason = reason
-
-
-class UsageError(NcclscopeError):
-    """The inputs, taken together, cannot be analysed as asked (e.g. no log found)."""
