@@ -316,10 +316,11 @@ def add_connection_lines(out: LineRecords, conns: pl.DataFrame) -> None:
     out.header_lines_with_ts += int(conns["has_ts"].sum())
 
 
-#: First words of INFO messages that carry a record (``lines.INFO_FAMILIES``) or a
-#: network name; every other INFO message is only counted (its text is not needed).
+#: First words of INFO messages whose record a table uses (``lines.INFO_FAMILIES``) or
+#: that name the network; every other INFO message is only counted.  Rank 0's ring
+#: listings (``Channel 00/32 : 0 1 2 ...``) and Init timings are parsed by the
+#: reference parser but feed no table yet, so they are counted here too.
 _RECORD_WORDS = (
-    "Channel",
     "Ring",
     "CollNet",
     "Trees",
@@ -328,7 +329,6 @@ _RECORD_WORDS = (
     "[Rank",
     "[Proxy",
     "NCCL",
-    "Init",
     "RAS",
     "Using",
 )
@@ -344,7 +344,10 @@ def plain_info_lines(nccl_lines: pl.LazyFrame) -> pl.DataFrame:
     text = pl.col("text")
     word = pl.col("word")
     return (
-        nccl_lines.filter(text.str.count_matches(" NCCL ", literal=True) == 1)
+        nccl_lines.filter(
+            (text.str.count_matches(" NCCL ", literal=True) == 1)
+            & ~text.str.contains(" via ", literal=True)  # a connection line of any shape
+        )
         .select("file_id", "i", text.str.extract_groups(_INFO_HEAD).alias("m"))
         .unnest("m")
         .filter(
