@@ -118,39 +118,9 @@ def run_analysis(
     report("scan", total_bytes, total_bytes)
 
     if targets and text_store is not None:
-        # Host names seen on intact COLL lines, to repair spliced lines' hosts.
-        fast_hosts = proc_table(coll_lines(coll_stores, bad, LineRecords()))["host"].to_list()
-        nccl_lines = pl.scan_parquet(text_store).filter(pl.col("kind") == LINE_KIND["nccl"])
-        conns = connection_lines(nccl_lines)
-        plain = plain_info_lines(nccl_lines)
-        done = pl.concat([conns.select("file_id", "i"), plain.select("file_id", "i")])
-        rest = nccl_lines.join(done.lazy(), on=["file_id", "i"], how="anti")
-        records = collect_records(
-            rest.collect(engine="streaming").iter_rows(), known_hosts=fast_hosts
-        )
-        add_connection_lines(records, conns)
-        add_plain_info_lines(records, plain)
-        if coll_stores:
-            per_file = (
-                pl.scan_parquet(coll_stores)
-                .filter(~pl.col("proc").is_in(bad))
-                .group_by("file_id")
-                .agg(pl.len())
-                .collect(engine="streaming")
-            )
-            records.fast_calls.update(dict(per_file.iter_rows()))
-        _count_other_lines(text_store, records)
+        records = _records(coll_stores, text_store, bad)
         lines = coll_lines(coll_stores, bad, records)
-        procs = proc_table(lines)
-        stats = proc_comm_stats(lines, procs)
-        repairs = repair_spliced_hosts(stats, records)
-        if not repairs.is_empty():
-            procs = apply_host_repairs(procs, repairs)
-            stats = proc_comm_stats(lines, procs)
-            for r in repairs.iter_rows(named=True):
-                records.spliced[r["file_id"]] += r["calls"]
-                first = records.first_bad.setdefault(r["file_id"], {})
-                first["spliced"] = min(first.get("spliced", r["first_line"]), r["first_line"])
+        procs, stats = _process_stats(lines, records)
     else:
         records = LineRecords()
         lines = None
@@ -190,6 +160,49 @@ def run_analysis(
     analysis.gaps = _gaps(analysis, records)
     report("build", 1, 1)
     return analysis
+
+
+def _records(coll_stores: list[Path], text_store: Path, bad: list[str]) -> LineRecords:
+    """Every non-COLL line into records: simple shapes counted in polars, the rest
+    through the reference parser; plus the per-file count of fast COLL lines."""
+    # Host names seen on intact COLL lines, to repair spliced lines' hosts.
+    fast_procs = proc_table(coll_lines(coll_stores, bad, LineRecords()))
+    nccl_lines = pl.scan_parquet(text_store).filter(pl.col("kind") == LINE_KIND["nccl"])
+    conns = connection_lines(nccl_lines)
+    plain = plain_info_lines(nccl_lines)
+    done = pl.concat([conns.select("file_id", "i"), plain.select("file_id", "i")])
+    rest = nccl_lines.join(done.lazy(), on=["file_id", "i"], how="anti")
+    records = collect_records(
+        rest.collect(engine="streaming").iter_rows(), known_hosts=fast_procs["host"].to_list()
+    )
+    add_connection_lines(records, conns)
+    add_plain_info_lines(records, plain)
+    if coll_stores:
+        per_file = (
+            pl.scan_parquet(coll_stores)
+            .filter(~pl.col("proc").is_in(bad))
+            .group_by("file_id")
+            .agg(pl.len())
+            .collect(engine="streaming")
+        )
+        records.fast_calls.update(dict(per_file.iter_rows()))
+    _count_other_lines(text_store, records)
+    return records
+
+
+def _process_stats(lines: pl.LazyFrame, records: LineRecords) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The header-token table and per (process, comm) stats, spliced hosts repaired."""
+    procs = proc_table(lines)
+    stats = proc_comm_stats(lines, procs)
+    repairs = repair_spliced_hosts(stats, records)
+    if repairs.is_empty():
+        return procs, stats
+    procs = apply_host_repairs(procs, repairs)
+    for r in repairs.iter_rows(named=True):
+        records.spliced[r["file_id"]] += r["calls"]
+        first = records.first_bad.setdefault(r["file_id"], {})
+        first["spliced"] = min(first.get("spliced", r["first_line"]), r["first_line"])
+    return procs, proc_comm_stats(lines, procs)
 
 
 #: With more files than this, a sample of them is sniffed for COLL offsets (files of one
