@@ -129,9 +129,11 @@ def analyze(paths: tuple[str, ...], fmt: str, output: Path | None, no_progress: 
             progress.close()
         doc = to_json_dict(analysis)
         text = json.dumps(doc, indent=2) + "\n" if fmt == "json" else render_text(analysis, doc=doc)
+    if not analysis.paths and fmt == "text":
+        text = ""  # nothing was read: the messages below say why, an empty report would not
     if output is not None:
         output.write_text(text, encoding="utf-8")
-    else:
+    elif text:
         click.echo(text, nl=False)
     for problem in analysis.problems:
         click.echo(f"ncclscope: {problem.path}: {problem.reason}", err=True)

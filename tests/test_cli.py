@@ -1,0 +1,54 @@
+"""The command line as a user meets it: help, exit codes, messages, output file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from ncclscope.cli import cli
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURE = str(REPO / "fixtures" / "ib-completion-error")
+
+
+def test_help_shows_examples_and_exit_codes() -> None:
+    result = CliRunner().invoke(cli, ["analyze", "--help"])
+    assert result.exit_code == 0
+    assert "Examples:" in result.output
+    assert "Exit status" in result.output
+    assert CliRunner().invoke(cli, ["--help"]).output.count("analyze") >= 1
+
+
+def test_nothing_readable_prints_only_the_reasons(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = CliRunner().invoke(cli, ["analyze", str(empty), str(tmp_path / "missing.log")])
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert "directory holds no log files" in result.stderr
+    assert "missing.log: no such file or directory" in result.stderr
+
+
+def test_one_unreadable_input_among_good_ones(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        cli, ["analyze", FIXTURE, str(tmp_path / "missing.log"), "--format", "json"]
+    )
+    assert result.exit_code == 1
+    doc = json.loads(result.stdout)
+    assert doc["job"]["world_size"] == 8  # the readable input was still analysed
+    assert [p["reason"] for p in doc["problems"]] == ["no such file or directory"]
+
+
+def test_output_file(tmp_path: Path) -> None:
+    out = tmp_path / "report.json"
+    result = CliRunner().invoke(cli, ["analyze", FIXTURE, "--format", "json", "-o", str(out)])
+    assert result.exit_code == 0
+    assert result.stdout == ""
+    assert json.loads(out.read_text())["schema"] == "ncclscope.analysis/1"
+
+
+def test_usage_error_is_exit_2() -> None:
+    assert CliRunner().invoke(cli, ["analyze"]).exit_code == 2
+    assert CliRunner().invoke(cli, ["analyze", FIXTURE, "--format", "xml"]).exit_code == 2
