@@ -1041,3 +1041,19 @@ def test_fixture_with_junk_and_splices_loses_no_valid_line(tmp_path: Path) -> No
     assert inp["parsed"] == ref_inp["parsed"]
     assert inp["unparsed_by_reason"].get("binary", 0) == n_junk
     assert facts(run.doc) == facts(ref.doc)  # type: ignore[arg-type]
+
+
+def test_coloured_chatter_is_text_not_binary(tmp_path: Path) -> None:
+    """ANSI colour codes in a framework's log line are text: counted as other, not binary."""
+    ref = clean_run(tmp_path)
+    lines = sample_lines()
+    coloured = b"\x1b[32m2024-08-03 14:07:22,519 - INFO - epoch 1 done\x1b[0m"
+    path = tmp_path / "colour.log"
+    path.write_bytes(lines_with(lines, middle_index(lines), [coloured]))
+    run = run_cli([path])
+    assert run.code == 0, run.stderr
+    assert run.doc is not None
+    inp = only_input(run)
+    assert "binary" not in inp["unparsed_by_reason"]
+    assert inp["unparsed_by_reason"]["other"] == only_input(ref)["unparsed_by_reason"]["other"] + 1
+    assert facts(run.doc) == facts(ref.doc)

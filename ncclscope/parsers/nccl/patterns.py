@@ -18,6 +18,8 @@ import re
 __all__ = [
     "ANSI_RE",
     "BANNER_RE",
+    "BINARY_CHARS",
+    "BINARY_RE",
     "CHAIN_RE",
     "COLL_RE",
     "COMM_EVENT_RE",
@@ -37,6 +39,12 @@ __all__ = [
 #: Characters of a host name as NCCL prints it: gethostname() cut at the first dot, ``%``
 #: and ``/`` replaced by ``-`` since 2.29, or a redaction such as ``<cluster_name>``.
 HOST_CHARS = r"[A-Za-z0-9_<>.%/-]"
+
+#: Bytes no text log holds: control characters other than tab, newlines and ESC (colour
+#: codes are text), DEL, and U+FFFD where invalid UTF-8 was replaced.  One is enough to
+#: call a line that parses as nothing "binary"; shared by the vectorised and Python paths.
+BINARY_CHARS = "[\x00-\x08\x0e-\x1a\x1c-\x1f\x7f\ufffd]"
+BINARY_RE = re.compile(BINARY_CHARS)
 
 #: ANSI escape sequences (colours, cursor moves) that terminals and loggers add.
 ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")

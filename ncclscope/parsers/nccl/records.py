@@ -30,6 +30,7 @@ from ncclscope.parsers.nccl.lines import (
     parse_line,
     transport_name,
 )
+from ncclscope.parsers.nccl.patterns import BINARY_RE
 from ncclscope.schema import LINE_KIND
 
 __all__ = [
@@ -112,13 +113,6 @@ class LineRecords:
         self.first_bad.setdefault(file_id, {}).setdefault(reason, line_no)
 
 
-def _is_binary(text: str) -> bool:
-    if "\ufffd" in text or "\x00" in text:
-        return True
-    control = sum(1 for ch in text if ch < "\t" or "\r" < ch < " ")
-    return control > max(2, len(text) // 20)
-
-
 def collect_records(
     rows: Iterable[tuple[int, int, int, str | None, int]], known_hosts: Iterable[str] = ()
 ) -> LineRecords:
@@ -144,7 +138,7 @@ def collect_records(
             continue
         parsed = parse_line(text)
         if parsed is None:
-            reason = "binary" if _is_binary(text) else "malformed"
+            reason = "binary" if BINARY_RE.search(text) else "malformed"
             out.skip(file_id, line_no, reason)
             continue
         if parsed.spliced:

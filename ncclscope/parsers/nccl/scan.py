@@ -39,6 +39,7 @@ from typing import Any
 import polars as pl
 
 from ncclscope.parsers.nccl.collectives import bad_tokens
+from ncclscope.parsers.nccl.patterns import BINARY_CHARS
 from ncclscope.schema import COLL_STORE_SCHEMA, LINE_KIND, TEXT_STORE_SCHEMA
 
 __all__ = ["MAX_TEXT_CHARS", "ScanTarget", "scan_inputs", "sniff_offsets"]
@@ -257,7 +258,7 @@ def _kind() -> pl.Expr:
     line = pl.col("text")
     blank = line.is_null() | (line.str.strip_chars() == "")
     marker = line.str.contains(r"NCCL (?:INFO|WARN|TRACE|CALL)|NCCL version [0-9.]+[^ ]*\+cuda")
-    binary = line.str.contains(r"[\x00-\x08\x0e-\x1f\x7f\ufffd]")
+    binary = line.str.contains(BINARY_CHARS)
     return (
         pl.when(blank)
         .then(pl.lit(LINE_KIND["blank"]))
