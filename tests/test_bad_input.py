@@ -628,16 +628,20 @@ def test_directory_with_no_logs(tmp_path: Path, content: str) -> None:
         assert run.doc["inputs"] == []
 
 
-def test_directory_with_no_logs_beside_a_log(tmp_path: Path) -> None:
+@pytest.mark.parametrize("bad", ["empty-dir", "no-such.log"])
+def test_unreadable_path_beside_a_log(tmp_path: Path, bad: str) -> None:
+    """A directory with no logs or a missing file next to a good log: exit 1, the bad
+    path named, and the good log analysed exactly as alone."""
     ref = clean_run(tmp_path)
-    folder = tmp_path / "empty-dir"
-    folder.mkdir()
+    path = tmp_path / bad
+    if bad == "empty-dir":
+        path.mkdir()
     good = write_sample(tmp_path / "good.log")
-    run = run_cli([folder, good])
+    run = run_cli([path, good])
     assert run.code == 1
-    assert str(folder) in run.stderr
+    assert str(path) in run.stderr
     assert run.doc is not None
-    assert [p["path"] for p in run.doc["problems"]] == [str(folder)]
+    assert [p["path"] for p in run.doc["problems"]] == [str(path)]
     assert facts(run.doc) == facts(ref.doc)
 
 
@@ -660,18 +664,6 @@ def test_nonexistent_path(tmp_path: Path) -> None:
     assert run.code == 1
     assert str(missing) in run.stderr
     assert "no such file" in run.stderr
-
-
-def test_nonexistent_path_beside_a_log(tmp_path: Path) -> None:
-    ref = clean_run(tmp_path)
-    missing = tmp_path / "no-such.log"
-    good = write_sample(tmp_path / "good.log")
-    run = run_cli([good, missing])
-    assert run.code == 1
-    assert str(missing) in run.stderr
-    assert run.doc is not None
-    assert [p["path"] for p in run.doc["problems"]] == [str(missing)]
-    assert facts(run.doc) == facts(ref.doc)
 
 
 def test_glob_matching_nothing(tmp_path: Path) -> None:
