@@ -32,9 +32,10 @@ class _Progress:
     stage, the input size and the elapsed time rather than a guessed percentage.
     """
 
-    def __init__(self, stream: IO[str], *, enabled: bool) -> None:
+    def __init__(self, stream: IO[str], *, allowed: bool) -> None:
         self.stream = stream
-        self.enabled = enabled
+        self.allowed = allowed  # --no-progress turns it off
+        self.enabled = False
         self.stage = "reading"
         self.detail = ""
         self.start = time.monotonic()
@@ -46,7 +47,8 @@ class _Progress:
         self.stage = names.get(stage, stage)
         if stage == "scan" and total:
             self.detail = human_bytes(total)
-            if not self.enabled and total >= _PROGRESS_MIN_BYTES and self.stream.isatty():
+            big = total >= _PROGRESS_MIN_BYTES
+            if self.allowed and not self.enabled and big and self.stream.isatty():
                 self.enabled = True
                 self._thread = threading.Thread(target=self._run, daemon=True)
                 self._thread.start()
@@ -116,9 +118,7 @@ def analyze(paths: tuple[str, ...], fmt: str, output: Path | None, no_progress: 
     Exit status: 0 analysed (whatever was found), 1 an input could not be read,
     2 usage error.
     """
-    progress = _Progress(sys.stderr, enabled=False)
-    if no_progress:
-        progress.update = lambda *_a: None  # type: ignore[method-assign]
+    progress = _Progress(sys.stderr, allowed=not no_progress)
     with new_workdir() as tmp:
         try:
             stdin = sys.stdin.buffer if "-" in paths else None
