@@ -102,8 +102,18 @@ def measure(case: Case, work: Path, runs: int) -> dict[str, object]:
     files = _files(_generate(case, work))
     size = sum(os.path.getsize(f) for f in files)
     grep = ["grep", "-c", "NCCL INFO", *files]
-    analyze = [sys.executable, "-m", "ncclscope", "analyze", *files, "--format", "json",
-               "--no-progress", "-o", os.devnull]
+    analyze = [
+        sys.executable,
+        "-m",
+        "ncclscope",
+        "analyze",
+        *files,
+        "--format",
+        "json",
+        "--no-progress",
+        "-o",
+        os.devnull,
+    ]
     g_times, a_times, a_rss = [], [], []
     for _ in range(runs):
         # The kernel here reclaims idle page cache within minutes (DAMON), so read the
@@ -142,8 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     wanted = args.cases.split(",")
     results = [measure(c, args.work, args.runs) for c in CASES if c.name in wanted]
     print(f"`nproc` = {os.cpu_count()}; median of {args.runs} runs; same files, page cache warm;")
-    print("grep = `grep -c 'NCCL INFO' FILES...`, ncclscope = `ncclscope analyze FILES... "
-          "--format json`.")
+    print(
+        "grep = `grep -c 'NCCL INFO' FILES...`, ncclscope = `ncclscope analyze FILES... "
+        "--format json`."
+    )
     print()
     print("| case | files | size | grep -c s | ncclscope s | ratio | ncclscope MB/s | peak RSS |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")

@@ -37,7 +37,7 @@ from ncclscope.parsers.nccl.records import (
     connection_lines,
     plain_info_lines,
 )
-from ncclscope.parsers.nccl.scan import ScanTarget, scan_inputs, sniff_offsets
+from ncclscope.parsers.nccl.scan import Scan, ScanTarget, scan_inputs, sniff_offsets
 from ncclscope.schema import (
     COMMUNICATORS_SCHEMA,
     CONNECTIONS_SCHEMA,
@@ -114,12 +114,13 @@ def run_analysis(
     store = workdir / "store"
     total_bytes = sum(inp.size_bytes for inp in inputs)
     report("scan", 0, total_bytes)
-    targets, coll_stores, text_store, n_lines, bad = _scan(targets, inputs, store, problems)
+    targets, scan = _scan(targets, inputs, store, problems)
     report("scan", total_bytes, total_bytes)
+    n_lines = scan.n_lines if scan is not None else {}
 
-    if targets and text_store is not None:
-        records = _records(coll_stores, text_store, bad)
-        lines = coll_lines(coll_stores, bad, records)
+    if scan is not None:
+        records = _records(scan)
+        lines = coll_lines(scan.coll, records)
         procs, stats = _process_stats(lines, records)
     else:
         records = LineRecords()
@@ -162,12 +163,12 @@ def run_analysis(
     return analysis
 
 
-def _records(coll_stores: list[Path], text_store: Path, bad: list[str]) -> LineRecords:
+def _records(scan: Scan) -> LineRecords:
     """Every non-COLL line into records: simple shapes counted in polars, the rest
     through the reference parser; plus the per-file count of fast COLL lines."""
     # Host names seen on intact COLL lines, to repair spliced lines' hosts.
-    fast_procs = proc_table(coll_lines(coll_stores, bad, LineRecords()))
-    nccl_lines = pl.scan_parquet(text_store).filter(pl.col("kind") == LINE_KIND["nccl"])
+    fast_procs = proc_table(scan.coll)
+    nccl_lines = pl.scan_parquet(scan.text_store).filter(pl.col("kind") == LINE_KIND["nccl"])
     conns = connection_lines(nccl_lines)
     plain = plain_info_lines(nccl_lines)
     done = pl.concat([conns.select("file_id", "i"), plain.select("file_id", "i")])
@@ -177,16 +178,9 @@ def _records(coll_stores: list[Path], text_store: Path, bad: list[str]) -> LineR
     )
     add_connection_lines(records, conns)
     add_plain_info_lines(records, plain)
-    if coll_stores:
-        per_file = (
-            pl.scan_parquet(coll_stores)
-            .filter(~pl.col("proc").is_in(bad))
-            .group_by("file_id")
-            .agg(pl.len())
-            .collect(engine="streaming")
-        )
-        records.fast_calls.update(dict(per_file.iter_rows()))
-    _count_other_lines(text_store, records)
+    per_file = scan.coll.group_by("file_id").agg(pl.len()).collect(engine="streaming")
+    records.fast_calls.update(dict(per_file.iter_rows()))
+    _count_other_lines(scan.text_store, records)
     return records
 
 
@@ -221,11 +215,11 @@ def _targets(inputs: list[Input]) -> list[ScanTarget]:
 
 def _scan(
     targets: list[ScanTarget], inputs: list[Input], store: Path, problems: list[Problem]
-) -> tuple[list[ScanTarget], list[Path], Path | None, dict[int, int], list[str]]:
+) -> tuple[list[ScanTarget], Scan | None]:
     if not targets:
-        return [], [], None, {}, []
+        return [], None
     try:
-        return targets, *scan_inputs(targets, store)
+        return targets, scan_inputs(targets, store)
     except (pl.exceptions.PolarsError, OSError):
         # OSError: polars decompresses by magic bytes and a text file may start with them.
         pass
@@ -239,8 +233,8 @@ def _scan(
             reason = str(err).splitlines()[0] if str(err) else type(err).__name__
             problems.append(Problem(inputs[target.file_id].display, f"cannot be read: {reason}"))
     if not good:
-        return [], [], None, {}, []
-    return good, *scan_inputs(good, store)
+        return [], None
+    return good, scan_inputs(good, store)
 
 
 def _count_other_lines(text_store: Path, records: LineRecords) -> None:

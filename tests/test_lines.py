@@ -334,12 +334,10 @@ def test_fast_path_agrees_with_reference(tmp_path: Path) -> None:
     log.write_text("\n".join(lines) + "\n")
     offsets = sniff_offsets(log, log.stat().st_size)
     assert offsets  # the fixtures use several prefix shapes
-    coll_stores, text_store, n_lines, bad = scan_inputs(
-        [ScanTarget(0, log, offsets)], tmp_path / "s"
-    )
-    assert n_lines == {0: len(lines)}
-    assert bad == []
-    fast = pl.read_parquet(coll_stores)
+    scan = scan_inputs([ScanTarget(0, log, offsets)], tmp_path / "s")
+    assert scan.n_lines == {0: len(lines)}
+    assert scan.bad == []
+    fast = scan.coll.collect()
     assert fast.height > 300
     for row in fast.iter_rows(named=True):
         ref = parse_line(lines[row["i"] - 1])
@@ -377,12 +375,77 @@ def test_fast_path_agrees_with_reference(tmp_path: Path) -> None:
         )
         assert got == want, lines[row["i"] - 1]
     # and every COLL line the reference parser finds was taken by one path or the other
-    text = pl.read_parquet(text_store)
+    text = pl.read_parquet(scan.text_store)
     slow_coll = sum(
         1 for t in text["text"].to_list() if t and (p := parse_line(t)) and p.kind == "coll"
     )
     ref_coll = sum(1 for t in lines if (p := parse_line(t)) and p.kind == "coll")
     assert fast.height + slow_coll == ref_coll
+
+
+def _coll(k: int, host: str = "node-b") -> str:
+    return (
+        f"{host}:77:77 [0] NCCL INFO AllReduce: opCount {k:x} sendbuff 0x7f1 recvbuff 0x7f2 "
+        f"count {k + 1} datatype 7 op 0 root 0 comm 0x55e1 [nranks=2] stream 0x55e2"
+    )
+
+
+def test_many_files_keep_their_own_line_numbers(tmp_path: Path) -> None:
+    """Files read by one list scan: each row gets its file and its line there."""
+    shapes = {
+        "a.log": ["hello", _coll(0), "", _coll(1)],
+        "b.log": [_coll(0), "node-b:77:77 [0] NCCL INFO Using network IB", _coll(1), "bye"],
+        "c.log": ["only text"],
+    }
+    targets = []
+    for k, (name, lines) in enumerate(shapes.items()):
+        (tmp_path / name).write_text("\n".join(lines) + "\n")
+        targets.append(ScanTarget(k, tmp_path / name, (0,)))
+    scan = scan_inputs(targets, tmp_path / "s")
+    assert scan.n_lines == {0: 4, 1: 4, 2: 1}
+    coll = scan.coll.sort("file_id", "i").collect()
+    assert coll.select("file_id", "i", "opcount").rows() == [
+        (0, 2, 0),
+        (0, 4, 1),
+        (1, 1, 0),
+        (1, 3, 1),
+    ]
+    text = pl.read_parquet(scan.text_store)
+    assert text.select("file_id", "i", "text").rows() == [
+        (0, 1, "hello"),
+        (0, 3, None),
+        (1, 2, "node-b:77:77 [0] NCCL INFO Using network IB"),
+        (1, 4, "bye"),
+        (2, 1, "only text"),
+    ]
+
+
+def test_an_offset_the_samples_missed_is_learned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Many COLL lines with a prefix no sample showed: the scan learns their offset
+    from them instead of leaving them all to the Python parser."""
+    monkeypatch.setattr("ncclscope.parsers.nccl.scan._REPLAN_LINES", 10)
+    lines = ["[default0]:" + _coll(k) for k in range(30)] + ["a b " + _coll(k) for k in range(30)]
+    log = tmp_path / "job.log"
+    log.write_text("\n".join(lines) + "\n")
+    scan = scan_inputs([ScanTarget(0, log, (0,))], tmp_path / "s")
+    coll = scan.coll.sort("i").collect()
+    assert coll["i"].to_list() == list(range(1, 61))
+    assert coll["count"].to_list() == [k + 1 for k in range(30)] * 2
+    assert pl.read_parquet(scan.text_store).height == 0
+
+
+def test_junk_glued_to_a_host_goes_to_the_reference_parser(tmp_path: Path) -> None:
+    """A COLL line whose header token holds colour codes is re-read as text."""
+    lines = [_coll(0), "\x1b[0m" + _coll(1), _coll(2)]
+    log = tmp_path / "job.log"
+    log.write_text("\n".join(lines) + "\n")
+    scan = scan_inputs([ScanTarget(0, log, (0,))], tmp_path / "s")
+    assert scan.bad == ["\x1b[0mnode-b:77:77"]
+    assert scan.coll.collect()["i"].sort().to_list() == [1, 3]
+    text = pl.read_parquet(scan.text_store)
+    assert text.select("i", "text").rows() == [(2, lines[1])]
 
 
 def test_vectorised_connection_lines_agree_with_reference() -> None:

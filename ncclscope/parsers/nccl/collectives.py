@@ -63,15 +63,12 @@ def bad_tokens(tokens: list[str]) -> list[str]:
     return [t for t in tokens if decode_proc(t) is None]
 
 
-def coll_lines(coll_stores: list[Path], bad: list[str], records: LineRecords) -> pl.LazyFrame:
+def coll_lines(fast: pl.LazyFrame, records: LineRecords) -> pl.LazyFrame:
     """All COLL lines, raw: the field reader's rows plus those the Python parser read.
 
     Columns are those of ``COLL_STORE_SCHEMA`` (``proc``, ``op_tok``, ``nranks_tok`` as
     printed); ``decode`` and the aggregations turn tokens into values.
     """
-    fast = pl.scan_parquet(coll_stores) if coll_stores else pl.LazyFrame(schema=COLL_STORE_SCHEMA)
-    if bad:
-        fast = fast.filter(~pl.col("proc").is_in(bad))
     slow_rows = [
         {
             "file_id": proc[0],

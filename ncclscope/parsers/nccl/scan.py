@@ -40,9 +40,9 @@ import polars as pl
 
 from ncclscope.parsers.nccl.collectives import bad_tokens
 from ncclscope.parsers.nccl.patterns import BINARY_CHARS
-from ncclscope.schema import COLL_STORE_SCHEMA, LINE_KIND, TEXT_STORE_SCHEMA
+from ncclscope.schema import COLL_STORE_SCHEMA, LINE_KIND, TEXT_STORE_SCHEMA, TS
 
-__all__ = ["MAX_TEXT_CHARS", "ScanTarget", "scan_inputs", "sniff_offsets"]
+__all__ = ["MAX_TEXT_CHARS", "Scan", "ScanTarget", "scan_inputs", "sniff_offsets"]
 
 #: Text kept per non-COLL line; longer lines are not NCCL lines (NCCL truncates at 1 KiB
 #: up to 2.28) and are counted as ``too_long`` when nothing parses.
@@ -77,50 +77,65 @@ class ScanTarget:
 @dataclass
 class _Batch:
     """Files read by one list scan.  polars numbers rows across the whole list (``g``);
-    ``starts`` (the first ``g`` of each file, learned from the line reader) maps a row
-    back to its file and its line number there.  One list scan of 1,024 small files is
-    several times faster than 1,024 scans."""
+    ``starts`` (the first ``g`` of each file) maps a row back to its file and its line
+    number there.  One list scan of 1,024 small files is several times faster than
+    1,024 scans."""
 
     targets: list[ScanTarget]
-    starts: list[int] = field(default_factory=list)
     ids: list[int] = field(default_factory=list)
-    paths: list[str] = field(default_factory=list)
+    starts: list[int] = field(default_factory=list)
 
-    def read(self, **options: Any) -> pl.LazyFrame:
-        """All lines of the batch's files, numbered ``g`` from 1 across the list; with
-        the file's path when the batch holds several files."""
+    @property
+    def multi(self) -> bool:
+        return len(self.targets) > 1
+
+    def read(self, *, numbered: bool, **options: Any) -> pl.LazyFrame:
+        """All lines of the batch's files, in order; numbered ``g`` from 1 across the
+        list and with the file's path (several files) when ``numbered``.  A shifted
+        file's extra first line is numbered 0."""
         shifted = self.targets[0].shifted  # a shifted file is always alone in its batch
-        lf = pl.scan_csv(
+        return pl.scan_csv(
             [str(t.path) for t in self.targets],
             has_header=False,
             quote_char=None,  # a log line is never quoted
             truncate_ragged_lines=True,
             encoding="utf8-lossy",  # crashed jobs leave invalid UTF-8: keep the line
-            row_index_name="g",
+            row_index_name="g" if numbered else None,
             row_index_offset=0 if shifted else 1,
-            include_file_paths="path" if len(self.targets) > 1 else None,
+            include_file_paths="path" if numbered and self.multi else None,
             **options,
         )
-        return lf.filter(pl.col("g") >= 1) if shifted else lf
 
-    def locate(self, lf: pl.LazyFrame) -> pl.LazyFrame:
-        """Add ``file_id`` and ``i`` (the line number in its own file) to rows of ``read``."""
-        if len(self.targets) == 1:
+    def file_ids(self, lf: pl.LazyFrame) -> pl.LazyFrame:
+        """Add ``file_id`` to numbered rows (from the path when there are several files)."""
+        if not self.multi:
             return lf.with_columns(
-                pl.lit(self.targets[0].file_id, dtype=pl.UInt32).alias("file_id"),
-                pl.col("g").cast(pl.UInt32).alias("i"),
+                pl.lit(self.targets[0].file_id, dtype=pl.UInt32).alias("file_id")
             )
-        # A join on the path: cheaper per row than a per-row search over the starts.
         table = pl.LazyFrame(
-            {"path": self.paths, "file_id": self.ids, "first_g": self.starts},
-            schema={"path": pl.String, "file_id": pl.UInt32, "first_g": pl.UInt32},
+            {
+                "path": [str(t.path) for t in self.targets],
+                "file_id": [t.file_id for t in self.targets],
+            },
+            schema={"path": pl.String, "file_id": pl.UInt32},
         )
-        return lf.join(table, on="path", how="left").with_columns(
-            (pl.col("g") - pl.col("first_g") + 1).cast(pl.UInt32).alias("i")
+        # A join: far cheaper per row than replacing strings.  It may reorder rows, which
+        # is why it runs after the readers' rows are put side by side.
+        return lf.join(table, on="path", how="left").drop("path")
+
+    def line_no(self) -> pl.Expr:
+        """The line number ``i`` in its own file of a row with ``file_id`` and ``g``."""
+        if not self.multi:
+            return pl.col("g").cast(pl.UInt32).alias("i")
+        first = pl.col("file_id").replace_strict(
+            self.ids, self.starts, default=None, return_dtype=pl.UInt32
         )
+        return (pl.col("g") - first + 1).cast(pl.UInt32).alias("i")
 
     def global_row(self) -> pl.Expr:
-        """``g`` of a row given its ``file_id`` and ``i`` (the inverse of ``locate``)."""
+        """``g`` of a row given its ``file_id`` and ``i`` (the inverse of ``line_no``)."""
+        if not self.multi:
+            return pl.col("i").alias("g")
         first = pl.col("file_id").replace_strict(
             self.ids, self.starts, default=None, return_dtype=pl.UInt32
         )
@@ -189,73 +204,75 @@ def _default_ts(date_token: pl.Expr, time_token: pl.Expr) -> pl.Expr:
     return pl.when(well_formed).then(total).otherwise(None).cast(pl.Datetime("us", "UTC"))
 
 
-def _fields(batch: _Batch, h: int) -> pl.LazyFrame:
-    """COLL rows of the batch's lines that have ``h`` prefix tokens."""
-    schema = {f"c{k}": pl.String for k in range(h + _FIELD_COLUMNS)}
+#: The COLL store's columns after ``file_id`` and ``i``: what the field reader writes.
+_FIELD_NAMES = tuple(list(COLL_STORE_SCHEMA)[2:])
+
+
+def _fields(batch: _Batch, offsets: Sequence[int]) -> pl.LazyFrame:
+    """The field reader: one row per line, in file order, unnumbered.
+
+    ``taken`` is true where the line, with one of ``offsets`` prefix tokens, is a
+    well-formed COLL line; its fields are then filled, else null.
+    """
+    schema = {f"c{k}": pl.String for k in range(max(offsets) + _FIELD_COLUMNS)}
 
     def c(k: int) -> pl.Expr:
         return pl.col(f"c{k}")
 
-    def f(k: int) -> pl.Expr:
-        return c(h + k)
+    oks: list[pl.Expr] = []
+    values: dict[str, list[pl.Expr]] = {name: [] for name in _FIELD_NAMES}
+    for h in offsets:
 
-    valid = (
-        (f(2) == "NCCL")
-        & (f(3) == "INFO")
-        & (f(5) == "opCount")
-        & (f(7) == "sendbuff")
-        & (f(19) == "comm")
-    )
-    for k in range(h):
-        # a second header in the prefix: two processes' writes spliced
-        valid = valid & (c(k).fill_null("") != "NCCL")
-    if h >= 2:
-        ts = _default_ts(c(h - 2), c(h - 1))
-    else:
-        ts = pl.lit(None, dtype=pl.Datetime("us", "UTC"))
-    rows = batch.read(
-        separator=" ", schema=schema, missing_columns="insert", extra_columns="ignore"
-    ).filter(valid.fill_null(value=False))
-    return (
-        batch.locate(rows)
-        .select(
-            "file_id",
-            "i",
-            # Tokens kept as printed: a job has few distinct values, decoded once later.
-            f(0).alias("proc"),
-            f(4).alias("op_tok"),
-            f(6).str.to_integer(base=16, strict=False).alias("opcount"),
-            f(12).cast(pl.Int64, strict=False).alias("count"),
-            f(14).cast(pl.Int16, strict=False).alias("dtype"),
-            f(16).cast(pl.Int16, strict=False).alias("redop"),
-            f(18).cast(pl.Int32, strict=False).alias("root"),
-            f(20).alias("comm"),  # %p prints lowercase hex
-            f(21).alias("nranks_tok"),
-            ts.alias("ts"),
+        def f(k: int, h: int = h) -> pl.Expr:
+            return c(h + k)
+
+        valid = (
+            (f(2) == "NCCL")
+            & (f(3) == "INFO")
+            & (f(5) == "opCount")
+            & (f(7) == "sendbuff")
+            & (f(19) == "comm")
         )
+        for k in range(h):
+            # a second header in the prefix: two processes' writes spliced
+            valid = valid & (c(k).fill_null("") != "NCCL")
+        opcount = f(6).str.to_integer(base=16, strict=False)
+        count = f(12).cast(pl.Int64, strict=False)
         # A damaged field: the line goes to the reference parser instead.
-        .drop_nulls(["opcount", "count"])
+        ok = valid.fill_null(value=False) & opcount.is_not_null() & count.is_not_null()
+        ts = _default_ts(c(h - 2), c(h - 1)) if h >= 2 else pl.lit(None, dtype=TS)
+        fields = {
+            # Tokens kept as printed: a job has few distinct values, decoded once later.
+            "proc": f(0),
+            "op_tok": f(4),
+            "opcount": opcount,
+            "count": count,
+            "dtype": f(14).cast(pl.Int16, strict=False),
+            "redop": f(16).cast(pl.Int16, strict=False),
+            "root": f(18).cast(pl.Int32, strict=False),
+            "comm": f(20),  # %p prints lowercase hex
+            "nranks_tok": f(21),
+            "ts": ts,
+        }
+        for name, expr in fields.items():
+            values[name].append(pl.when(ok).then(expr))
+        oks.append(ok)
+    return batch.read(
+        numbered=False,
+        separator=" ",
+        schema=schema,
+        missing_columns="insert",
+        extra_columns="ignore",
+    ).select(
+        pl.any_horizontal(oks).alias("taken"),
+        *(
+            (pl.coalesce(v) if len(v) > 1 else v[0]).cast(COLL_STORE_SCHEMA[name]).alias(name)
+            for name, v in values.items()
+        ),
     )
 
 
-def _lines(batch: _Batch) -> pl.LazyFrame:
-    """Every line: its text where it has no ``opCount``, else only its number.
-
-    Keeping a row per line gives the line count per file and, when the field
-    reader missed some COLL lines, the numbers to compare against.
-    """
-    line = pl.col("line")
-    has_op = line.str.contains("opCount", literal=True).fill_null(value=False)
-    return batch.read(separator="\x1f", schema={"line": pl.String}).select(
-        *(["path"] if len(batch.targets) > 1 else []),
-        "g",
-        has_op.alias("has_op"),
-        pl.when(has_op).then(None).otherwise(line).alias("text"),
-    )
-
-
-def _kind() -> pl.Expr:
-    line = pl.col("text")
+def _kind(line: pl.Expr) -> pl.Expr:
     blank = line.is_null() | (line.str.strip_chars() == "")
     marker = line.str.contains(r"NCCL (?:INFO|WARN|TRACE|CALL)|NCCL version [0-9.]+[^ ]*\+cuda")
     binary = line.str.contains(BINARY_CHARS)
@@ -268,49 +285,89 @@ def _kind() -> pl.Expr:
         .then(pl.lit(LINE_KIND["binary"]))
         .otherwise(pl.lit(LINE_KIND["other"]))
         .cast(pl.UInt8)
-        .alias("kind")
     )
 
 
-def _reread(batches: Sequence[_Batch], wanted: pl.DataFrame) -> pl.DataFrame:
-    """Text of the given (file_id, i) lines, for lines the field reader did not take."""
-    frames = []
-    for batch in batches:
-        rows = wanted.filter(pl.col("file_id").is_in(batch.ids))
-        if rows.is_empty():
-            continue
-        lines = rows.select(batch.global_row())["g"]
-        read = batch.read(separator="\x1f", schema={"line": pl.String}).filter(
-            pl.col("g").is_in(lines.implode())
+def _text_columns(line: pl.Expr) -> list[pl.Expr]:
+    """``text`` (cut at MAX_TEXT_CHARS) and ``n_chars`` of a line.
+
+    ``kind`` is added when the text store is written, on its few rows: string kernels
+    run over every row of a column, nulled or not.
+    """
+    return [
+        line.str.slice(0, MAX_TEXT_CHARS).alias("text"),
+        line.str.len_chars().cast(pl.Int32).alias("n_chars"),
+    ]
+
+
+def _query(batch: _Batch, offsets: Sequence[int]) -> pl.LazyFrame:
+    """Both readers side by side, one row per line: the line reader numbers the lines
+    and keeps the text of every line the field reader did not take.
+
+    Why side by side: numbering rows across many files makes polars count each file's
+    lines before reading on (a third more time on 1,024 files); reading both ways in
+    one query pays that once.  Rows pair up by position, which polars keeps for a
+    horizontal concat of two scans of the same files; ``scan_inputs`` checks it.
+    """
+    line = pl.col("line")
+    lines = batch.read(numbered=True, separator="\x1f", schema={"line": pl.String}).with_columns(
+        line.str.contains("opCount", literal=True).fill_null(value=False).alias("has_op")
+    )
+    if offsets:
+        both = pl.concat([lines, _fields(batch, offsets)], how="horizontal")
+    else:
+        both = lines.with_columns(
+            pl.lit(value=False).alias("taken"),
+            *(pl.lit(None, dtype=COLL_STORE_SCHEMA[n]).alias(n) for n in _FIELD_NAMES),
         )
-        frames.append(
-            batch.locate(read)
-            .select(
-                "file_id",
-                "i",
-                pl.col("line").str.slice(0, MAX_TEXT_CHARS).alias("text"),
-                pl.col("line").str.len_chars().cast(pl.Int32).alias("n_chars"),
+    if batch.targets[0].shifted:
+        both = both.filter(pl.col("g") >= 1)
+    return batch.file_ids(
+        both.select(
+            *(["path"] if batch.multi else []),
+            "g",
+            "has_op",
+            "taken",
+            *_text_columns(pl.when(~pl.col("taken")).then(line)),
+            *_FIELD_NAMES,
+        )
+    )
+
+
+def _reread(batch: _Batch, rows: list[int]) -> pl.DataFrame:
+    """Text-store rows for the lines ``rows`` (their ``g``), read again from the files."""
+    return (
+        batch.file_ids(
+            batch.read(numbered=True, separator="\x1f", schema={"line": pl.String}).filter(
+                pl.col("g").is_in(pl.Series(rows, dtype=pl.UInt32).implode())
             )
-            .collect(engine="streaming")
         )
-    empty = {"file_id": pl.UInt32, "i": pl.UInt32, "text": pl.String, "n_chars": pl.Int32}
-    return pl.concat(frames) if frames else pl.DataFrame(schema=empty)
+        .select("file_id", batch.line_no(), *_text_columns(pl.col("line")))
+        .collect(engine="streaming")
+    )
 
 
-def _offsets_of(lines: pl.DataFrame) -> Counter[int]:
-    offsets = (_coll_offset(text) for text in lines["text"].to_list() if text)
+def _offsets_of(texts: list[str | None]) -> Counter[int]:
+    offsets = (_coll_offset(text) for text in texts if text)
     return Counter(h for h in offsets if h is not None)
 
 
-def scan_inputs(
-    targets: Sequence[ScanTarget], store: Path
-) -> tuple[list[Path], Path, dict[int, int], list[str]]:
-    """Scan ``targets`` into Parquet stores under ``store``.
+@dataclass(frozen=True)
+class Scan:
+    """What ``scan_inputs`` read."""
 
-    Returns:
-        The COLL stores (one per batch and offset query, ``COLL_STORE_SCHEMA``), the text
-        store (``TEXT_STORE_SCHEMA``: every line without ``opCount``, and every line with
-        it that no field query took) and the number of lines per file_id.
+    #: Every COLL line the field reader took (``COLL_STORE_SCHEMA``), lazily.
+    coll: pl.LazyFrame
+    #: Every other line (``TEXT_STORE_SCHEMA``), sorted by file and line.
+    text_store: Path
+    #: Lines per file_id.
+    n_lines: dict[int, int]
+    #: Header tokens with junk glued to the host: their lines are in the text store.
+    bad: list[str]
+
+
+def scan_inputs(targets: Sequence[ScanTarget], store: Path) -> Scan:
+    """Scan ``targets`` into Parquet under ``store``.
 
     Raises:
         polars.exceptions.PolarsError: a file could not be read; the caller retries
@@ -318,103 +375,82 @@ def scan_inputs(
     """
     store.mkdir(parents=True, exist_ok=True)
     batches = _batches(targets)
+    offsets = [sorted({h for t in b.targets for h in t.offsets}) for b in batches]
+    parts = [store / f"scan-{b}.parquet" for b in range(len(batches))]
+    todo = list(range(len(batches)))
     n_lines: dict[int, int] = {}
-    op_lines: dict[int, int] = {}
-    line_stores: list[pl.LazyFrame] = []
-    for b, batch in enumerate(batches):
-        part = store / f"lines-{b}.parquet"
-        _lines(batch).sink_parquet(part, compression="lz4", engine="streaming")
-        by_path = {str(t.path): t.file_id for t in batch.targets}
-        lines_lf = pl.scan_parquet(part)
-        if len(batch.targets) == 1:
-            lines_lf = lines_lf.with_columns(pl.lit(str(batch.targets[0].path)).alias("path"))
-        per_file = (
-            lines_lf.group_by("path")
-            .agg(pl.col("g").min().alias("first"), pl.len(), pl.col("has_op").sum())
-            .sort("first")
-            .collect(engine="streaming")
-        )
-        batch.paths = per_file["path"].to_list()
-        batch.ids = [by_path[path] for path in batch.paths]
-        batch.starts = per_file["first"].to_list()
-        n_lines.update(zip(batch.ids, per_file["len"].to_list(), strict=True))
-        op_lines.update(zip(batch.ids, per_file["has_op"].to_list(), strict=True))
-        line_stores.append(
-            batch.locate(pl.scan_parquet(part)).select("file_id", "i", "has_op", "text")
-        )
-    lines_lf = pl.concat(line_stores)
-
-    coll_stores: list[Path] = []
-    plan = {t.file_id: set(t.offsets) for t in targets}
-    done: dict[int, set[int]] = {t.file_id: set() for t in targets}
-    missing = pl.DataFrame(schema={"file_id": pl.UInt32, "i": pl.UInt32})
-    bad: list[str] = []
     for _round in range(3):
-        for batch in batches:
-            wanted = {h for t in batch.targets for h in plan.get(t.file_id, ())}
-            for h in sorted(wanted):
-                part = store / f"coll-{len(coll_stores)}.parquet"
-                _fields(batch, h).cast(COLL_STORE_SCHEMA).sink_parquet(
-                    part, compression="lz4", engine="streaming"
-                )
-                coll_stores.append(part)
-                for t in batch.targets:
-                    done[t.file_id].add(h)
-        taken: dict[int, int] = {}
-        if coll_stores:
-            # Junk glued to a host (colour codes, NUL padding, a \r bar): those lines
-            # go to the reference parser, which finds where the host starts.
-            tokens = pl.scan_parquet(coll_stores).select(pl.col("proc").unique())
-            bad = bad_tokens(tokens.collect(engine="streaming")["proc"].to_list())
-            taken = dict(
-                pl.scan_parquet(coll_stores)
-                .filter(~pl.col("proc").is_in(bad))
-                .group_by("file_id")
-                .agg(pl.len())
-                .collect(engine="streaming")
-                .iter_rows()
+        for b in todo:
+            _query(batches[b], offsets[b]).sink_parquet(
+                parts[b], compression="lz4", engine="streaming"
             )
-        short = [
-            t.file_id for t in targets if op_lines.get(t.file_id, 0) != taken.get(t.file_id, 0)
-        ]
-        if not short:
-            missing = missing.clear()
-            break
-        # Some opCount lines were not taken: find exactly which.
-        taken_lines = (
-            pl.scan_parquet(coll_stores).filter(~pl.col("proc").is_in(bad)).select("file_id", "i")
-            if coll_stores
-            else pl.LazyFrame(schema={"file_id": pl.UInt32, "i": pl.UInt32})
-        )
-        missing = (
-            lines_lf.filter(pl.col("has_op") & pl.col("file_id").is_in(short))
-            .select("file_id", "i")
-            .join(taken_lines, on=["file_id", "i"], how="anti")
-            .collect(engine="streaming")
-        )
-        if missing.height < _REPLAN_LINES:
+            per_file = (
+                pl.scan_parquet(parts[b])
+                .group_by("file_id")
+                .agg(
+                    pl.col("g").min().alias("first"),
+                    pl.len(),
+                    (pl.col("has_op") & ~pl.col("taken")).sum().alias("left"),
+                    (pl.col("taken") & ~pl.col("has_op")).sum().alias("stray"),
+                )
+                .sort("first")
+                .collect(engine="streaming")
+            )
+            if per_file["stray"].sum():
+                # Cannot happen while polars pairs rows by position; fail loudly if not.
+                msg = "internal error: the two line readers disagree on line order"
+                raise RuntimeError(msg)
+            batches[b].ids = per_file["file_id"].to_list()
+            batches[b].starts = per_file["first"].to_list()
+            n_lines.update(zip(batches[b].ids, per_file["len"].to_list(), strict=True))
+        left = pl.scan_parquet(parts).filter(pl.col("has_op") & ~pl.col("taken"))
+        if left.select(pl.len()).collect().item() < _REPLAN_LINES:
             break
         # Many COLL lines left: the samples missed an offset.  Learn it from them.
-        sample = _reread(batches, missing.group_by("file_id").head(50).head(5_000))
-        plan = {}
-        for (file_id,), lines in sample.group_by("file_id"):
-            found = _offsets_of(lines)
+        todo = []
+        for b, part in enumerate(parts):
+            texts = (
+                pl.scan_parquet(part)
+                .filter(pl.col("has_op") & ~pl.col("taken"))
+                .group_by("file_id")
+                .head(50)
+                .head(5_000)
+                .collect()["text"]
+                .to_list()
+            )
+            found = _offsets_of(texts)
             total = sum(found.values())
-            new = {h for h, n in found.items() if n >= _MIN_SHARE * total} - done[int(file_id)]
+            new = {h for h, n in found.items() if n >= _MIN_SHARE * total} - set(offsets[b])
             if new:
-                plan[int(file_id)] = new
-        if not plan:
+                offsets[b] = sorted(set(offsets[b]) | new)
+                todo.append(b)
+        if not todo:
             break
+
+    # Junk glued to a host (colour codes, NUL padding, a \r bar): those lines go to
+    # the reference parser, which finds where the host starts.
+    tokens = pl.scan_parquet(parts).filter("taken").select(pl.col("proc").unique())
+    bad = bad_tokens(tokens.collect(engine="streaming")["proc"].to_list())
+    colls, texts = [], []
+    for batch, part in zip(batches, parts, strict=True):
+        scan = pl.scan_parquet(part)
+        colls.append(
+            scan.filter(pl.col("taken") & ~pl.col("proc").is_in(bad)).select(
+                "file_id", batch.line_no(), *_FIELD_NAMES
+            )
+        )
+        texts.append(
+            scan.filter(~pl.col("taken")).select("file_id", batch.line_no(), "text", "n_chars")
+        )
+        if bad:
+            rows = scan.filter(pl.col("taken") & pl.col("proc").is_in(bad)).select("g")
+            rows_g = rows.collect()["g"].to_list()
+            if rows_g:
+                texts.append(_reread(batch, rows_g).lazy())
     text_store = store / "text.parquet"
-    text = lines_lf.filter(~pl.col("has_op")).select(
-        "file_id",
-        "i",
-        pl.col("text").str.slice(0, MAX_TEXT_CHARS),
-        pl.col("text").str.len_chars().cast(pl.Int32).alias("n_chars"),
-    )
-    if missing.height:
-        text = pl.concat([text, _reread(batches, missing).lazy()])
-    text.with_columns(_kind()).select(list(TEXT_STORE_SCHEMA)).sort("file_id", "i").sink_parquet(
+    text = pl.concat(texts).with_columns(_kind(pl.col("text")).alias("kind"))
+    text.select(list(TEXT_STORE_SCHEMA)).sort("file_id", "i").sink_parquet(
         text_store, compression="lz4", engine="streaming"
     )
-    return coll_stores, text_store, n_lines, bad
+    coll = pl.concat(colls) if colls else pl.LazyFrame(schema=COLL_STORE_SCHEMA)
+    return Scan(coll.cast(COLL_STORE_SCHEMA), text_store, n_lines, bad)
