@@ -138,6 +138,7 @@ def run_analysis(
     account = _account(inputs, n_lines, records)
     hosts = sorted(set(identity.members["host"].to_list()) | records.hosts)
     errors = _errors(records, identity)
+    connections = _connections(records)
     analysis = Analysis(
         paths=paths,
         inputs=account,
@@ -149,8 +150,8 @@ def run_analysis(
         identity=identity,
         communicators=_communicators(identity, summary, records),
         networks=sorted(records.networks),
-        connections=_connections(records),
-        transports=sorted({c.transport for _p, _l, c in records.connections}),
+        connections=connections,
+        transports=sorted(connections["transport"].unique().to_list()),
         errors=errors,
         collectives=collectives,
         summary=summary,
@@ -372,24 +373,7 @@ def _communicators(
 
 
 def _connections(records: LineRecords) -> pl.DataFrame:
-    rows = [
-        {
-            "file_id": proc[0],
-            "host": proc[1],
-            "pid": proc[2],
-            "channel": c.channel,
-            "src": c.src,
-            "dst": c.dst,
-            "direction": c.direction,
-            "transport": c.transport,
-            "via": c.via,
-            "line_no": line_no,
-        }
-        for proc, line_no, c in records.connections
-    ]
-    return validate(
-        pl.DataFrame(rows, schema=CONNECTIONS_SCHEMA), CONNECTIONS_SCHEMA, "connections"
-    )
+    return validate(records.connection_table(), CONNECTIONS_SCHEMA, "connections")
 
 
 def _errors(records: LineRecords, identity: Identity) -> pl.DataFrame:

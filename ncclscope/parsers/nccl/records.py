@@ -31,7 +31,7 @@ from ncclscope.parsers.nccl.lines import (
     transport_name,
 )
 from ncclscope.parsers.nccl.patterns import BINARY_RE
-from ncclscope.schema import LINE_KIND
+from ncclscope.schema import CONNECTIONS_SCHEMA, LINE_KIND
 
 __all__ = [
     "TOO_LONG_CHARS",
@@ -86,6 +86,8 @@ class LineRecords:
     comm_events: list[tuple[ProcKey, int, CommEvent]] = field(default_factory=list)
     layouts: list[tuple[ProcKey, NodeLayout]] = field(default_factory=list)
     connections: list[tuple[ProcKey, int, Connection]] = field(default_factory=list)
+    #: connection lines read in polars (``add_connection_lines``), ``CONNECTIONS_SCHEMA``
+    connection_frames: list[pl.DataFrame] = field(default_factory=list)
     rank_hints: dict[ProcKey, Counter[int]] = field(default_factory=dict)
     colls: list[tuple[ProcKey, int, int, Coll, datetime | None]] = field(default_factory=list)
     errors: list[ErrorGroup] = field(default_factory=list)
@@ -106,6 +108,26 @@ class LineRecords:
     spliced: Counter[int] = field(default_factory=Counter)
     header_lines: int = 0
     header_lines_with_ts: int = 0
+
+    def connection_table(self) -> pl.DataFrame:
+        """Every connection line, both readers', as one ``CONNECTIONS_SCHEMA`` frame."""
+        rows = [
+            {
+                "file_id": proc[0],
+                "host": proc[1],
+                "pid": proc[2],
+                "channel": c.channel,
+                "src": c.src,
+                "dst": c.dst,
+                "direction": c.direction,
+                "transport": c.transport,
+                "via": c.via,
+                "line_no": line_no,
+            }
+            for proc, line_no, c in self.connections
+        ]
+        frames = [*self.connection_frames, pl.DataFrame(rows, schema=CONNECTIONS_SCHEMA)]
+        return pl.concat(frames).sort("file_id", "line_no")
 
     def skip(self, file_id: int, line_no: int, reason: str) -> None:
         """Count a line that carries no record, remembering the first of each reason."""
@@ -284,26 +306,29 @@ def connection_lines(nccl_lines: pl.LazyFrame) -> pl.DataFrame:
 
 def add_connection_lines(out: LineRecords, conns: pl.DataFrame) -> None:
     """Fold the vectorised connection lines into the records, as ``_take`` would."""
-    vias = {via: transport_name(via) for via in conns["via"].unique().to_list()}
-    for r in conns.iter_rows(named=True):
-        proc: ProcKey = (r["file_id"], r["host"], int(r["pid"]))
-        transport = "CollNet" if r["kind"] == "CollNet" else vias[r["via"]]
-        out.connections.append(
-            (
-                proc,
-                r["i"],
-                Connection(
-                    channel=int(r["ch"]),
-                    src=int(r["src"]),
-                    dst=int(r["dst"]) if r["dst"] is not None else None,
-                    direction=r["dir"],
-                    transport=transport,
-                    via=r["via"],
-                ),
-            )
-        )
-        out.procs.add(proc)
-        out.hosts.add(r["host"])
+    vias = conns["via"].unique().to_list()
+    named = pl.col("via").replace_strict(
+        vias, [transport_name(v) for v in vias], return_dtype=pl.String
+    )
+    frame = conns.select(
+        "file_id",
+        "host",
+        pl.col("pid").cast(pl.Int32),
+        pl.col("ch").cast(pl.Int32).alias("channel"),
+        pl.col("src").cast(pl.Int32),
+        pl.col("dst").cast(pl.Int32),
+        pl.col("dir").alias("direction"),
+        pl.when(pl.col("kind") == "CollNet")
+        .then(pl.lit("CollNet"))
+        .otherwise(named)
+        .alias("transport"),
+        "via",
+        pl.col("i").alias("line_no"),
+    )
+    out.connection_frames.append(frame.cast(CONNECTIONS_SCHEMA))
+    for file_id, host, pid in frame.select("file_id", "host", "pid").unique().iter_rows():
+        out.procs.add((file_id, host, pid))
+        out.hosts.add(host)
     for file_id, n in conns.group_by("file_id").agg(pl.len()).iter_rows():
         out.parsed[file_id] += n
     out.header_lines += conns.height
