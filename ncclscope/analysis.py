@@ -121,7 +121,7 @@ def run_analysis(
     if scan is not None:
         records = _records(scan)
         lines = coll_lines(scan.coll, records)
-        procs, stats = _process_stats(lines, records)
+        procs, stats = _process_stats(lines, scan.tokens, records)
     else:
         records = LineRecords()
         lines = None
@@ -168,7 +168,7 @@ def _records(scan: Scan) -> LineRecords:
     """Every non-COLL line into records: simple shapes counted in polars, the rest
     through the reference parser; plus the per-file count of fast COLL lines."""
     # Host names seen on intact COLL lines, to repair spliced lines' hosts.
-    fast_procs = proc_table(scan.coll)
+    fast_procs = proc_table(scan.tokens)
     nccl_lines = pl.scan_parquet(scan.text_store).filter(pl.col("kind") == LINE_KIND["nccl"])
     conns = connection_lines(nccl_lines)
     plain = plain_info_lines(nccl_lines)
@@ -179,15 +179,20 @@ def _records(scan: Scan) -> LineRecords:
     )
     add_connection_lines(records, conns)
     add_plain_info_lines(records, plain)
-    per_file = scan.coll.group_by("file_id").agg(pl.len()).collect(engine="streaming")
-    records.fast_calls.update(dict(per_file.iter_rows()))
+    records.fast_calls.update(scan.coll_lines)
     _count_other_lines(scan.text_store, records)
     return records
 
 
-def _process_stats(lines: pl.LazyFrame, records: LineRecords) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """The header-token table and per (process, comm) stats, spliced hosts repaired."""
-    procs = proc_table(lines)
+def _process_stats(
+    lines: pl.LazyFrame, tokens: list[str], records: LineRecords
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The header-token table and per (process, comm) stats, spliced hosts repaired.
+
+    ``tokens``: the header tokens of the field reader's lines.
+    """
+    slow = (f"{proc[1]}:{proc[2]}:{tid}" for proc, _line, tid, _c, _ts in records.colls)
+    procs = proc_table([*tokens, *slow])
     stats = proc_comm_stats(lines, procs)
     repairs = repair_spliced_hosts(stats, records)
     if repairs.is_empty():

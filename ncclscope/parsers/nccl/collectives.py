@@ -10,6 +10,7 @@ read lazily: a large job has tens of millions of rows.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,11 +91,10 @@ def coll_lines(fast: pl.LazyFrame, records: LineRecords) -> pl.LazyFrame:
     return pl.concat([fast, slow], how="vertical")
 
 
-def proc_table(lines: pl.LazyFrame) -> pl.DataFrame:
+def proc_table(tokens: Iterable[str]) -> pl.DataFrame:
     """Every distinct ``host:pid:tid`` token with its host, pid and tid."""
-    tokens = lines.select(pl.col("proc").unique()).collect(engine="streaming")["proc"]
     rows = []
-    for token in tokens.to_list():
+    for token in sorted(set(tokens)):
         decoded = decode_proc(token)
         if decoded is not None:
             rows.append({"proc": token, "host": decoded[0], "pid": decoded[1], "tid": decoded[2]})

@@ -364,6 +364,10 @@ class Scan:
     n_lines: dict[int, int]
     #: Header tokens with junk glued to the host: their lines are in the text store.
     bad: list[str]
+    #: Every other header token of ``coll`` (``host:pid:tid`` as printed).
+    tokens: list[str]
+    #: Rows of ``coll`` per file_id.
+    coll_lines: dict[int, int]
 
 
 def scan_inputs(targets: Sequence[ScanTarget], store: Path) -> Scan:
@@ -379,6 +383,7 @@ def scan_inputs(targets: Sequence[ScanTarget], store: Path) -> Scan:
     parts = [store / f"scan-{b}.parquet" for b in range(len(batches))]
     todo = list(range(len(batches)))
     n_lines: dict[int, int] = {}
+    taken: Counter[int] = Counter()
     for _round in range(3):
         for b in todo:
             _query(batches[b], offsets[b]).sink_parquet(
@@ -390,6 +395,7 @@ def scan_inputs(targets: Sequence[ScanTarget], store: Path) -> Scan:
                 .agg(
                     pl.col("g").min().alias("first"),
                     pl.len(),
+                    pl.col("taken").sum(),
                     (pl.col("has_op") & ~pl.col("taken")).sum().alias("left"),
                     (pl.col("taken") & ~pl.col("has_op")).sum().alias("stray"),
                 )
@@ -403,6 +409,7 @@ def scan_inputs(targets: Sequence[ScanTarget], store: Path) -> Scan:
             batches[b].ids = per_file["file_id"].to_list()
             batches[b].starts = per_file["first"].to_list()
             n_lines.update(zip(batches[b].ids, per_file["len"].to_list(), strict=True))
+            taken.update(dict(zip(batches[b].ids, per_file["taken"].to_list(), strict=True)))
         left = pl.scan_parquet(parts).filter(pl.col("has_op") & ~pl.col("taken"))
         if left.select(pl.len()).collect().item() < _REPLAN_LINES:
             break
@@ -430,7 +437,8 @@ def scan_inputs(targets: Sequence[ScanTarget], store: Path) -> Scan:
     # Junk glued to a host (colour codes, NUL padding, a \r bar): those lines go to
     # the reference parser, which finds where the host starts.
     tokens = pl.scan_parquet(parts).filter("taken").select(pl.col("proc").unique())
-    bad = bad_tokens(tokens.collect(engine="streaming")["proc"].to_list())
+    seen = tokens.collect(engine="streaming")["proc"].to_list()
+    bad = bad_tokens(seen)
     colls, texts = [], []
     for batch, part in zip(batches, parts, strict=True):
         scan = pl.scan_parquet(part)
@@ -446,11 +454,14 @@ def scan_inputs(targets: Sequence[ScanTarget], store: Path) -> Scan:
             rows = scan.filter(pl.col("taken") & pl.col("proc").is_in(bad)).select("g")
             rows_g = rows.collect()["g"].to_list()
             if rows_g:
-                texts.append(_reread(batch, rows_g).lazy())
+                again = _reread(batch, rows_g)
+                taken.subtract(Counter(again["file_id"].to_list()))
+                texts.append(again.lazy())
     text_store = store / "text.parquet"
     text = pl.concat(texts).with_columns(_kind(pl.col("text")).alias("kind"))
     text.select(list(TEXT_STORE_SCHEMA)).sort("file_id", "i").sink_parquet(
         text_store, compression="lz4", engine="streaming"
     )
     coll = pl.concat(colls) if colls else pl.LazyFrame(schema=COLL_STORE_SCHEMA)
-    return Scan(coll.cast(COLL_STORE_SCHEMA), text_store, n_lines, bad)
+    good = sorted(set(seen) - set(bad))
+    return Scan(coll.cast(COLL_STORE_SCHEMA), text_store, n_lines, bad, good, dict(taken))
