@@ -123,23 +123,20 @@ class _Batch:
         # is why it runs after the readers' rows are put side by side.
         return lf.join(table, on="path", how="left").drop("path")
 
+    def _first_g(self) -> pl.Expr:
+        """The first ``g`` of each row's file.  A gather from a table indexed by
+        ``file_id`` (a few thousand entries): several times cheaper per row than
+        ``replace_strict``."""
+        first = [0] * (max(self.ids, default=0) + 1)
+        for file_id, start in zip(self.ids, self.starts, strict=True):
+            first[file_id] = start
+        return pl.lit(pl.Series(first, dtype=pl.UInt32)).gather(pl.col("file_id"))
+
     def line_no(self) -> pl.Expr:
         """The line number ``i`` in its own file of a row with ``file_id`` and ``g``."""
         if not self.multi:
             return pl.col("g").cast(pl.UInt32).alias("i")
-        first = pl.col("file_id").replace_strict(
-            self.ids, self.starts, default=None, return_dtype=pl.UInt32
-        )
-        return (pl.col("g") - first + 1).cast(pl.UInt32).alias("i")
-
-    def global_row(self) -> pl.Expr:
-        """``g`` of a row given its ``file_id`` and ``i`` (the inverse of ``line_no``)."""
-        if not self.multi:
-            return pl.col("i").alias("g")
-        first = pl.col("file_id").replace_strict(
-            self.ids, self.starts, default=None, return_dtype=pl.UInt32
-        )
-        return (first + pl.col("i") - 1).alias("g")
+        return (pl.col("g") - self._first_g() + 1).cast(pl.UInt32).alias("i")
 
 
 def _batches(targets: Sequence[ScanTarget]) -> list[_Batch]:
