@@ -32,9 +32,11 @@ from ncclscope.parsers.nccl.records import (
     TOO_LONG_CHARS,
     LineRecords,
     add_connection_lines,
+    add_info_messages,
     add_plain_info_lines,
     collect_records,
     connection_lines,
+    info_messages,
     plain_info_lines,
 )
 from ncclscope.parsers.nccl.scan import Scan, ScanTarget, scan_inputs, sniff_offsets
@@ -173,10 +175,17 @@ def _records(scan: Scan) -> LineRecords:
     conns = connection_lines(nccl_lines)
     plain = plain_info_lines(nccl_lines)
     done = pl.concat([conns.select("file_id", "i"), plain.select("file_id", "i")])
+    records = LineRecords()
+    messages = info_messages(nccl_lines.join(done.lazy(), on=["file_id", "i"], how="anti"))
+    done = pl.concat([done, add_info_messages(records, messages)])
     rest = nccl_lines.join(done.lazy(), on=["file_id", "i"], how="anti")
-    records = collect_records(
-        rest.collect(engine="streaming").iter_rows(), known_hosts=fast_procs["host"].to_list()
+    collect_records(
+        rest.collect(engine="streaming").iter_rows(),
+        known_hosts=fast_procs["host"].to_list(),
+        out=records,
     )
+    # Creation order matters to identity: file order, whichever reader took the line.
+    records.comm_events.sort(key=lambda e: (e[0][0], e[1]))
     add_connection_lines(records, conns)
     add_plain_info_lines(records, plain)
     records.fast_calls.update(scan.coll_lines)

@@ -28,7 +28,14 @@ from ncclscope.parsers.nccl.lines import (
     parse_line,
     transport_name,
 )
-from ncclscope.parsers.nccl.records import LineRecords, add_connection_lines, connection_lines
+from ncclscope.parsers.nccl.records import (
+    LineRecords,
+    add_connection_lines,
+    add_info_messages,
+    collect_records,
+    connection_lines,
+    info_messages,
+)
 from ncclscope.parsers.nccl.scan import ScanTarget, scan_inputs, sniff_offsets
 
 H = "node-a:4411:4411 [1] NCCL INFO "
@@ -473,3 +480,48 @@ def test_vectorised_connection_lines_agree_with_reference() -> None:
         assert ref.body == conn
     # the line with a colour code in front of the host is left to the reference parser
     assert len(texts) not in table["line_no"].to_list()
+
+
+def test_info_messages_read_in_polars_give_the_reference_records() -> None:
+    """Headers read in polars and messages by the families give what the whole
+    reference parser gives, line for line, on every fixture line."""
+    texts = _fixture_lines()
+    texts += [
+        "[default1]:[2025-03-14 09:00:00.1] node-a:4411:4412 [1] NCCL INFO comm 0x55d4f0 "
+        "rank 3 nranks 8 cudaDev 1 busId 2000 commId 0xabc12 - Init COMPLETE",
+        "x\x1b[0mnode-a:1:1 [0] NCCL INFO comm 0x1 rank 0 nranks 2 cudaDev 0 - Init START",
+        "node-a:1:1 [0] NCCL INFO AllReduce: opCount 1 sendbuff 0x1 recvbuff 0x2 count 8 "
+        "datatype 7 op 0 root 0 comm 0x3 [nranks=2] stream 0x4",
+        "node-a:1:1 [0] NCCL INFO transport/net.cc:1286 -> 6",
+    ]
+    rows = [(0, k + 1, 2, t, len(t)) for k, t in enumerate(texts)]
+    want = collect_records(rows)
+    frame = pl.DataFrame(
+        rows, schema=["file_id", "i", "kind", "text", "n_chars"], orient="row"
+    ).with_columns(pl.col("file_id", "i").cast(pl.UInt32))
+    got = LineRecords()
+    messages = info_messages(frame.lazy())
+    done = add_info_messages(got, messages)
+    assert done.height > 200  # most init lines of the fixtures
+    rest = frame.join(done, on=["file_id", "i"], how="anti").sort("i")
+    collect_records(rest.iter_rows(), out=got)
+    got.comm_events.sort(key=lambda e: (e[0][0], e[1]))
+    for name in (
+        "comm_events",
+        "versions",
+        "rank_hints",
+        "colls",
+        "env",
+        "hosts",
+        "networks",
+        "procs",
+        "unparsed",
+        "parsed",
+        "header_lines",
+        "header_lines_with_ts",
+    ):
+        assert getattr(got, name) == getattr(want, name), name
+    assert sorted(got.layouts, key=repr) == sorted(want.layouts, key=repr)
+    assert [(g.proc, g.line_no, g.message, g.chain) for g in got.errors] == [
+        (g.proc, g.line_no, g.message, g.chain) for g in want.errors
+    ]

@@ -547,6 +547,15 @@ _FAMILY = dict(INFO_FAMILIES)
 _OTHER_WORD = ("chain", "comm_event", "env")  # "ncclCommInitRank comm ...", "NCCL_IB_HCA ..."
 
 
+def classify_info(msg: str) -> tuple[str, Record]:
+    """The family and record of an INFO message (the text after ``NCCL INFO ``).
+
+    >>> classify_info("Using network IB")
+    ('info', Message(text='Using network IB'))
+    """
+    return _classify("INFO", msg)
+
+
 def _classify(level: str, msg: str) -> tuple[str, Record]:
     if level == "WARN":
         return "warn", Message(msg.strip())

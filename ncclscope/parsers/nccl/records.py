@@ -26,7 +26,9 @@ from ncclscope.parsers.nccl.lines import (
     NodeLayout,
     ParsedLine,
     RankHint,
+    Record,
     Version,
+    classify_info,
     parse_line,
     transport_name,
 )
@@ -136,7 +138,9 @@ class LineRecords:
 
 
 def collect_records(
-    rows: Iterable[tuple[int, int, int, str | None, int]], known_hosts: Iterable[str] = ()
+    rows: Iterable[tuple[int, int, int, str | None, int]],
+    known_hosts: Iterable[str] = (),
+    out: LineRecords | None = None,
 ) -> LineRecords:
     """Parse the text-store rows ``(file_id, line_no, kind, text, n_chars)`` in file order.
 
@@ -144,8 +148,9 @@ def collect_records(
     others are counted by reason (blank, other text, binary, too long) the same way.
     ``known_hosts`` are host names seen on intact lines elsewhere (the fast COLL path);
     they repair the host of a spliced line, whose host may carry the other write's tail.
+    Records are added to ``out`` when given.
     """
-    out = LineRecords()
+    out = LineRecords() if out is None else out
     open_groups: dict[tuple[ProcKey, int], ErrorGroup] = {}
     fast_hosts = set(known_hosts)
     for file_id, line_no, kind, text, n_chars in rows:
@@ -208,23 +213,8 @@ def _take(
         out.header_lines_with_ts += 1
     if isinstance(body, Coll):
         out.colls.append((proc, line_no, header.tid, body, parsed.ts))
-    elif isinstance(body, CommEvent):
-        out.comm_events.append((proc, line_no, body))
-    elif isinstance(body, NodeLayout):
-        out.layouts.append((proc, body))
-    elif isinstance(body, Connection):
-        out.connections.append((proc, line_no, body))
-    elif isinstance(body, RankHint):
-        out.rank_hints.setdefault(proc, Counter())[body.rank] += 1
-    elif isinstance(body, Version):
-        out.versions.append((file_id, header.host, header.pid, body))
-    elif isinstance(body, EnvSetting):
-        out.env.setdefault(body.name, set()).add(body.value)
     elif isinstance(body, Chain):
         _chain(out, proc, header.tid, header.dev, line_no, body, parsed.ts, open_groups)
-    elif isinstance(body, Message) and parsed.kind == "info":
-        if body.text.startswith("Using network "):
-            out.networks.add(body.text.removeprefix("Using network ").strip())
     elif isinstance(body, Message) and parsed.kind in ("warn", "ras"):
         key = (proc, header.tid)
         group = open_groups.get(key)
@@ -242,6 +232,27 @@ def _take(
         group.last_line = line_no
         open_groups[key] = group
         out.errors.append(group)
+    else:
+        _take_plain(out, proc, line_no, parsed.kind, body)
+
+
+def _take_plain(out: LineRecords, proc: ProcKey, line_no: int, kind: str, body: Record) -> None:
+    """Record a body that needs neither the line's time nor its thread's state."""
+    if isinstance(body, CommEvent):
+        out.comm_events.append((proc, line_no, body))
+    elif isinstance(body, NodeLayout):
+        out.layouts.append((proc, body))
+    elif isinstance(body, Connection):
+        out.connections.append((proc, line_no, body))
+    elif isinstance(body, RankHint):
+        out.rank_hints.setdefault(proc, Counter())[body.rank] += 1
+    elif isinstance(body, Version):
+        out.versions.append((proc[0], proc[1], proc[2], body))
+    elif isinstance(body, EnvSetting):
+        out.env.setdefault(body.name, set()).add(body.value)
+    elif isinstance(body, Message) and kind == "info":
+        if body.text.startswith("Using network "):
+            out.networks.add(body.text.removeprefix("Using network ").strip())
 
 
 def _chain(
@@ -391,3 +402,68 @@ def add_plain_info_lines(out: LineRecords, plain: pl.DataFrame) -> None:
         out.parsed[file_id] += n
     out.header_lines += plain.height
     out.header_lines_with_ts += int(plain["has_ts"].sum())
+
+
+#: Header and message of a single-header INFO line, for ``info_messages``.
+_INFO_MSG = (
+    r"^(?P<pre>[^\r\x1b]*?)(?P<host>[A-Za-z0-9_<>.%/-]+):(?P<pid>[0-9]+):[0-9]+ "
+    r"\[-?[0-9]+\] NCCL INFO ?(?P<msg>[^\r\x1b]*)$"
+)
+#: Families whose records need the line's time or its thread's open error group: these
+#: go through the whole reference parser.
+_TIMED_KINDS = frozenset({"coll", "chain", "ras", "warn"})
+
+
+def info_messages(nccl_lines: pl.LazyFrame) -> pl.DataFrame:
+    """Single-header INFO lines with their header read in polars (``file_id``, ``i``,
+    ``host``, ``pid``, ``has_ts``, ``msg``).
+
+    A 1,024-rank job prints ~15 init lines per rank (Init START/COMPLETE, nNodes,
+    Trees, environment): reading their headers here and only their messages in Python
+    (``add_info_messages``) costs a quarter of the whole reference parser.
+    """
+    text = pl.col("text")
+    return (
+        nccl_lines.filter(
+            (pl.col("n_chars") <= TOO_LONG_CHARS)
+            & (text.str.count_matches(" NCCL ", literal=True) == 1)
+        )
+        .select("file_id", "i", text.str.extract_groups(_INFO_MSG).alias("m"))
+        .unnest("m")
+        .filter(pl.col("host").is_not_null())
+        .select(
+            "file_id",
+            "i",
+            "host",
+            pl.col("pid").cast(pl.Int32),
+            pl.col("pre").str.contains(_TS_TAIL).alias("has_ts"),
+            "msg",
+        )
+        .collect(engine="streaming")
+    )
+
+
+def add_info_messages(out: LineRecords, messages: pl.DataFrame) -> pl.DataFrame:
+    """Record the messages of ``info_messages`` as ``_take`` would; returns the
+    ``(file_id, i)`` of those recorded.  The others (a COLL line the field reader
+    left, a return-code chain) need the whole reference parser."""
+    done_files: list[int] = []
+    done_lines: list[int] = []
+    with_ts = 0
+    for file_id, line_no, host, pid, has_ts, msg in messages.iter_rows():
+        kind, body = classify_info(msg)
+        if kind in _TIMED_KINDS:
+            continue
+        proc: ProcKey = (file_id, host, pid)
+        _take_plain(out, proc, line_no, kind, body)
+        out.parsed[file_id] += 1
+        out.procs.add(proc)
+        out.hosts.add(host)
+        with_ts += has_ts
+        done_files.append(file_id)
+        done_lines.append(line_no)
+    out.header_lines += len(done_lines)
+    out.header_lines_with_ts += with_ts
+    return pl.DataFrame(
+        {"file_id": done_files, "i": done_lines}, schema={"file_id": pl.UInt32, "i": pl.UInt32}
+    )
