@@ -3,9 +3,10 @@
 
 Each case is generated once by `ncclscope synth` (cached under --work), then timed:
 the baseline `grep -c 'NCCL INFO' FILES...` and `ncclscope analyze FILES --format json`,
-each --runs times, in this same process run, on the same (page-cached) files.  Wall time
-is the median; peak RSS is the child's maximum resident set (os.wait4), the largest of
-the runs.  Prints a Markdown table; `--json` also writes the raw numbers.
+--runs rounds with the cases interleaved, on the same (page-cached) files.  Wall time is
+the median; "vs first" is each case's MB/s over the first case's, round by round, then
+the median; peak RSS is the child's maximum resident set (os.wait4), the largest of the
+rounds.  Prints a Markdown table; `--json` also writes the raw numbers.
 
 Usage:
     .venv/bin/python benchmarks/bench_analyze.py                  # all cases (~10 min)
@@ -97,48 +98,64 @@ def _generate(case: Case, work: Path) -> Path:
     return folder
 
 
-def measure(case: Case, work: Path, runs: int) -> dict[str, object]:
-    """Time grep and ncclscope on one case; return the numbers."""
-    files = _files(_generate(case, work))
-    size = sum(os.path.getsize(f) for f in files)
+def _commands(files: list[str]) -> tuple[list[str], list[str]]:
     grep = ["grep", "-c", "NCCL INFO", *files]
-    analyze = [
-        sys.executable,
-        "-m",
-        "ncclscope",
-        "analyze",
-        *files,
-        "--format",
-        "json",
-        "--no-progress",
-        "-o",
-        os.devnull,
-    ]
-    g_times, a_times, a_rss = [], [], []
+    analyze = [sys.executable, "-m", "ncclscope", "analyze", *files]
+    return grep, [*analyze, "--format", "json", "--no-progress", "-o", os.devnull]
+
+
+def measure(cases: list[Case], work: Path, runs: int) -> list[dict[str, object]]:
+    """Time grep and ncclscope on each case, ``runs`` rounds, cases interleaved.
+
+    Interleaving matters on a shared machine whose speed drifts by 20% over minutes:
+    every round measures every case, so a slow minute slows all cases alike, and the
+    per-round throughput against the first case cancels the drift.
+    """
+    files = {c.name: _files(_generate(c, work)) for c in cases}
+    g_times: dict[str, list[float]] = {c.name: [] for c in cases}
+    a_times: dict[str, list[float]] = {c.name: [] for c in cases}
+    a_rss: dict[str, list[int]] = {c.name: [] for c in cases}
     for _ in range(runs):
-        # The kernel here reclaims idle page cache within minutes (DAMON), so read the
-        # files right before each pair: both commands then find them in memory.
-        _run(["cat", *files])
-        wall, _rss, _code = _run(grep)
-        g_times.append(wall)
-        wall, rss, code = _run(analyze)
-        if code != 0:
-            raise SystemExit(f"{case.name}: ncclscope exited {code}")
-        a_times.append(wall)
-        a_rss.append(rss)
-    g, a = statistics.median(g_times), statistics.median(a_times)
-    return {
-        "case": case.name,
-        "what": case.what,
-        "files": len(files),
-        "size_bytes": size,
-        "grep_s": round(g, 3),
-        "ncclscope_s": round(a, 3),
-        "ratio": round(a / g, 1),
-        "ncclscope_mb_per_s": round(size / a / 1e6),
-        "peak_rss_mb": round(max(a_rss) / 1e6),
-        "runs": runs,
-    }
+        for case in cases:
+            grep, analyze = _commands(files[case.name])
+            # The kernel here reclaims idle page cache within minutes (DAMON), so read
+            # the files right before each pair: both commands then find them in memory.
+            _run(["cat", *files[case.name]])
+            wall, _rss, _code = _run(grep)
+            g_times[case.name].append(wall)
+            wall, rss, code = _run(analyze)
+            if code != 0:
+                raise SystemExit(f"{case.name}: ncclscope exited {code}")
+            a_times[case.name].append(wall)
+            a_rss[case.name].append(rss)
+    first = cases[0].name
+    sizes = {name: sum(os.path.getsize(f) for f in fs) for name, fs in files.items()}
+    results: list[dict[str, object]] = []
+    for case in cases:
+        name = case.name
+        g, a = statistics.median(g_times[name]), statistics.median(a_times[name])
+        # throughput against the first case, round by round
+        relative = [
+            (sizes[name] / mine) / (sizes[first] / base)
+            for mine, base in zip(a_times[name], a_times[first], strict=True)
+        ]
+        results.append(
+            {
+                "case": name,
+                "what": case.what,
+                "files": len(files[name]),
+                "size_bytes": sizes[name],
+                "grep_s": round(g, 3),
+                "ncclscope_s": round(a, 3),
+                "ncclscope_s_all": [round(t, 3) for t in a_times[name]],
+                "ratio": round(a / g, 1),
+                "ncclscope_mb_per_s": round(sizes[name] / a / 1e6),
+                "throughput_vs_first": round(statistics.median(relative), 2),
+                "peak_rss_mb": round(max(a_rss[name]) / 1e6),
+                "runs": runs,
+            }
+        )
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,20 +167,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write the numbers here")
     args = parser.parse_args(argv)
     wanted = args.cases.split(",")
-    results = [measure(c, args.work, args.runs) for c in CASES if c.name in wanted]
-    print(f"`nproc` = {os.cpu_count()}; median of {args.runs} runs; same files, page cache warm;")
+    results = measure([c for c in CASES if c.name in wanted], args.work, args.runs)
+    print(
+        f"`nproc` = {os.cpu_count()}; median of {args.runs} rounds, cases interleaved; "
+        "same files, page cache warm;"
+    )
     print(
         "grep = `grep -c 'NCCL INFO' FILES...`, ncclscope = `ncclscope analyze FILES... "
-        "--format json`."
+        "--format json`; vs first = MB/s against the first case, median of the rounds."
     )
     print()
-    print("| case | files | size | grep -c s | ncclscope s | ratio | ncclscope MB/s | peak RSS |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print(
+        "| case | files | size | grep -c s | ncclscope s | ratio | ncclscope MB/s "
+        "| vs first | peak RSS |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         print(
             f"| {r['case']} | {r['files']} | {int(r['size_bytes']) / 2**30:.2f} GiB "  # type: ignore[call-overload]
             f"| {r['grep_s']} | {r['ncclscope_s']} | {r['ratio']}x | {r['ncclscope_mb_per_s']} "
-            f"| {r['peak_rss_mb']} MB |"
+            f"| {r['throughput_vs_first']} | {r['peak_rss_mb']} MB |"
         )
     by_name = {r["case"]: r for r in results}
     if "c64-1g" in by_name and "c64-4g" in by_name:
