@@ -326,19 +326,28 @@ def _comm_event(msg: str) -> Record | None:
     m = pat.COMM_EVENT_RE.match(msg)
     if not m:
         return None
-    kv = dict(pat.KV_RE.findall(m["kv"]))
+    return comm_event_from(
+        m["fn"], m["comm"], m["rank"], m["nranks"], m["kv"], m["event"], m["phase"]
+    )
+
+
+def comm_event_from(
+    fn: str | None, comm: str, rank: str, nranks: str, kv: str, event: str, phase: str
+) -> CommEvent:
+    """The record of ``COMM_EVENT_RE``'s groups (matched here or in polars)."""
+    pairs = dict(pat.KV_RE.findall(kv))
     return CommEvent(
-        comm=m["comm"].lower(),
-        rank=int(m["rank"]),
-        nranks=int(m["nranks"]),
-        event=m["event"],
-        phase=m["phase"],
-        fn=m["fn"],
-        cuda_dev=_int_or_none(kv.get("cudaDev")),
-        nvml_dev=_int_or_none(kv.get("nvmlDev")),
-        bus_id=kv.get("busId", "").lower() or None,
-        comm_id=kv.get("commId", "").lower() or None,
-        parent=kv.get("parent"),
+        comm=comm.lower(),
+        rank=int(rank),
+        nranks=int(nranks),
+        event=event,
+        phase=phase,
+        fn=fn,
+        cuda_dev=_int_or_none(pairs.get("cudaDev")),
+        nvml_dev=_int_or_none(pairs.get("nvmlDev")),
+        bus_id=pairs.get("busId", "").lower() or None,
+        comm_id=pairs.get("commId", "").lower() or None,
+        parent=pairs.get("parent"),
     )
 
 

@@ -29,10 +29,11 @@ from ncclscope.parsers.nccl.lines import (
     Record,
     Version,
     classify_info,
+    comm_event_from,
     parse_line,
     transport_name,
 )
-from ncclscope.parsers.nccl.patterns import BINARY_RE
+from ncclscope.parsers.nccl.patterns import BINARY_RE, COMM_EVENT_RE
 from ncclscope.schema import CONNECTIONS_SCHEMA, LINE_KIND
 
 __all__ = [
@@ -438,6 +439,8 @@ def info_messages(nccl_lines: pl.LazyFrame) -> pl.DataFrame:
             pl.col("pid").cast(pl.Int32),
             pl.col("pre").str.contains(_TS_TAIL).alias("has_ts"),
             "msg",
+            # the most common init line, matched here rather than one by one
+            pl.col("msg").str.extract_groups(COMM_EVENT_RE.pattern).alias("ev"),
         )
         .collect(engine="streaming")
     )
@@ -450,8 +453,13 @@ def add_info_messages(out: LineRecords, messages: pl.DataFrame) -> pl.DataFrame:
     done_files: list[int] = []
     done_lines: list[int] = []
     with_ts = 0
-    for file_id, line_no, host, pid, has_ts, msg in messages.iter_rows():
-        kind, body = classify_info(msg)
+    for file_id, line_no, host, pid, has_ts, msg, ev in messages.iter_rows():
+        kind: str
+        body: Record
+        if ev["comm"] is not None:
+            kind, body = "comm_event", comm_event_from(**ev)
+        else:
+            kind, body = classify_info(msg)
         if kind in _TIMED_KINDS:
             continue
         proc: ProcKey = (file_id, host, pid)
