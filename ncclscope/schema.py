@@ -17,14 +17,21 @@ if TYPE_CHECKING:
 __all__ = [
     "COLLECTIVES_SCHEMA",
     "COLL_STORE_SCHEMA",
+    "COMMS_SCHEMA",
     "COMMUNICATORS_SCHEMA",
     "CONNECTIONS_SCHEMA",
     "ERRORS_SCHEMA",
+    "FAILURES_SCHEMA",
     "INPUTS_SCHEMA",
     "LINE_KIND",
     "MEMBERS_SCHEMA",
+    "MEMORY_SCHEMA",
     "RANKS_SCHEMA",
     "TEXT_STORE_SCHEMA",
+    "THROUGHPUT_SCHEMA",
+    "TIMEOUTS_SCHEMA",
+    "TIMERS_SCHEMA",
+    "TORCH_EVENTS_SCHEMA",
     "TS",
     "SchemaMismatchError",
     "validate",
@@ -198,6 +205,144 @@ ERRORS_SCHEMA = _schema(
         "chain": pl.List(pl.String),  # the `file:line -> code` lines that followed
         "code": pl.Int32,  # the ncclResult_t the chain returned, when seen
         "ts": TS,
+    }
+)
+
+
+# --- PyTorch and DeepSpeed tables (issue #3).  ``file_id``/``line_no`` point at the
+# line in the inputs; ``ts`` is UTC; ``ts_source`` is "logger" (a framework header with a
+# full date), "logger_no_year" (a glog header: month and day only, year taken from
+# another line or the file's time), or "none".
+
+#: One row per PyTorch watchdog timeout line (or a lone ``Timeout at NCCL work: N``).
+TIMEOUTS_SCHEMA = _schema(
+    {
+        "file_id": pl.UInt32,
+        "line_no": pl.UInt32,
+        "host": pl.String,  # pdsh / launcher host where printed
+        "global_rank": pl.Int32,  # the ``[rankG]:`` prefix
+        "rank": pl.Int32,  # the ``[Rank r]`` inside the message: rank in the PG
+        "pg": pl.String,  # process group id/uid as printed (``0``, ``1``), null if absent
+        "pg_desc": pl.String,  # ``default_pg`` and the like
+        "seq": pl.Int64,  # SeqNum (or the work number of ``Timeout at NCCL work``)
+        "op": pl.String,  # OpType as printed: _ALLGATHER_BASE, ALLREDUCE, ...
+        "numel_in": pl.Int64,  # null when absent or the 2^64-1 sentinel
+        "numel_out": pl.Int64,
+        "timeout_s": pl.Float64,
+        "ran_for_s": pl.Float64,
+        "last_enqueued": pl.Int64,  # from the companion "last enqueued ... work" line
+        "last_completed": pl.Int64,
+        "ts": TS,
+        "ts_source": pl.String,
+    }
+)
+
+#: One row per process failure: torchelastic's ChildFailedError summary entries and
+#: the agent's ``failed (exitcode: N) local_rank: L (pid: P)`` lines.
+FAILURES_SCHEMA = _schema(
+    {
+        "file_id": pl.UInt32,
+        "line_no": pl.UInt32,
+        "host": pl.String,
+        "rank": pl.Int32,  # global rank (``[13]:`` / ``rank : 13``)
+        "local_rank": pl.Int32,
+        "pid": pl.Int32,
+        "exitcode": pl.Int32,
+        "signal": pl.String,  # SIGABRT for exitcode -6, from the traceback line or the code
+        "root_cause": pl.Boolean,  # listed under "Root Cause (first observed failure)"
+        "source": pl.String,  # summary | agent
+        "ts": TS,
+        "ts_source": pl.String,
+    }
+)
+
+#: Other PyTorch distributed events: heartbeat monitor, watchdog stuck/terminated,
+#: desync reports, ``NCCL error ... Last error:`` lines, exceptions.
+TORCH_EVENTS_SCHEMA = _schema(
+    {
+        "file_id": pl.UInt32,
+        "line_no": pl.UInt32,
+        "host": pl.String,
+        "global_rank": pl.Int32,
+        "rank": pl.Int32,  # rank in the PG where printed
+        "pg": pl.String,
+        # heartbeat_timeout | watchdog_stuck | watchdog_terminated | desync_timeout |
+        # desync_lagging | nccl_error | exception | closing_signal | work_status
+        "kind": pl.String,
+        "seq": pl.Int64,
+        "op": pl.String,
+        "ranks": pl.List(pl.Int32),  # desync: the lagging ranks named
+        "value": pl.Int64,  # outstanding works (heartbeat), seconds (stuck), ...
+        "message": pl.String,
+        "ts": TS,
+        "ts_source": pl.String,
+    }
+)
+
+#: One row per timer value of a DeepSpeed ``time (ms) | name: value | ...`` line.
+TIMERS_SCHEMA = _schema(
+    {
+        "file_id": pl.UInt32,
+        "line_no": pl.UInt32,
+        "rank": pl.Int32,  # the [Rank N] / rank=N that printed it (rank 0 in practice)
+        "step": pl.Int64,  # the global step where known
+        "name": pl.String,  # normalised to DeepSpeed >= 0.10.1 names (fwd, bwd_inner, ...)
+        "name_printed": pl.String,
+        "duration_s": pl.Float64,
+        "ts": TS,
+        "ts_source": pl.String,
+    }
+)
+
+#: One row per DeepSpeed throughput line.
+THROUGHPUT_SCHEMA = _schema(
+    {
+        "file_id": pl.UInt32,
+        "line_no": pl.UInt32,
+        "epoch": pl.Int64,
+        "micro_step": pl.Int64,
+        "global_step": pl.Int64,
+        "samples_per_s": pl.Float64,  # current
+        "avg_samples_per_s": pl.Float64,  # running average
+        "mem_allocated_bytes": pl.Int64,
+        "max_mem_allocated_bytes": pl.Int64,
+        "ts": TS,
+        "ts_source": pl.String,
+    }
+)
+
+#: One row per DeepSpeed ``see_memory_usage`` report (its three lines joined).
+MEMORY_SCHEMA = _schema(
+    {
+        "file_id": pl.UInt32,
+        "line_no": pl.UInt32,  # the MA line
+        "label": pl.String,  # the message logged before the figures
+        "allocated_bytes": pl.Int64,  # MA
+        "max_allocated_bytes": pl.Int64,  # Max_MA
+        "cached_bytes": pl.Int64,  # CA
+        "max_cached_bytes": pl.Int64,  # Max_CA
+        "cpu_used_bytes": pl.Int64,
+        "cpu_percent": pl.Float64,
+        "ts": TS,
+        "ts_source": pl.String,
+    }
+)
+
+#: One row per DeepSpeed comms-logger record: a summary-table row or a verbose call.
+COMMS_SCHEMA = _schema(
+    {
+        "file_id": pl.UInt32,
+        "line_no": pl.UInt32,
+        "source": pl.String,  # summary | call
+        "op": pl.String,  # all_gather_into_tensor, ...
+        "msg_size_bytes": pl.Int64,
+        "count": pl.Int64,  # calls (summary); 1 (call)
+        "latency_s": pl.Float64,  # average (summary) or this call's
+        "total_latency_s": pl.Float64,
+        "algbw_bytes_per_s": pl.Float64,
+        "busbw_bytes_per_s": pl.Float64,
+        "ts": TS,
+        "ts_source": pl.String,
     }
 )
 
