@@ -1,0 +1,1 @@
+"""PyTorch distributed (c10d ProcessGroupNCCL) and torchelastic log parsing."""
