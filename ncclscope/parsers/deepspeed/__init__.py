@@ -1,0 +1,1 @@
+"""DeepSpeed log parsing: timers, throughput, memory, comms logger and engine configuration."""
