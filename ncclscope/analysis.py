@@ -15,6 +15,7 @@ from typing import BinaryIO
 
 import polars as pl
 
+from ncclscope.parsers.frameworks import FrameworkTables, mtime_years, read_frameworks
 from ncclscope.parsers.nccl import errors as nccl_errors
 from ncclscope.parsers.nccl.collectives import (
     CollSummary,
@@ -87,6 +88,7 @@ class Analysis:
     summary: CollSummary | None
     timestamps: str  # none | partial | full
     env: dict[str, list[str]]
+    frameworks: FrameworkTables = field(default_factory=FrameworkTables)
     gaps: list[Gap] = field(default_factory=list)
     workdir: Path | None = None
 
@@ -120,10 +122,17 @@ def run_analysis(
     report("scan", total_bytes, total_bytes)
     n_lines = scan.n_lines if scan is not None else {}
 
+    frameworks = FrameworkTables()
     if scan is not None:
         records = _records(scan)
         lines = coll_lines(scan.coll, records)
         procs, stats = _process_stats(lines, scan.tokens, records)
+        frameworks = read_frameworks(
+            scan.text_store,
+            year_hint=lambda: _nccl_year(lines, records),
+            file_years=mtime_years({t.file_id: t.path for t in targets}),
+        )
+        _account_frameworks(records, frameworks)
     else:
         records = LineRecords()
         lines = None
@@ -159,6 +168,7 @@ def run_analysis(
         summary=summary,
         timestamps=_timestamps(records, summary),
         env={k: sorted(v) for k, v in sorted(records.env.items())},
+        frameworks=frameworks,
         workdir=workdir,
     )
     analysis.gaps = _gaps(analysis, records)
@@ -171,7 +181,13 @@ def _records(scan: Scan) -> LineRecords:
     through the reference parser; plus the per-file count of fast COLL lines."""
     # Host names seen on intact COLL lines, to repair spliced lines' hosts.
     fast_procs = proc_table(scan.tokens)
-    nccl_lines = pl.scan_parquet(scan.text_store).filter(pl.col("kind") == LINE_KIND["nccl"])
+    # Read once: four readers below go over these lines (init output: ~100 per rank).
+    nccl_lines = (
+        pl.scan_parquet(scan.text_store)
+        .filter(pl.col("kind") == LINE_KIND["nccl"])
+        .collect(engine="streaming")
+        .lazy()
+    )
     conns = connection_lines(nccl_lines)
     plain = plain_info_lines(nccl_lines)
     done = pl.concat([conns.select("file_id", "i"), plain.select("file_id", "i")])
@@ -191,6 +207,28 @@ def _records(scan: Scan) -> LineRecords:
     records.fast_calls.update(scan.coll_lines)
     _count_other_lines(scan.text_store, records)
     return records
+
+
+def _nccl_year(lines: pl.LazyFrame, records: LineRecords) -> int | None:
+    """A year from NCCL's own timestamps (for PyTorch's year-less glog times)."""
+    for group in records.errors:
+        if group.ts is not None:
+            return group.ts.year
+    first = lines.select(pl.col("ts").drop_nulls().first()).collect(engine="streaming").item()
+    return first.year if first is not None else None
+
+
+def _account_frameworks(records: LineRecords, frameworks: FrameworkTables) -> None:
+    """Lines the PyTorch and DeepSpeed parsers used were counted as other text."""
+    for file_id, n in frameworks.parsed.items():
+        records.parsed[file_id] += n
+        records.unparsed.setdefault(file_id, Counter())["other"] -= n
+    for file_id, (n, first) in frameworks.malformed.items():
+        counts = records.unparsed.setdefault(file_id, Counter())
+        counts["other"] -= n
+        counts["malformed"] += n
+        firsts = records.first_bad.setdefault(file_id, {})
+        firsts["malformed"] = min(firsts.get("malformed", first), first)
 
 
 def _process_stats(

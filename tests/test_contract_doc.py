@@ -35,7 +35,7 @@ DOC = REPO / "docs" / "json-contract.md"
 CASES = sorted(p.name for p in (REPO / "fixtures").iterdir() if p.is_dir())
 
 #: Objects whose keys are data, not field names: documented as a whole.
-OPEN_MAPS = frozenset({"job.env", "collectives.by_op"})
+OPEN_MAPS = frozenset({"job.env", "collectives.by_op", "timers"})
 #: Objects whose keys are documented one by one but appear only when their value is non-zero.
 SPARSE_MAPS = frozenset({"inputs[].unparsed_by_reason"})
 

@@ -6,6 +6,8 @@ have a defined order so that consumers (and tests) can compare them.
 
 from __future__ import annotations
 
+import math
+import statistics
 from typing import Any
 
 import polars as pl
@@ -30,6 +32,9 @@ def to_json_dict(analysis: Analysis) -> dict[str, Any]:
         "job": _job(analysis),
         "collectives": _collectives(analysis),
         "errors": _errors(analysis),
+        "timeouts": _timeouts(analysis),
+        "failures": _failures(analysis),
+        "timers": _timers(analysis),
         "gaps": [{"what": g.what, "settings": list(g.settings)} for g in analysis.gaps],
         "findings": [],
     }
@@ -53,6 +58,8 @@ def _inputs(analysis: Analysis) -> list[dict[str, Any]]:
 
 def _job(analysis: Analysis) -> dict[str, Any]:
     ident = analysis.identity
+    fw = analysis.frameworks
+    timeout_s, timeout_source = fw.timeout
     ranks = [
         {
             "rank": r["rank"],
@@ -88,7 +95,103 @@ def _job(analysis: Analysis) -> dict[str, Any]:
         "networks": analysis.networks,
         "timestamps": analysis.timestamps,
         "env": analysis.env,
+        "zero": _zero(analysis),
+        "timeout_s": timeout_s,
+        "timeout_source": timeout_source,
+        "frameworks": {
+            "torch": {"seen": fw.torch_seen, "version": fw.torch_version},
+            "deepspeed": {"seen": fw.deepspeed_seen, "version": fw.deepspeed_version},
+        },
     }
+
+
+def _zero(analysis: Analysis) -> dict[str, Any] | None:
+    zero = analysis.frameworks.zero
+    if zero is None:
+        return None
+    return {
+        "stage": zero.stage,
+        "offload_optimizer": zero.offload_optimizer,
+        "offload_param": zero.offload_param,
+        "overlap_comm": zero.overlap_comm,
+        "reduce_bucket_size": zero.reduce_bucket_size,
+        "allgather_bucket_size": zero.allgather_bucket_size,
+    }
+
+
+def _line(analysis: Analysis, file_id: int, line_no: int) -> dict[str, Any]:
+    return {"path": analysis.paths[file_id], "line_no": line_no}
+
+
+def _timeouts(analysis: Analysis) -> list[dict[str, Any]]:
+    """One entry per (pg, rank, seq): the first line that reported it."""
+    table = (
+        analysis.frameworks.timeouts.sort("file_id", "line_no")
+        .unique(["pg", "rank", "seq"], keep="first", maintain_order=True)
+        .sort("pg", "seq", "rank", nulls_last=True)
+    )
+    return [
+        {
+            "rank": r["rank"],
+            "global_rank": r["global_rank"],
+            "pg": r["pg"],
+            "seq": r["seq"],
+            "op": r["op"],
+            "numel_in": r["numel_in"],
+            "numel_out": r["numel_out"],
+            "timeout_s": r["timeout_s"],
+            "ran_for_s": r["ran_for_s"],
+            "host": r["host"],
+            "last_enqueued": r["last_enqueued"],
+            "last_completed": r["last_completed"],
+            "first_line": _line(analysis, r["file_id"], r["line_no"]),
+        }
+        for r in table.iter_rows(named=True)
+    ]
+
+
+def _failures(analysis: Analysis) -> list[dict[str, Any]]:
+    """torchelastic's summary entries; an agent ``failed (exitcode: ..)`` line only for a
+    process the summary does not list (a log cut before the summary)."""
+    failures = analysis.frameworks.failures
+    summary = failures.filter(pl.col("source") == "summary")
+    agent = failures.filter(
+        (pl.col("source") != "summary")
+        & ~pl.col("pid").is_in(summary["pid"].drop_nulls().implode())
+    ).unique(["host", "pid"], keep="first", maintain_order=True)
+    table = pl.concat([summary, agent]).sort(
+        "rank", "local_rank", "file_id", "line_no", nulls_last=True
+    )
+    return [
+        {
+            "host": r["host"],
+            "rank": r["rank"],
+            "local_rank": r["local_rank"],
+            "pid": r["pid"],
+            "exitcode": r["exitcode"],
+            "signal": r["signal"],
+            "root_cause": r["root_cause"],
+            "source": r["source"],
+            "first_line": _line(analysis, r["file_id"], r["line_no"]),
+        }
+        for r in table.iter_rows(named=True)
+    ]
+
+
+def _timers(analysis: Analysis) -> dict[str, dict[str, Any]]:
+    """Per normalised timer name: count, median and p95 (nearest rank) in seconds."""
+    out: dict[str, dict[str, Any]] = {}
+    timers = analysis.frameworks.timers
+    for (name,), part in timers.group_by("name"):
+        values = sorted(part["duration_s"].drop_nulls().to_list())
+        if not values:
+            continue
+        out[str(name)] = {
+            "count": len(values),
+            "median_s": round(statistics.median(values), 6),
+            "p95_s": round(values[math.ceil(0.95 * len(values)) - 1], 6),
+        }
+    return dict(sorted(out.items()))
 
 
 def _collectives(analysis: Analysis) -> dict[str, Any]:

@@ -23,8 +23,13 @@ def render_text(analysis: Analysis, *, doc: dict[str, Any] | None = None) -> str
     out: list[str] = []
     _header(out, doc)
     _job(out, doc)
-    _collectives(out, doc)
-    _errors(out, doc)
+    _framework(out, doc)
+    _timeouts(out, doc)
+    _failures(out, doc)
+    if _has_nccl(doc):
+        _collectives(out, doc)
+        _errors(out, doc)
+    _timers(out, doc)
     _gaps(out, doc)
     _inputs(out, doc)
     return "\n".join(out).rstrip() + "\n"
@@ -39,8 +44,20 @@ def _header(out: list[str], doc: dict[str, Any]) -> None:
     out.append("")
 
 
+def _has_nccl(doc: dict[str, Any]) -> bool:
+    job = doc["job"]
+    return bool(
+        job["nccl_versions"] or job["ranks"] or job["hosts"] or doc["collectives"]["calls"]
+    ) or bool(doc["errors"])
+
+
 def _job(out: list[str], doc: dict[str, Any]) -> None:
     job = doc["job"]
+    if not _has_nccl(doc):
+        out.append("JOB")
+        out.append("  no NCCL lines in these logs (NCCL_DEBUG=INFO adds them)")
+        out.append("")
+        return
     versions = ", ".join(job["nccl_versions"]) or "unknown"
     cuda = ", ".join(job["cuda_versions"])
     world = job["world_size"] if job["world_size"] is not None else "unknown"
@@ -159,3 +176,109 @@ def _inputs(out: list[str], doc: dict[str, Any]) -> None:
 
 def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _framework(out: list[str], doc: dict[str, Any]) -> None:
+    job = doc["job"]
+    fw = job["frameworks"]
+    if not (fw["torch"]["seen"] or fw["deepspeed"]["seen"] or job["zero"]):
+        return
+    out.append("FRAMEWORK")
+    seen = []
+    for name, label in (("torch", "PyTorch"), ("deepspeed", "DeepSpeed")):
+        if fw[name]["seen"]:
+            seen.append(label + (f" {fw[name]['version']}" if fw[name]["version"] else ""))
+    out.append(f"  {' · '.join(seen)}")
+    zero = job["zero"]
+    if zero:
+        offload = [
+            f"{what} -> {zero[key]}"
+            for key, what in (("offload_optimizer", "optimizer"), ("offload_param", "params"))
+            if zero[key] not in (None, "none")
+        ]
+        parts = [f"ZeRO stage {zero['stage'] if zero['stage'] is not None else '?'}"]
+        parts.append("offload: " + (", ".join(offload) if offload else "none"))
+        if zero["overlap_comm"] is not None:
+            parts.append(f"overlap_comm {zero['overlap_comm']}")
+        if zero["reduce_bucket_size"]:
+            parts.append(f"reduce bucket {zero['reduce_bucket_size']:,} elements")
+        out.append("  " + " · ".join(parts))
+    if job["timeout_s"] is not None:
+        how = "stated by the logs" if job["timeout_source"] == "logged" else "framework default"
+        out.append(f"  collective timeout: {job['timeout_s']:g} s ({how})")
+    out.append("")
+
+
+def _timeouts(out: list[str], doc: dict[str, Any]) -> None:
+    timeouts = doc["timeouts"]
+    if not timeouts:
+        return
+    out.append("TIMEOUTS (PyTorch watchdog)")
+    groups: dict[tuple[Any, Any, Any], list[dict[str, Any]]] = defaultdict(list)
+    for t in timeouts:
+        groups[(t["pg"], t["seq"], t["op"])].append(t)
+    world = doc["job"]["world_size"]
+    for (pg, seq, op), rows in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+        ranks = sorted({r for r in (_who(t) for t in rows) if r is not None})
+        first = rows[0]["first_line"]
+        where = f"{first['path']}:{first['line_no']}"
+        timeout = rows[0]["timeout_s"]
+        after = f" after {timeout:g} s" if timeout is not None else ""
+        out.append(
+            f"  {op or 'a collective'} #{seq} on PG {pg if pg is not None else '?'}: "
+            f"{len(rows)} rank(s) timed out{after}  ({where})"
+        )
+        if ranks:
+            out.append(f"      waiting: ranks {_ranges(ranks)}")
+        if isinstance(world, int) and ranks and len(ranks) < world:
+            missing = sorted(set(range(world)) - set(ranks))
+            noun = "rank" if len(missing) == 1 else "ranks"
+            out.append(f"      not reporting: {noun} {_ranges(missing)} (suspect: it never joined)")
+    out.append("")
+
+
+def _who(t: dict[str, Any]) -> int | None:
+    rank = t["global_rank"] if t["global_rank"] is not None else t["rank"]
+    return rank if isinstance(rank, int) else None
+
+
+def _failures(out: list[str], doc: dict[str, Any]) -> None:
+    failures = doc["failures"]
+    if not failures:
+        return
+    out.append("PROCESS FAILURES (torchelastic)")
+    for f in failures[:_MAX_ERRORS]:
+        who = f"rank {f['rank']}" if f["rank"] is not None else f"local rank {f['local_rank']}"
+        sig = f" ({f['signal']})" if f["signal"] else ""
+        root = "  <- first observed failure" if f["root_cause"] else ""
+        host = f" on {f['host']}" if f["host"] else ""
+        out.append(f"  {who}{host}: exit code {f['exitcode']}{sig}{root}")
+    if len(failures) > _MAX_ERRORS:
+        out.append(f"  ... {len(failures) - _MAX_ERRORS} more (--format json lists all)")
+    out.append("")
+
+
+def _timers(out: list[str], doc: dict[str, Any]) -> None:
+    timers = doc["timers"]
+    if not timers:
+        return
+    out.append("DEEPSPEED TIMERS (rank 0)")
+    out.append(f"  {'timer':<28} {'count':>7} {'median':>10} {'p95':>10}")
+    for name, t in timers.items():
+        median, p95 = t["median_s"] * 1e3, t["p95_s"] * 1e3
+        out.append(f"  {name:<28} {t['count']:>7,} {median:>8.1f}ms {p95:>8.1f}ms")
+    out.append("")
+
+
+def _ranges(ranks: list[int]) -> str:
+    """``[0, 1, 2, 4, 6, 7]`` -> ``0-2, 4, 6-7``."""
+    parts: list[str] = []
+    start = prev = ranks[0]
+    for r in [*ranks[1:], None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if r is not None:
+            start = prev = r
+    return ", ".join(parts)

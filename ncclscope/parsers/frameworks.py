@@ -1,0 +1,236 @@
+"""PyTorch and DeepSpeed lines of the text store into their tables.
+
+The first pass (``parsers.nccl.scan``) keeps the text of every non-COLL line.  Framework
+lines are a small share of it (rank 0's DeepSpeed timers once per step, watchdog lines at
+the end of a hang), so they are picked in polars by each parser's ``CANDIDATES`` and
+``BLOCK_STARTS`` patterns, and only those lines, with the line after each (hard-wrapped
+messages) and the lines after each block start (the config dump's JSON, the torchelastic
+summary), go through the Python parsers, file by file, in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import polars as pl
+
+from ncclscope.parsers.deepspeed import lines as ds
+from ncclscope.parsers.torch import lines as torch
+from ncclscope.schema import (
+    COMMS_SCHEMA,
+    FAILURES_SCHEMA,
+    LINE_KIND,
+    MEMORY_SCHEMA,
+    THROUGHPUT_SCHEMA,
+    TIMEOUTS_SCHEMA,
+    TIMERS_SCHEMA,
+    TORCH_EVENTS_SCHEMA,
+)
+
+__all__ = ["FrameworkTables", "mtime_years", "read_frameworks"]
+
+#: Process-group timeouts in force when no line states one (grammar T5): DeepSpeed
+#: passes its own 30 min; PyTorch's NCCL default is 10 min from 2.2 (the release that
+#: added the ``[rankN]:`` prefix), 30 min before.
+DEEPSPEED_DEFAULT_TIMEOUT_S = 1800.0
+TORCH_DEFAULT_TIMEOUT_S = 600.0
+TORCH_OLD_DEFAULT_TIMEOUT_S = 1800.0
+
+
+@dataclass
+class FrameworkTables:
+    """What the PyTorch and DeepSpeed parsers read from every input."""
+
+    timeouts: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=TIMEOUTS_SCHEMA))
+    failures: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=FAILURES_SCHEMA))
+    torch_events: pl.DataFrame = field(
+        default_factory=lambda: pl.DataFrame(schema=TORCH_EVENTS_SCHEMA)
+    )
+    timers: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=TIMERS_SCHEMA))
+    throughput: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=THROUGHPUT_SCHEMA))
+    memory: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=MEMORY_SCHEMA))
+    comms: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=COMMS_SCHEMA))
+    zero: ds.ZeroConfig | None = None
+    ds_config: dict[str, str] = field(default_factory=dict)
+    torch_seen: bool = False
+    torch_version: str | None = None
+    #: a ``[rankN]:`` prefix was seen: PyTorch 2.2 or later
+    torch_rank_prefix: bool = False
+    deepspeed_seen: bool = False
+    deepspeed_version: str | None = None
+    world_size: int | None = None
+    trace_cache_warnings: int = 0
+    #: per file_id: lines the framework parsers used, and lines that looked like theirs
+    #: but did not parse (with the first such line)
+    parsed: dict[int, int] = field(default_factory=dict)
+    malformed: dict[int, tuple[int, int]] = field(default_factory=dict)
+    #: where the year of year-less (glog) times came from, when some were seen
+    year_source: str | None = None
+
+    @property
+    def timeout(self) -> tuple[float | None, str | None]:
+        """The process-group timeout in force, and whether the logs state it
+        (``logged``) or it is the framework's default (``default``)."""
+        stated = self.timeouts["timeout_s"].drop_nulls()
+        if len(stated):
+            return float(stated.mode().sort()[0]), "logged"
+        if self.deepspeed_seen:
+            return DEEPSPEED_DEFAULT_TIMEOUT_S, "default"
+        if self.torch_seen:
+            if self.torch_rank_prefix:
+                return TORCH_DEFAULT_TIMEOUT_S, "default"
+            return TORCH_OLD_DEFAULT_TIMEOUT_S, "default"
+        return None, None
+
+
+def _needed_lines(text_store: Path) -> pl.DataFrame:
+    """``(file_id, i, text)`` of the lines the framework parsers need, in file order."""
+    text = pl.col("text")
+    marks = (
+        pl.scan_parquet(text_store)
+        .filter(pl.col("kind") == LINE_KIND["other"])
+        .select(
+            "file_id",
+            "i",
+            (text.str.contains(torch.CANDIDATES) | text.str.contains(ds.CANDIDATES)).alias("cand"),
+            text.str.contains(torch.BLOCK_STARTS).alias("torch_start"),
+            text.str.contains(ds.BLOCK_STARTS).alias("ds_start"),
+        )
+        .filter(pl.col("cand") | pl.col("torch_start") | pl.col("ds_start"))
+        .collect(engine="streaming")
+    )
+    if marks.is_empty():
+        return pl.DataFrame(schema={"file_id": pl.UInt32, "i": pl.UInt32, "text": pl.String})
+    # Wanted line numbers: each candidate and the line after it, each block start and
+    # the lines after it.  Ranges are built on the few marked rows, then joined.
+    spans = marks.select(
+        "file_id",
+        pl.col("i").alias("lo"),
+        (
+            pl.col("i")
+            + pl.when(pl.col("ds_start"))
+            .then(ds.BLOCK_LINES)
+            .when(pl.col("torch_start"))
+            .then(torch.BLOCK_LINES)
+            .otherwise(1)
+        )
+        .cast(pl.UInt32)
+        .alias("hi"),
+    )
+    wanted = (
+        spans.select("file_id", pl.int_ranges("lo", pl.col("hi") + 1).alias("i"))
+        .explode("i")
+        .with_columns(pl.col("i").cast(pl.UInt32))
+        .unique()
+    )
+    return (
+        pl.scan_parquet(text_store)
+        .filter(pl.col("kind") != LINE_KIND["blank"])
+        .join(wanted.lazy(), on=["file_id", "i"], how="semi")
+        .select("file_id", "i", "text")
+        .collect(engine="streaming")
+        .sort("file_id", "i")
+    )
+
+
+def _per_file(lines: pl.DataFrame) -> Iterable[tuple[int, list[tuple[int, str]]]]:
+    for (file_id,), part in lines.group_by("file_id", maintain_order=True):
+        yield int(file_id), list(zip(part["i"].to_list(), part["text"].to_list(), strict=True))
+
+
+def read_frameworks(
+    text_store: Path,
+    *,
+    year_hint: Callable[[], int | None] = lambda: None,
+    file_years: dict[int, int] | None = None,
+) -> FrameworkTables:
+    """Parse the PyTorch and DeepSpeed lines of the text store.
+
+    glog headers carry no year: it is taken from DeepSpeed headers, else from
+    ``year_hint()`` (NCCL timestamps; called only then, it may cost a pass over the
+    COLL lines), else from ``file_years`` (each input's modification time).
+    """
+    out = FrameworkTables()
+    lines = _needed_lines(text_store)
+    files = list(_per_file(lines))
+    results = [
+        (file_id, rows, ds.parse_deepspeed(rows, file_id=file_id)) for file_id, rows in files
+    ]
+    year, source = _year(results, year_hint if files else lambda: None, file_years or {})
+    timers, throughput, memory, comms = [], [], [], []
+    timeouts, failures, events = [], [], []
+    for file_id, rows, d in results:
+        fy = year if year is not None else (file_years or {}).get(file_id)
+        t = torch.parse_torch(rows, file_id=file_id, year=fy)
+        timers.append(d.timers)
+        throughput.append(d.throughput)
+        memory.append(d.memory)
+        comms.append(d.comms)
+        timeouts.append(t.timeouts)
+        failures.append(t.failures)
+        events.append(t.events)
+        out.deepspeed_seen |= d.seen
+        out.torch_seen |= t.seen
+        out.deepspeed_version = out.deepspeed_version or d.version
+        out.torch_version = out.torch_version or t.version
+        out.world_size = out.world_size or d.world_size
+        out.trace_cache_warnings += d.trace_cache_warnings
+        if d.zero is not None and (out.zero is None or _rank(d.zero) > _rank(out.zero)):
+            out.zero = d.zero
+        out.ds_config = out.ds_config or d.config
+        used = d.parsed + t.parsed
+        if used:
+            out.parsed[file_id] = used
+        bad = d.malformed + t.malformed
+        if bad:
+            firsts = [x for x in (d.first_malformed, t.first_malformed) if x is not None]
+            out.malformed[file_id] = (bad, min(firsts) if firsts else 0)
+        if t.seen and any("[rank" in text for _i, text in rows[:2000]):
+            out.torch_rank_prefix = True
+    out.timers = pl.concat([out.timers, *timers])
+    out.throughput = pl.concat([out.throughput, *throughput])
+    out.memory = pl.concat([out.memory, *memory])
+    out.comms = pl.concat([out.comms, *comms])
+    out.timeouts = pl.concat([out.timeouts, *timeouts])
+    out.failures = pl.concat([out.failures, *failures])
+    out.torch_events = pl.concat([out.torch_events, *events])
+    if (out.timeouts["ts_source"] == "logger_no_year").any() or (
+        out.torch_events["ts_source"] == "logger_no_year"
+    ).any():
+        out.year_source = source
+    return out
+
+
+def _rank(zero: ds.ZeroConfig) -> int:
+    """Which ZeRO description to trust when files disagree: the JSON block first."""
+    return {"json": 2, "zero_config": 1}.get(zero.source, 0)
+
+
+def _year(
+    results: list[tuple[int, list[tuple[int, str]], ds.DeepSpeedResult]],
+    year_hint: Callable[[], int | None],
+    file_years: dict[int, int],
+) -> tuple[int | None, str | None]:
+    for _file_id, _rows, d in results:
+        if d.year is not None:
+            return d.year, "DeepSpeed log headers"
+    hint = year_hint()
+    if hint is not None:
+        return hint, "NCCL timestamps"
+    if file_years:
+        return None, "the files' modification times"
+    return None, None
+
+
+def mtime_years(paths: dict[int, Path]) -> dict[int, int]:
+    """The year of each file's modification time (glog headers carry no year)."""
+    years = {}
+    for file_id, path in paths.items():
+        try:
+            years[file_id] = datetime.fromtimestamp(path.stat().st_mtime, tz=UTC).year
+        except OSError:
+            continue
+    return years
