@@ -53,6 +53,42 @@ Modelling decisions (what a reader of the output can rely on):
   the NIC; one line per event keeps ``N`` = the number of WARN lines.
 * Invented but plausible: pids, pointers, commIds, ``file:line`` numbers of WARN and
   return-code chains, IB GIDs, timings. Everything else follows ``formats/nccl.md``.
+
+Framework lines (``framework="deepspeed"`` or ``"torch"``, ``formats/deepspeed-torch.md``):
+
+* ``"none"`` (the default) writes exactly what it wrote before frameworks existed: the
+  framework draws from its own random generator and its spec fields are left out of
+  ``truth.json``. With a framework, every NCCL line is still the same byte for byte (the
+  framework lines only go in between), except that a ``"deepspeed"`` job with ZeRO stage 1
+  or 2 runs a stage-1/2 collective program (below), and that non-NCCL noise no longer
+  invents DeepSpeed lines (the real ones are written instead).
+* DeepSpeed writes on global rank 0 only (``log_dist(ranks=[0])``, ``see_memory_usage``
+  and the timers are rank-0 only): the version line before the world communicator is
+  created, the ZeRO and optimizer set-up lines, ``see_memory_usage`` reports and the engine
+  configuration dump in the 1.5 s before the first step, then per step the wall-clock timer
+  lines, and every ``steps_per_print`` steps the progress and throughput lines.
+* Collective programs: ZeRO-3 and plain torch (FSDP) all-gather parameters in forward and
+  backward and reduce-scatter gradients (``3 x layers + 1`` world collectives per step);
+  ZeRO-1/2 keep whole parameters, so a step is a reduce-scatter per layer in backward, the
+  grad-norm AllReduce, then an all-gather per layer of the updated partitions (the
+  optimizer all-gather): ``2 x layers + 1``.
+* Timers come from the same time model as the NCCL lines: a step lasts
+  ``step_time_s + n_slots x max(lateness)``; its compute part is split over
+  fwd/bwd/step, and each collective slot adds ``max(lateness)`` to the timer it runs
+  under (the wait for the straggler, or rank 0's own slowness). ``truth.json`` says how
+  many milliseconds per step that adds to each timer.
+* A hang (StopRank, or a Mismatch with ``hang``) ends as PyTorch ends it: after the
+  process-group timeout every rank that entered the collective prints the watchdog lines
+  of the chosen torch era, aborts (SIGABRT), and each host's torchrun agent SIGTERMs what is
+  still running and prints the ChildFailedError summary. The agent polls: failures are the
+  ranks that had exited by its first poll after the first exit; the rest get SIGTERM. The
+  stopped rank prints nothing (it is stuck outside the collective). IbError keeps its NCCL
+  aftermath only.
+* Agent lines carry the pdsh ``host: `` prefix, never a worker prefix; in the per-rank
+  layout they go to ``<host>.<agent pid>.log``, and each rank's framework lines go to its own
+  file (as when NCCL_DEBUG_FILE and the process's output share a file). A host whose ranks
+  all stopped has no failure to report and prints nothing. A SIGTERMed rank prints nothing
+  after the signal (so a late watchdog line can be cut: the truth lists what was written).
 """
 
 from __future__ import annotations
@@ -61,6 +97,7 @@ import json
 import math
 import random
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -69,26 +106,35 @@ from pathlib import Path
 from typing import BinaryIO, Literal, TypeAlias, get_args
 
 __all__ = [
+    "DS_ERAS",
     "ERAS",
+    "FRAMEWORKS",
     "LAUNCHERS",
     "LAYOUTS",
     "MISMATCH_FIELDS",
+    "OFFLOADS",
+    "TORCH_ERAS",
+    "ZERO_STAGES",
     "BenignWarnRecord",
     "CommRecord",
+    "DsEra",
     "Era",
     "Fault",
     "FaultOutcome",
     "FileRecord",
+    "Framework",
     "IbError",
     "Json",
     "Launcher",
     "Layout",
     "Mismatch",
     "MismatchField",
+    "Offload",
     "RankRecord",
     "SlowRank",
     "StopRank",
     "SynthSpec",
+    "TorchEra",
     "Truth",
     "generate",
 ]
@@ -99,11 +145,20 @@ Era = Literal["2.7", "2.18", "2.21", "2.27"]
 Layout = Literal["combined", "per-rank"]
 Launcher = Literal["none", "torchrun", "rank", "srun", "pdsh"]
 MismatchField = Literal["op", "count", "dtype"]
+Framework = Literal["none", "deepspeed", "torch"]
+Offload = Literal["none", "optimizer", "param", "both"]
+DsEra = Literal["old", "new"]  # DeepSpeed <= 0.10.0 / >= 0.10.1 timer names
+TorchEra = Literal["2.1", "2.4", "2.7"]
 
 ERAS: tuple[str, ...] = get_args(Era)
 LAYOUTS: tuple[str, ...] = get_args(Layout)
 LAUNCHERS: tuple[str, ...] = get_args(Launcher)
 MISMATCH_FIELDS: tuple[str, ...] = get_args(MismatchField)
+FRAMEWORKS: tuple[str, ...] = get_args(Framework)
+OFFLOADS: tuple[str, ...] = get_args(Offload)
+DS_ERAS: tuple[str, ...] = get_args(DsEra)
+TORCH_ERAS: tuple[str, ...] = get_args(TorchEra)
+ZERO_STAGES: tuple[int, ...] = (1, 2, 3)
 
 TRUTH_FILE = "truth.json"
 COMBINED_FILE = "job.log"
@@ -219,7 +274,9 @@ class SynthSpec:
             a launcher or ``kubectl logs`` captures); ``"per-rank"``: one ``<host>.<pid>.log``
             per process, as ``NCCL_DEBUG_FILE=%h.%p.log`` writes (NCCL output only: no
             launcher prefix, no non-NCCL lines, and the <=2.22 bare banner becomes its INFO
-            copy, as NCCL writes it to the debug file).
+            copy, as NCCL writes it to the debug file). With a framework, each process's
+            framework lines go to its file too, and each host's torchrun agent writes
+            ``<host>.<agent pid>.log``.
         launcher: Prefix added by the launcher to every line of a process's stdout:
             ``"torchrun"`` ``[default{local_rank}]:``, ``"rank"`` ``[rank{r}]:``, ``"srun"``
             ``{r}: `` (right-aligned like ``srun --label``), ``"pdsh"`` ``{host}: ``.
@@ -244,6 +301,28 @@ class SynthSpec:
             spread by bytes written, one every ``size / N`` bytes; otherwise by collective
             slots. Needs >= 2 hosts (a one-host job has no IB device) and at least one step.
             0 (the default) leaves the output byte-identical to a spec without it.
+        framework: Also write the lines of the training framework (see the module
+            docstring): ``"deepspeed"`` (a DeepSpeed ZeRO job on PyTorch), ``"torch"``
+            (plain PyTorch DDP/FSDP, no DeepSpeed lines) or ``"none"`` (NCCL only, the
+            default; every option below then has to keep its default).
+        zero_stage: DeepSpeed ZeRO stage (1, 2 or 3); stages 1 and 2 change the collective
+            program (``world_per_step``).
+        offload: DeepSpeed ZeRO offload to CPU: ``"optimizer"`` (optimizer states, CPU
+            Adam), ``"param"`` (parameters; stage 3 only) or ``"both"``.
+        ds_era: ``"new"``: DeepSpeed >= 0.10.1 (``time (ms) | fwd_microstep: ...``);
+            ``"old"``: <= 0.10.0 (``rank=0 time (ms) | forward_microstep: ...``).
+        torch_era: PyTorch generation of the watchdog and torchrun lines: ``"2.1"`` (no
+            ``[rankG]:`` prefix, no time in the glog header), ``"2.4"`` (``[PG 0
+            (default_pg) Rank r]``, "Exception ... detected by watchdog", "Timeout at NCCL
+            work") or ``"2.7"`` (``[PG ID 0 PG GUID 0(default_pg) Rank r]``, "failure
+            detected by watchdog", dump lines).
+        pg_timeout_s: Process-group timeout; ``None``: what the framework passes by default
+            (DeepSpeed 1800 s; PyTorch 1800 s up to 2.1, 600 s from 2.2).
+        steps_per_print: DeepSpeed progress and throughput lines every this many steps.
+        comms_summary: DeepSpeed comms-logger summary table (rank 0) when the job ends
+            normally.
+        desync_report: ``TORCH_NCCL_DESYNC_DEBUG=1``: on a hang, each waiting rank also
+            prints the desync report naming the lagging ranks.
     """
 
     ranks: int = 16
@@ -263,6 +342,15 @@ class SynthSpec:
     start_time: str = "2025-03-14T09:00:00"
     tp_traffic: bool = False
     benign_warns: int = 0
+    framework: Framework = "none"
+    zero_stage: int = 3
+    offload: Offload = "none"
+    ds_era: DsEra = "new"
+    torch_era: TorchEra = "2.4"
+    pg_timeout_s: float | None = None
+    steps_per_print: int = 10
+    comms_summary: bool = False
+    desync_report: bool = False
 
     def __post_init__(self) -> None:
         """Validate the spec; raise ``ValueError`` with a user-facing message."""
@@ -326,7 +414,71 @@ class SynthSpec:
             )
         if self.benign_warns and self.target_size_bytes is None and self.steps == 0:
             raise ValueError("benign_warns need at least one step to be spread over")
+        self._validate_framework()
         self._validate_faults()
+
+    def _validate_framework(self) -> None:
+        if self.framework not in FRAMEWORKS:
+            raise ValueError(
+                f"framework must be one of {', '.join(FRAMEWORKS)}; got {self.framework!r}"
+            )
+        if self.zero_stage not in ZERO_STAGES:
+            raise ValueError(f"zero_stage must be 1, 2 or 3; got {self.zero_stage!r}")
+        if self.offload not in OFFLOADS:
+            raise ValueError(f"offload must be one of {', '.join(OFFLOADS)}; got {self.offload!r}")
+        if self.ds_era not in DS_ERAS:
+            raise ValueError(f"ds_era must be one of {', '.join(DS_ERAS)}; got {self.ds_era!r}")
+        if self.torch_era not in TORCH_ERAS:
+            raise ValueError(
+                f"torch_era must be one of {', '.join(TORCH_ERAS)}; got {self.torch_era!r}"
+            )
+        if self.pg_timeout_s is not None and not (
+            self.pg_timeout_s > 0 and math.isfinite(self.pg_timeout_s)
+        ):
+            raise ValueError(f"pg_timeout_s must be > 0, got {self.pg_timeout_s}")
+        if self.steps_per_print < 1:
+            raise ValueError(f"steps_per_print must be >= 1, got {self.steps_per_print}")
+        if self.offload in ("param", "both") and self.zero_stage != 3:
+            raise ValueError("parameter offload needs ZeRO stage 3 (offload=param|both)")
+        # Options of a framework the job does not run would be silently ignored: refuse them.
+        deepspeed_only = {
+            "zero_stage": self.zero_stage != 3,
+            "offload": self.offload != "none",
+            "ds_era": self.ds_era != "new",
+            "steps_per_print": self.steps_per_print != 10,
+            "comms_summary": self.comms_summary,
+        }
+        torch_any = {
+            "torch_era": self.torch_era != "2.4",
+            "pg_timeout_s": self.pg_timeout_s is not None,
+            "desync_report": self.desync_report,
+        }
+        if self.framework != "deepspeed":
+            bad = [k for k, v in deepspeed_only.items() if v]
+            if bad:
+                verb = "needs" if len(bad) == 1 else "need"
+                raise ValueError(f"{', '.join(bad)} {verb} framework='deepspeed'")
+        if self.framework == "none":
+            bad = [k for k, v in torch_any.items() if v]
+            if bad:
+                verb = "needs" if len(bad) == 1 else "need"
+                raise ValueError(f"{', '.join(bad)} {verb} a framework (deepspeed or torch)")
+
+    @property
+    def pg_timeout(self) -> float:
+        """Process-group timeout in seconds that the framework runs with."""
+        if self.pg_timeout_s is not None:
+            return self.pg_timeout_s
+        # DeepSpeed passes its own 30 min default to init_process_group; PyTorch's NCCL
+        # default went from 30 to 10 min in 2.2 (formats/deepspeed-torch.md T5).
+        if self.framework == "deepspeed" or self.torch_era == "2.1":
+            return 1800.0
+        return 600.0
+
+    @property
+    def zero12(self) -> bool:
+        """A DeepSpeed ZeRO-1/2 job: whole parameters, the stage-1/2 collective program."""
+        return self.framework == "deepspeed" and self.zero_stage < 3
 
     @property
     def ranks_per_host(self) -> int:
@@ -335,8 +487,8 @@ class SynthSpec:
 
     @property
     def world_per_step(self) -> int:
-        """World-communicator collectives per step (3 x layers + 1)."""
-        return 3 * self.layers + 1
+        """World-communicator collectives per step: 3 x layers + 1 (2 x layers + 1 ZeRO-1/2)."""
+        return (2 if self.zero12 else 3) * self.layers + 1
 
     def host_name(self, index: int) -> str:
         """Name of host ``index``."""
@@ -383,9 +535,28 @@ def _fault_json(fault: Fault) -> dict[str, Json]:
     return out
 
 
+# Spec fields that only mean something with a framework: left out of truth.json without
+# one, so that framework="none" writes the truth.json it always wrote.
+_FRAMEWORK_FIELDS = frozenset(
+    (
+        "framework",
+        "zero_stage",
+        "offload",
+        "ds_era",
+        "torch_era",
+        "pg_timeout_s",
+        "steps_per_print",
+        "comms_summary",
+        "desync_report",
+    )
+)
+
+
 def _spec_json(spec: SynthSpec) -> dict[str, Json]:
     out: dict[str, Json] = {}
     for key, value in asdict(spec).items():
+        if key in _FRAMEWORK_FIELDS and spec.framework == "none":
+            continue
         if key == "faults":
             out[key] = [_fault_json(f) for f in spec.faults]
         elif key == "host_names":
@@ -504,10 +675,15 @@ class Truth:
     faults: list[FaultOutcome]
     format_version: int = _TRUTH_FORMAT_VERSION
     benign_warns: list[BenignWarnRecord] = field(default_factory=list)
+    # What the framework wrote (see ``_Framework.truth``); None (and absent from the
+    # JSON) without a framework.
+    framework: dict[str, Json] | None = None
 
     def to_dict(self) -> dict[str, Json]:
         """Plain JSON-compatible dict."""
         out: dict[str, Json] = asdict(self)
+        if self.framework is None:
+            del out["framework"]
         return out
 
     def to_json(self, *, indent: int | None = 1) -> str:
@@ -888,6 +1064,8 @@ class _Call:
     count_of: Callable[[int], int]
     dtype: int
     buffer: int  # index of the (persistent) buffer this call uses
+    # Where in the step it runs, for framework timers: fwd | bwd | reduce | norm | optim_ag
+    phase: str = ""
 
 
 @dataclass(frozen=True)
@@ -985,7 +1163,9 @@ _BAR_PARTIAL = " ▏▎▍▌▋▊▉"
 class _Noise:
     """Builds non-NCCL lines: python prints and warnings, DeepSpeed lines, tqdm, blanks."""
 
-    def __init__(self, rnd: random.Random, heads: list[str], total_steps: int) -> None:
+    def __init__(
+        self, rnd: random.Random, heads: list[str], total_steps: int, framework: str = "none"
+    ) -> None:
         self._rnd = rnd
         self._heads = heads
         self._ds_sec = _SecondCache("%Y-%m-%d %H:%M:%S")
@@ -1000,6 +1180,14 @@ class _Noise:
             (0.10, self._ds_throughput),
             (0.15, self._tqdm),
         ]
+        self._warnings: tuple[str, ...] = _PY_WARNINGS
+        if framework != "none":
+            # The framework writes the real DeepSpeed lines and counts them in the truth;
+            # invented ones would contradict it (and a plain torch job has none at all).
+            ds_kinds = (self._ds_progress, self._ds_timers, self._ds_throughput)
+            kinds = [k for k in kinds if k[1] not in ds_kinds]
+            if framework == "torch":
+                self._warnings = tuple(w for w in _PY_WARNINGS if "deepspeed" not in w)
         self._cum: list[float] = []
         acc = 0.0
         for weight, _ in kinds:
@@ -1038,7 +1226,7 @@ class _Noise:
 
     def _warning(self, rank: int, t: float, step: int) -> str:
         # The warnings module prints the source line of the call under the message.
-        return self.emit(rank, self._rnd.choice(_PY_WARNINGS), "  warnings.warn(")
+        return self.emit(rank, self._rnd.choice(self._warnings), "  warnings.warn(")
 
     def _ds_progress(self, rank: int, t: float, step: int) -> str:
         lr = 3e-4 * min(1.0, (step + 1) / 100)
@@ -1089,6 +1277,1470 @@ class _Noise:
                 f"{self._rnd.uniform(1.8, 2.2):.2f}it/s]"
             )
         return self.emit(0, "".join(parts))
+
+
+# --------------------------------------------------------------------------------------
+# Framework lines: DeepSpeed and PyTorch (shared/formats/deepspeed-torch.md)
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _DsEraFormat:
+    """What differs between DeepSpeed <= 0.10.0 and >= 0.10.1 (timer names, ``rank=N``)."""
+
+    version: str
+    timer_head: str  # "time (ms)" (>= 0.10.1) or "rank=0 time (ms)" (<= 0.10.0)
+    micro: tuple[str, ...]  # engine micro-step timers, in log order
+    glob: tuple[str, ...]  # engine global timers, in log order
+    # Header "file:line:func" of each call site (line numbers of that release, D9).
+    log_dist: str
+    timer_stop: str
+    mem: tuple[str, str, str]  # see_memory_usage: message, MA line, CPU line
+    cfg_title: str
+    cfg_line: str
+    cfg_json: str
+    stage12: int  # first line of the four stage_1_and_2 __init__ messages
+    stage3: int  # first line of the two stage3 __init__ messages
+    stage3_opt: str
+    zero_utils: str
+    newer_keys: bool  # config attributes that appeared after 0.10
+
+
+_MICRO_NEW = (
+    "fwd_microstep",
+    "bwd_microstep",
+    "bwd_inner_microstep",
+    "bwd_allreduce_microstep",
+    "step_microstep",
+)
+_GLOBAL_NEW = ("fwd", "bwd", "bwd_inner", "bwd_allreduce", "step")
+# DeepSpeed <= 0.10.0 timer names -> >= 0.10.1 names (b354c28b7, #3996); the truth uses these.
+_DS_RENAMES = {
+    "forward_microstep": "fwd_microstep",
+    "backward_microstep": "bwd_microstep",
+    "backward_inner_microstep": "bwd_inner_microstep",
+    "backward_allreduce_microstep": "bwd_allreduce_microstep",
+    "forward": "fwd",
+    "backward": "bwd",
+    "backward_inner": "bwd_inner",
+    "backward_allreduce": "bwd_allreduce",
+}
+_DS_OLD_NAMES = {new: old for old, new in _DS_RENAMES.items()}
+
+_DS_ERA_FORMATS: dict[str, _DsEraFormat] = {
+    "old": _DsEraFormat(
+        version="0.9.5",
+        timer_head="rank=0 time (ms)",
+        micro=tuple(_DS_OLD_NAMES.get(x, x) for x in _MICRO_NEW),
+        glob=tuple(_DS_OLD_NAMES.get(x, x) for x in _GLOBAL_NEW),
+        log_dist="logging.py:96:log_dist",
+        timer_stop="timer.py:199:stop",
+        mem=(
+            "utils.py:785:see_memory_usage",
+            "utils.py:786:see_memory_usage",
+            "utils.py:793:see_memory_usage",
+        ),
+        cfg_title="config.py:960:print",
+        cfg_line="config.py:964:print",
+        cfg_json="config.py:950:print_user_config",
+        stage12=133,
+        stage3=113,
+        stage3_opt="stage3.py:436:_setup_for_real_optimizer",
+        zero_utils="utils.py:54:is_zero_supported_optimizer",
+        newer_keys=False,
+    ),
+    "new": _DsEraFormat(
+        version="0.14.4",
+        timer_head="time (ms)",
+        micro=_MICRO_NEW,
+        glob=_GLOBAL_NEW,
+        log_dist="logging.py:96:log_dist",
+        timer_stop="timer.py:258:stop",
+        mem=(
+            "utils.py:781:see_memory_usage",
+            "utils.py:782:see_memory_usage",
+            "utils.py:789:see_memory_usage",
+        ),
+        cfg_title="config.py:997:print",
+        cfg_line="config.py:1001:print",
+        cfg_json="config.py:987:print_user_config",
+        stage12=148,
+        stage3=130,
+        stage3_opt="stage3.py:486:_setup_for_real_optimizer",
+        zero_utils="utils.py:56:is_zero_supported_optimizer",
+        newer_keys=True,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class _TorchEraFormat:
+    """One PyTorch generation of the NCCL watchdog and torchrun agent output (PART T)."""
+
+    version: str
+    rank_prefix: bool  # "[rankG]:" before C++ log lines (2.2+, #110623)
+    glog_time: bool  # "[E314 09:41:52.117183842 file:N]" (2.4+) vs "[E file:N]"
+    pg_prefix: str  # logPrefix() of the default PG, {r} = rank in it
+    wd: int  # ProcessGroupNCCL.cpp line of each message
+    exc_det: int | None  # "Exception (either an error or timeout) detected ..." (2.4)
+    to_at: int | None  # "Timeout at NCCL work: ..." (2.3 - 2.6)
+    fail_det: int | None  # "failure detected by watchdog at work sequence id" (2.7+)
+    dump: tuple[int, int, int, int] | None  # 2.7: stack not found, first PG, received, preparing
+    desync: int
+    desync_prefixed: bool  # LOG(ERROR) << logPrefix() << report (2.3+) vs << report
+    some: int
+    avoid: int
+    some_prefixed: bool  # "[Rank r] Some NCCL operations ..." (2.3+)
+    term: int
+    term_msg: str  # what the watchdog says when it throws
+    term_pg_prefixed: bool
+    check_timeout: int  # "Exception raised from checkTimeout at ...:N"
+    comm_watchdog: int  # "Exception raised from ncclCommWatchdog at ...:N"
+    optional: str  # c10::optional / std::optional in checkTimeout's signature
+    loop: str  # the watchdog's loop function in the stack
+    term_delay: tuple[float, float]  # from the timeout to the throw (2.4+ wait for dumps)
+    # torchrun agent
+    agent_glog: bool  # "E0314 09:41:52.117000 PID .../api.py:N] " (2.4+) vs "[... ,mmm] ..."
+    agent_sigterm: int
+    agent_failed: int
+    monitor_interval_s: float  # torchrun --monitor-interval default
+    tb_lines: tuple[int, int, int, int, int]  # errors/__init__ wrapper, run main/run, api
+
+
+_TORCH_ERA_FORMATS: dict[str, _TorchEraFormat] = {
+    "2.1": _TorchEraFormat(
+        version="2.1.2",
+        rank_prefix=False,
+        glog_time=False,
+        pg_prefix="[Rank {r}]",
+        wd=475,
+        exc_det=None,
+        to_at=None,
+        fail_det=None,
+        dump=None,
+        desync=486,
+        desync_prefixed=False,
+        some=489,
+        avoid=495,
+        some_prefixed=False,
+        term=916,
+        term_msg="NCCL watchdog thread terminated with exception: ",
+        term_pg_prefixed=False,
+        check_timeout=477,
+        comm_watchdog=930,
+        optional="c10::optional",
+        loop="workCleanupLoop",
+        term_delay=(0.001, 0.005),
+        agent_glog=False,
+        agent_sigterm=836,
+        agent_failed=821,
+        monitor_interval_s=5.0,
+        tb_lines=(346, 806, 797, 134, 264),
+    ),
+    "2.4": _TorchEraFormat(
+        version="2.4.1",
+        rank_prefix=True,
+        glog_time=True,
+        pg_prefix="[PG 0 (default_pg) Rank {r}]",
+        wd=607,
+        exc_det=1664,
+        to_at=1709,
+        fail_det=None,
+        dump=None,
+        desync=1722,
+        desync_prefixed=True,
+        some=621,
+        avoid=627,
+        some_prefixed=True,
+        term=1515,
+        term_msg="Process group watchdog thread terminated with exception: ",
+        term_pg_prefixed=True,
+        check_timeout=609,
+        comm_watchdog=1521,
+        optional="std::optional",
+        loop="watchdogHandler",
+        term_delay=(0.5, 2.5),
+        agent_glog=True,
+        agent_sigterm=897,
+        agent_failed=869,
+        monitor_interval_s=0.1,
+        tb_lines=(348, 901, 892, 133, 264),
+    ),
+    "2.7": _TorchEraFormat(
+        version="2.7.1",
+        rank_prefix=True,
+        glog_time=True,
+        pg_prefix="[PG ID 0 PG GUID 0(default_pg) Rank {r}]",
+        wd=632,
+        exc_det=None,
+        to_at=None,
+        fail_det=2268,
+        dump=(670, 2305, 1743, 1533),
+        desync=2280,
+        desync_prefixed=True,
+        some=684,
+        avoid=698,
+        some_prefixed=True,
+        term=1902,
+        term_msg="Process group watchdog thread terminated with exception: ",
+        term_pg_prefixed=True,
+        check_timeout=635,
+        comm_watchdog=1908,
+        optional="std::optional",
+        loop="watchdogHandler",
+        term_delay=(1.0, 3.0),
+        agent_glog=True,
+        agent_sigterm=900,
+        agent_failed=874,
+        monitor_interval_s=0.1,
+        tb_lines=(355, 892, 883, 139, 270),
+    ),
+}
+
+# NCCL collective -> c10d OpType (opTypeToString) of what DeepSpeed/FSDP call:
+# all_gather_into_tensor, reduce_scatter_tensor, all_reduce.
+_OP_TYPE = {
+    "AllGather": "_ALLGATHER_BASE",
+    "ReduceScatter": "_REDUCE_SCATTER_BASE",
+    "AllReduce": "ALLREDUCE",
+}
+_DS_COMM_OP = {
+    "AllGather": "all_gather_into_tensor",
+    "ReduceScatter": "reduce_scatter_tensor",
+    "AllReduce": "all_reduce",
+}
+_TORCH_LIB = "/usr/local/lib/python3.10/dist-packages/torch/lib"
+_PY_SITE = "/usr/local/lib/python3.10/dist-packages"
+_PY_BINARY = "/usr/bin/python3"
+_ENTRYPOINT = "train.py"
+_GIB = 1 << 30
+_HOST_RAM_GB = 2015.56  # psutil total of the (invented) hosts, for "percent ="
+_DESYNC_WHY = (
+    "This is most likely caused by incorrect usages of collectives, e.g., wrong sizes used "
+    "across ranks, the order of collectives is not same for all ranks or the scheduled "
+    "collective, for some reason, didn't run. Additionally, this can be caused by GIL "
+    "deadlock or other reasons such as network errors or bugs in the communications library "
+    "(e.g. NCCL), etc. "
+)
+
+
+def _numel(op: str, count: int, nranks: int) -> tuple[int, int]:
+    """NumelIn/NumelOut of a c10d work from the NCCL COLL count (send count for AllGather,
+    receive count for ReduceScatter)."""
+    if op == "AllGather":
+        return count, count * nranks
+    if op == "ReduceScatter":
+        return count * nranks, count
+    return count, count
+
+
+def _convert_size(size_bytes: int) -> str:
+    """DeepSpeed's ``convert_size`` (utils/comms_logging.py)."""
+    if size_bytes == 0:
+        return "0B"
+    names = ("B", "KB", "MB", "GB", "TB", "PB", "EB", "ZB", "YB")
+    i = math.floor(math.log(size_bytes, 1024))
+    return f"{round(size_bytes / math.pow(1024, i), 2)} {names[i]}"
+
+
+def _ranks_str(ranks: list[int]) -> str:
+    """c10d's ``ranksToString``: ``1, 2, 3``."""
+    return ", ".join(str(r) for r in ranks)
+
+
+def _rank_of(entry: dict[str, Json]) -> int:
+    rank = entry["rank"]
+    assert isinstance(rank, int)
+    return rank
+
+
+def _gb(value: float) -> float:
+    """``round(bytes / 2**30, 2)``, as DeepSpeed prints memory."""
+    return round(value / _GIB, 2)
+
+
+@dataclass
+class _Rec:
+    """One write of hang-aftermath output: physical lines (prefix included, no '\\n').
+
+    ``marks`` are (line offset in ``lines``, truth list, entry): once written, the entry
+    gets the file and 1-based line number of that line and goes into the list.
+    """
+
+    t: float
+    order: int
+    sink: _Sink
+    lines: list[str]
+    marks: list[tuple[int, list[dict[str, Json]], dict[str, Json]]] = field(default_factory=list)
+    owner: int = -1  # the rank whose process writes it (-1: a torchrun agent)
+    desync: bool = False  # a desync report
+
+
+class _Framework:
+    """The PyTorch/DeepSpeed side of one job: its lines and, from them, its truth.
+
+    It draws from its own random generator, so that the NCCL side of a job is the same
+    whatever the framework writes.
+    """
+
+    def __init__(self, job: _Job) -> None:
+        spec = job.spec
+        self.job = job
+        self.spec = spec
+        self.ds = spec.framework == "deepspeed"
+        self.rnd = random.Random(spec.seed * 7919 + 3)
+        self.tf = _TORCH_ERA_FORMATS[spec.torch_era]
+        self.df = _DS_ERA_FORMATS[spec.ds_era]
+        self.timeout_s = spec.pg_timeout
+        self.ds_sec = _SecondCache("%Y-%m-%d %H:%M:%S")
+        self.lines = 0
+        # --- truth, filled in as lines are written
+        self.timer_lines: dict[str, int] = {}
+        self.throughput_steps: list[int] = []
+        self.memory_reports: list[dict[str, Json]] = []
+        self.comms_rows: list[dict[str, Json]] = []
+        self.timeouts: list[dict[str, Json]] = []
+        self.failures: list[dict[str, Json]] = []
+        self.terminated: list[int] = []
+        self.desync_lagging: list[int] = []
+        # --- the user's ds_config: HF-style "auto" sizes from the model's hidden size
+        hidden = job.hidden
+        self.stage = spec.zero_stage
+        self.off_opt = spec.offload in ("optimizer", "both")
+        self.off_param = spec.offload in ("param", "both")
+        self.overlap = spec.zero_stage >= 2  # DeepSpeed's default is off for stage 1
+        if self.stage == 3:
+            self.reduce_bucket = hidden * hidden
+            self.allgather_bucket = 500_000_000  # DeepSpeed's default (unused by stage 3)
+            self.prefetch_bucket = hidden * hidden * 9 // 10
+            self.persistence = 10 * hidden
+        else:
+            self.reduce_bucket = self.allgather_bucket = 200_000_000
+            self.prefetch_bucket = 50_000_000
+            self.persistence = 100_000
+        self.micro_batch = self.rnd.choice((1, 2, 4, 8))
+        self.batch = self.micro_batch * job.n
+        # --- time model of a step as rank 0 sees it (module docstring)
+        self.lateness = max(job.late)
+        self.wait_slots: dict[str, int] = dict.fromkeys(
+            (
+                "fwd",
+                "bwd_inner",
+                "bwd_allreduce",
+                "step",
+                "optimizer_gradients",
+                "optimizer_allgather",
+            ),
+            0,
+        )
+        for call in job.prog:
+            for name in self._timers_of(call.phase):
+                self.wait_slots[name] += 1
+        step_share = 0.35 if self.off_opt else 0.08  # CPU Adam makes the optimizer step long
+        # Stage 1 without overlap reduces after backward, inside allreduce_gradients().
+        ar_share = 0.03 if (spec.zero12 and not self.overlap) else 0.0002
+        rest = 1.0 - step_share - ar_share
+        self.share = {
+            "fwd": rest / 3,
+            "bwd_inner": rest * 2 / 3,
+            "bwd_allreduce": ar_share,
+            "step": step_share,
+        }
+        self.step_wall_s = spec.step_time_s + len(job.prog) * self.lateness
+        self._tput_sum = 0.0
+        self._tput_n = 0
+        self.mem_final = 0.0  # bytes allocated when the engine is ready
+        self.act_bytes = self.rnd.uniform(1.0, 4.0) * _GIB  # activations during a step
+        self.cpu_used_gb = self.rnd.uniform(40.0, 120.0)
+        self.config = self._user_config()
+
+    # ---- DeepSpeed ----------------------------------------------------------------------
+
+    def _timers_of(self, phase: str) -> tuple[str, ...]:
+        """Timers a collective slot of this phase runs under (each gets its wait)."""
+        if phase == "fwd":
+            return ("fwd",)
+        if phase == "bwd":
+            return ("bwd_inner",)
+        if phase == "reduce":
+            # ZeRO reduces from backward hooks (inside bwd_inner) when it overlaps; ZeRO-1
+            # without overlap reduces in allreduce_gradients() (bwd_allreduce), PART S 3.
+            return ("bwd_inner",) if self.stage == 3 or self.overlap else ("bwd_allreduce",)
+        if phase == "norm":
+            return ("step", "optimizer_gradients") if self.spec.zero12 else ("step",)
+        if phase == "optim_ag":
+            return ("step", "optimizer_allgather")
+        return ()
+
+    def _user_config(self) -> dict[str, Json]:
+        zero: dict[str, Json] = {
+            "stage": self.stage,
+            "overlap_comm": self.overlap,
+            "contiguous_gradients": True,
+            "reduce_bucket_size": self.reduce_bucket,
+        }
+        if self.stage == 3:
+            zero["stage3_prefetch_bucket_size"] = self.prefetch_bucket
+            zero["stage3_param_persistence_threshold"] = self.persistence
+            zero["sub_group_size"] = 1_000_000_000
+        else:
+            zero["allgather_bucket_size"] = self.allgather_bucket
+        if self.off_opt:
+            zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+        if self.off_param:
+            zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+        cfg: dict[str, Json] = {
+            "bf16": {"enabled": True},
+            "gradient_accumulation_steps": 1,
+            "gradient_clipping": 1.0,
+            "optimizer": {
+                "type": "AdamW",
+                "params": {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1},
+            },
+            "steps_per_print": self.spec.steps_per_print,
+            "train_batch_size": self.batch,
+            "train_micro_batch_size_per_gpu": self.micro_batch,
+            "wall_clock_breakdown": True,
+            "zero_optimization": zero,
+        }
+        if self.spec.comms_summary:
+            cfg["comms_logger"] = {
+                "enabled": True,
+                "verbose": False,
+                "prof_all": True,
+                "debug": False,
+            }
+        return cfg
+
+    def _ds_ts(self, t: float) -> str:
+        sec = int(t)
+        return f"[{self.ds_sec.get(sec)},{int((t - sec) * 1000):03d}]"
+
+    def _ds_text(self, rk: _Rank, t: float, src: str, msg: str) -> str:
+        """One DeepSpeed logger record: header on its first line only, prefix on each."""
+        lines = f"{self._ds_ts(t)} [INFO] [{src}] {msg}".split("\n")
+        self.lines += len(lines)
+        return "".join(f"{rk.head}{line}\n" for line in lines)
+
+    def _zero_repr(self) -> str:
+        """``zero_config`` as the pydantic model prints it: user values plain, DeepSpeed's
+        own integer defaults (``pp_int``) comma-grouped."""
+        cfg = self.config["zero_optimization"]
+        assert isinstance(cfg, dict)
+
+        def val(key: str, default: int) -> str:
+            v = cfg.get(key)
+            return str(v) if v is not None else f"{default:,}"
+
+        off_param = (
+            "DeepSpeedZeroOffloadParamConfig(device='cpu', nvme_path=None, buffer_count=5, "
+            "buffer_size=100,000,000, max_in_cpu=1,000,000,000, pin_memory=True)"
+            if self.off_param
+            else "None"
+        )
+        off_opt = (
+            "DeepSpeedZeroOffloadOptimizerConfig(device='cpu', nvme_path=None, buffer_count=4, "
+            "pin_memory=True, pipeline_read=False, pipeline_write=False, fast_init=False, "
+            "ratio=1.0)"
+            if self.off_opt
+            else "None"
+        )
+        new = self.df.newer_keys
+        parts = [
+            f"stage={self.stage}",
+            "contiguous_gradients=True",
+            "reduce_scatter=True",
+            f"reduce_bucket_size={val('reduce_bucket_size', 500_000_000)}",
+            *(["use_multi_rank_bucket_allreduce=True"] if new else []),
+            "allgather_partitions=True",
+            f"allgather_bucket_size={val('allgather_bucket_size', 500_000_000)}",
+            f"overlap_comm={self.overlap}",
+            "load_from_fp32_weights=True",
+            "elastic_checkpoint=False",
+            f"offload_param={off_param}",
+            f"offload_optimizer={off_opt}",
+            f"sub_group_size={val('sub_group_size', 1_000_000_000)}",
+            "cpu_offload_param=None",
+            "cpu_offload_use_pin_memory=None",
+            "cpu_offload=None",
+            f"prefetch_bucket_size={val('stage3_prefetch_bucket_size', 50_000_000)}",
+            f"param_persistence_threshold={val('stage3_param_persistence_threshold', 100_000)}",
+            "model_persistence_threshold=sys.maxsize",
+            "max_live_parameters=1,000,000,000",
+            "max_reuse_distance=1,000,000,000",
+            "gather_16bit_weights_on_model_save=False",
+            *(["use_all_reduce_for_fetch_params=False"] if new else []),
+            "stage3_gather_fp16_weights_on_model_save=False",
+            "ignore_unused_parameters=True",
+            "legacy_stage1=False",
+            "round_robin_gradients=False",
+            "zero_hpz_partition_size=1",
+            "zero_quantized_weights=False",
+            "zero_quantized_nontrainable_weights=False",
+            "zero_quantized_gradients=False",
+            "mics_shard_size=-1",
+            "mics_hierarchical_params_gather=False",
+            "memory_efficient_linear=True",
+            *(["pipeline_loading_checkpoint=False", "override_module_apply=True"] if new else []),
+        ]
+        return " ".join(parts)
+
+    def _config_dump(self) -> list[tuple[str, str]]:
+        """``DeepSpeedConfig.print``: the title, one line per attribute, then the json."""
+        n = self.job.n
+        # DeepSpeedConfigObject.__repr__ (ScientificNotationEncoder): ", " ends each line.
+        act = (
+            '{\n    "partition_activations": false, \n    "contiguous_memory_optimization": '
+            'false, \n    "cpu_checkpointing": false, \n    "number_checkpoints": null, \n    '
+            '"synchronize_checkpoint_boundary": false, \n    "profile": false\n}'
+        )
+        flops = (
+            '{\n    "enabled": false, \n    "recompute_fwd_factor": 0.0, \n    "profile_step": 1, '
+            '\n    "module_depth": -1, \n    "top_modules": 1, \n    "detailed": true, \n    '
+            '"output_file": null\n}'
+        )
+        attrs: dict[str, str] = {
+            "activation_checkpointing_config": act,
+            "aio_config": (
+                "{'block_size': 1048576, 'queue_depth': 8, 'thread_count': 1, "
+                "'single_submit': False, 'overlap_events': True}"
+            ),
+            "amp_enabled": "False",
+            "amp_params": "False",
+            "bfloat16_enabled": "True",
+            "checkpoint_parallel_write_pipeline": "False",
+            "checkpoint_tag_validation_enabled": "True",
+            "checkpoint_tag_validation_fail": "False",
+            "comms_config": (
+                "<deepspeed.comm.config.DeepSpeedCommsConfig object at "
+                f"0x7f{self.rnd.getrandbits(40):010x}>"
+            ),
+            "communication_data_type": "None",
+            "curriculum_enabled_legacy": "False",
+            "curriculum_params_legacy": "False",
+            "data_efficiency_enabled": "False",
+            "dataloader_drop_last": "False",
+            "disable_allgather": "False",
+            "dump_state": "False",
+            "dynamic_loss_scale_args": "None",
+            "eigenvalue_enabled": "False",
+            "eigenvalue_gas_boundary_resolution": "1",
+            "eigenvalue_layer_name": "bert.encoder.layer",
+            "eigenvalue_layer_num": "0",
+            "eigenvalue_max_iter": "100",
+            "eigenvalue_stability": "1e-06",
+            "eigenvalue_tol": "0.01",
+            "eigenvalue_verbose": "False",
+            "elasticity_enabled": "False",
+            "flops_profiler_config": flops,
+            "fp16_auto_cast": "None",
+            "fp16_enabled": "False",
+            "fp16_master_weights_and_gradients": "False",
+            "global_rank": "0",
+            "grad_accum_dtype": "None",
+            "gradient_accumulation_steps": "1",
+            "gradient_clipping": "1.0",
+            "gradient_predivide_factor": "1.0",
+            "initial_dynamic_scale": "1",
+            "load_universal_checkpoint": "False",
+            "loss_scale": "1.0",
+            "memory_breakdown": "False",
+            "mics_hierarchial_params_gather": "False",
+            "mics_shard_size": "-1",
+            "monitor_config": (
+                "tensorboard=TensorBoardConfig(enabled=False, output_path='', "
+                "job_name='DeepSpeedJobName') wandb=WandbConfig(enabled=False, group=None, "
+                "team=None, project='deepspeed') csv_monitor=CSVConfig(enabled=False, "
+                "output_path='', job_name='DeepSpeedJobName') enabled=False"
+            ),
+            "optimizer_legacy_fusion": "False",
+            "optimizer_name": "adamw",
+            "optimizer_params": (
+                "{'lr': 0.0003, 'betas': [0.9, 0.95], 'eps': 1e-08, 'weight_decay': 0.1}"
+            ),
+            "pld_enabled": "False",
+            "pld_params": "False",
+            "prescale_gradients": "False",
+            "scheduler_name": "None",
+            "scheduler_params": "None",
+            "sparse_attention": "None",
+            "sparse_gradients_enabled": "False",
+            "steps_per_print": str(self.spec.steps_per_print),
+            "train_batch_size": str(self.batch),
+            "train_micro_batch_size_per_gpu": str(self.micro_batch),
+            "use_node_local_storage": "False",
+            "wall_clock_breakdown": "True",
+            "weight_quantization_config": "None",
+            "world_size": str(n),
+            "zero_allow_untested_optimizer": "False",
+            "zero_config": self._zero_repr(),
+            "zero_enabled": "True",
+            "zero_force_ds_cpu_optimizer": "True",
+            "zero_optimization_stage": str(self.stage),
+        }
+        if self.df.newer_keys:
+            attrs.update(
+                {
+                    "bfloat16_immediate_grad_update": "False",
+                    "compile_config": "enabled=False backend='inductor' kwargs={}",
+                    "graph_harvesting": "False",
+                    "seq_parallel_communication_data_type": "torch.float32",
+                    "timers_config": "enabled=True synchronized=True",
+                    "use_data_before_expert_parallel_": "False",
+                }
+            )
+        out = [(self.df.cfg_title, "DeepSpeedEngine configuration:")]
+        # "  {} {} {}".format(arg, "." * (29 - len(arg)), value): no dots from 29 chars on.
+        out += [
+            (self.df.cfg_line, f"  {k} {'.' * (29 - len(k))} {attrs[k]}") for k in sorted(attrs)
+        ]
+        dumped = json.dumps(self.config, sort_keys=True, indent=4, separators=(",", ":"))
+        out.append((self.df.cfg_json, f"  json = {dumped}"))
+        return out
+
+    def _memory_plan(self) -> list[tuple[str, float, float]]:
+        """see_memory_usage reports at init: (label, GPU bytes allocated, host GB used)."""
+        job = self.job
+        n = job.n
+        total = float(sum(job.params))  # elements
+        shard = total / n
+        rph = job.rph
+        opt_gpu = 0.0 if self.off_opt else 12.0 * shard  # fp32 master + Adam moments
+        opt_cpu = 12.0 * shard * rph / 1e9 if self.off_opt else 0.0  # every local rank's
+        cpu = self.cpu_used_gb
+        if self.stage == 3:
+            w = 2.0 * shard  # zero.Init partitioned the bf16 weights at construction
+            w_end = 0.05 * w if self.off_param else w
+            cpu_param = 2.0 * shard * rph / 1e9 if self.off_param else 0.0
+            plan = [
+                ("Stage 3 initialize beginning", w, cpu),
+                ("DeepSpeedZeRoOffload initialize [begin]", w, cpu),
+                ("DeepSpeedZeRoOffload initialize [end]", w_end, cpu + cpu_param),
+                ("Before creating fp16 partitions", w_end, cpu + cpu_param),
+                ("After creating fp16 partitions: 1", w_end, cpu + cpu_param),
+                ("Before creating fp32 partitions", w_end, cpu + cpu_param),
+                (
+                    "After creating fp32 partitions",
+                    w_end + opt_gpu / 3,
+                    cpu + cpu_param + opt_cpu / 3,
+                ),
+                (
+                    "Before initializing optimizer states",
+                    w_end + opt_gpu / 3,
+                    cpu + cpu_param + opt_cpu / 3,
+                ),
+                ("After initializing optimizer states", w_end + opt_gpu, cpu + cpu_param + opt_cpu),
+                (
+                    "After initializing ZeRO optimizer",
+                    w_end + opt_gpu + 2.0 * shard,
+                    cpu + cpu_param + opt_cpu,
+                ),
+            ]
+        else:
+            w = 4.0 * total  # bf16 weights + their flat bf16 copy
+            grads = 2.0 * shard if self.stage == 2 else 2.0 * total
+            plan = [
+                ("Before initializing optimizer states", w + opt_gpu / 3, cpu + opt_cpu / 3),
+                ("After initializing optimizer states", w + opt_gpu, cpu + opt_cpu),
+                ("After initializing ZeRO optimizer", w + opt_gpu + grads, cpu + opt_cpu),
+            ]
+        self.mem_final = plan[-1][1]
+        return plan
+
+    def _memory_report(self, label: str, ma: float, cpu_gb: float) -> list[tuple[str, str]]:
+        r = self.rnd
+        max_ma = ma * r.uniform(1.0, 1.15)
+        ca = max_ma * r.uniform(1.02, 1.2) + 0.1 * _GIB
+        max_ca = round(ca * r.uniform(1.0, 1.1) / _GIB)
+        used = round(cpu_gb, 2)
+        pct = round(100.0 * used / _HOST_RAM_GB, 1)
+        rec: dict[str, Json] = {
+            "label": label,
+            "ma_gb": _gb(ma),
+            "max_ma_gb": _gb(max_ma),
+            "ca_gb": _gb(ca),
+            "max_ca_gb": max_ca,
+            "cpu_used_gb": used,
+            "cpu_percent": pct,
+        }
+        self.memory_reports.append(rec)
+        # A backslash-continued f-string: 9 spaces between fields, one at the end (D6).
+        gap = " " * 9
+        ma_line = (
+            f"MA {_gb(ma)} GB{gap}Max_MA {_gb(max_ma)} GB{gap}CA {_gb(ca)} GB{gap}"
+            f"Max_CA {max_ca} GB "
+        )
+        a, b, c = self.df.mem
+        return [
+            (a, label),
+            (b, ma_line),
+            (c, f"CPU Virtual Memory:  used = {used} GB, percent = {pct}%"),
+        ]
+
+    def _setup_msgs(self) -> list[tuple[str, str]]:
+        """Engine set-up on rank 0, after the communicators, in DeepSpeed's order."""
+        df = self.df
+        dist = df.log_dist
+        opt_cls = "DeepSpeedCPUAdam" if self.off_opt else "FusedAdam"
+        opt_path = (
+            "deepspeed.ops.adam.cpu_adam.DeepSpeedCPUAdam"
+            if self.off_opt
+            else "deepspeed.ops.adam.fused_adam.FusedAdam"
+        )
+        out: list[tuple[str, str]] = [
+            (dist, "[Rank 0] DeepSpeed Flops Profiler Enabled: False"),
+            (dist, "[Rank 0] Using DeepSpeed Optimizer param name adamw as basic optimizer"),
+            (dist, f"[Rank 0] DeepSpeed Basic Optimizer = {opt_cls}"),
+            (
+                df.zero_utils,
+                f"Checking ZeRO support for optimizer={opt_cls} type=<class '{opt_path}'>",
+            ),
+            (dist, f"[Rank 0] Creating torch.bfloat16 ZeRO stage {self.stage} optimizer"),
+        ]
+        plan = self._memory_plan()
+        if self.stage == 3:
+            head, rest = plan[:1], plan[1:]
+            for label, ma, cpu in head:
+                out += self._memory_report(label, ma, cpu)
+            out += [
+                (f"stage3.py:{df.stage3}:__init__", f"Reduce bucket size {self.reduce_bucket}"),
+                (
+                    f"stage3.py:{df.stage3 + 1}:__init__",
+                    f"Prefetch bucket size {self.prefetch_bucket}",
+                ),
+            ]
+            for label, ma, cpu in rest:
+                if label == "After initializing ZeRO optimizer":
+                    out.append((df.stage3_opt, "optimizer state initialized"))
+                out += self._memory_report(label, ma, cpu)
+        else:
+            src = "stage_1_and_2.py:{}:__init__"
+            out += [
+                (src.format(df.stage12), f"Reduce bucket size {self.reduce_bucket}"),
+                (src.format(df.stage12 + 1), f"Allgather bucket size {self.allgather_bucket}"),
+                (src.format(df.stage12 + 2), f"CPU Offload: {self.off_opt}"),
+                (src.format(df.stage12 + 3), "Round robin gradient partitioning: False"),
+            ]
+            for label, ma, cpu in plan:
+                out += self._memory_report(label, ma, cpu)
+        out += [
+            (dist, "[Rank 0] DeepSpeed Final Optimizer = adamw"),
+            (dist, "[Rank 0] DeepSpeed using configured LR scheduler = None"),
+            (dist, "[Rank 0] DeepSpeed LR Scheduler = None"),
+            (dist, f"[Rank 0] step=0, skipped=0, lr=[{self._lr(0)!r}], mom=[(0.9, 0.95)]"),
+        ]
+        out += self._config_dump()
+        return out
+
+    def _lr(self, step: int) -> float:
+        return 3e-4 * min(1.0, (step + 1) / 100)  # linear warm-up, as the noise prints it
+
+    def init_events(self, events: list[list[tuple[float, str]]], steps_t0: float) -> None:
+        """Add rank 0's DeepSpeed start-up lines to the init events (kept in time order)."""
+        if not self.ds:
+            return
+        job = self.job
+        rk = job.ranks[0]
+        evs = events[0]
+        # deepspeed.initialize() logs the version before anything creates a communicator.
+        t = job.t_world_init - self.rnd.uniform(0.3, 0.6)
+        msg = (
+            f"[Rank 0] DeepSpeed info: version={self.df.version}, git-hash=unknown, "
+            "git-branch=unknown"
+        )
+        evs.append((t, self._ds_text(rk, t, self.df.log_dist, msg)))
+        # The rest fits in the 1.5 s between the last communicator and the first step.
+        msgs = self._setup_msgs()
+        t = steps_t0 - 1.45
+        dt = 1.3 / len(msgs)
+        for src, msg in msgs:
+            evs.append((t, self._ds_text(rk, t, src, msg)))
+            if src != self.df.cfg_line:  # the config dump is logged in one go
+                t += dt
+        evs.sort(key=lambda e: e[0])  # stable: NCCL lines keep their order
+
+    def _timer_values(self) -> dict[str, float]:
+        """Milliseconds of one step's timers (>= 0.10.1 names; micro and global)."""
+        r = self.rnd
+        st = self.spec.step_time_s
+        late = self.lateness
+
+        def ms(name: str) -> float:
+            wall = st * self.share[name] + self.wait_slots[name] * late
+            return wall * 1000.0 * r.uniform(0.97, 1.03)
+
+        fwd, bi, ba, stp = ms("fwd"), ms("bwd_inner"), ms("bwd_allreduce"), ms("step")
+        micro = {
+            "fwd_microstep": fwd,
+            "bwd_microstep": bi + ba + r.uniform(0.05, 0.5),  # bwd = inner + allreduce + hooks
+            "bwd_inner_microstep": bi,
+            "bwd_allreduce_microstep": ba,
+            "step_microstep": stp,
+        }
+        out = dict(micro)
+        for name, v in micro.items():  # one accumulation step: global ~ micro + overhead
+            out[name.removesuffix("_microstep")] = v + r.uniform(0.01, 0.08)
+        step_c = st * self.share["step"] * 1000.0
+        if self.spec.zero12:
+            out["optimizer_allgather"] = (
+                step_c * 0.2 + self.wait_slots["optimizer_allgather"] * late * 1000.0
+            ) * r.uniform(0.97, 1.03)
+            out["optimizer_gradients"] = (
+                step_c * 0.15 + self.wait_slots["optimizer_gradients"] * late * 1000.0
+            ) * r.uniform(0.97, 1.03)
+            out["optimizer_step"] = step_c * 0.6 * r.uniform(0.97, 1.03)
+        else:
+            out["optimizer_step"] = step_c * 0.7 * r.uniform(0.97, 1.03)
+        return out
+
+    def _timer_msg(self, names: tuple[str, ...], values: dict[str, float]) -> str:
+        """``SynchronizedWallClockTimer.log``: ``time (ms) | name: 1.23 | ...``."""
+        text = self.df.timer_head
+        for name in names:
+            text += f" | {name}: {values[_DS_RENAMES.get(name, name)]:.2f}"
+            key = _DS_RENAMES.get(name, name)
+            self.timer_lines[key] = self.timer_lines.get(key, 0) + 1
+        return f"[Rank 0] {text}"
+
+    def step_done(self, gstep: int, t: float) -> int:
+        """Rank 0's lines at the end of global step ``gstep``; return the characters added."""
+        if not self.ds:
+            return 0
+        job = self.job
+        rk = job.ranks[0]
+        df = self.df
+        r = self.rnd
+        values = self._timer_values()
+        msgs: list[tuple[str, str]] = []
+        # The optimizer logs its timers inside engine.step(), before the engine's own.
+        opt: tuple[str, ...] = ("optimizer_step",)
+        if self.spec.zero12:
+            opt = ("optimizer_allgather", "optimizer_gradients", "optimizer_step")
+        msgs.append((df.log_dist, self._timer_msg(opt, values)))
+        cur = self.batch / (self.step_wall_s * r.uniform(0.98, 1.02))
+        if gstep >= 2:  # ThroughputTimer starts counting at start_step=2
+            self._tput_sum += cur
+            self._tput_n += 1
+        if gstep % self.spec.steps_per_print == 0:
+            lr = self._lr(gstep)
+            msgs.append(
+                (df.log_dist, f"[Rank 0] step={gstep}, skipped=0, lr=[{lr!r}], mom=[(0.9, 0.95)]")
+            )
+            avg = self._tput_sum / self._tput_n if self._tput_n else float("-inf")
+            ma = self.mem_final + self.act_bytes * r.uniform(0.1, 0.3)
+            peak = self.mem_final + self.act_bytes * r.uniform(1.0, 1.2)
+            msgs.append(
+                (
+                    df.timer_stop,
+                    f"epoch=0/micro_step={gstep}/global_step={gstep}, "
+                    f"RunningAvgSamplesPerSec={avg!r}, CurrSamplesPerSec={cur!r}, "
+                    f"MemAllocated={_gb(ma)}GB, MaxMemAllocated={_gb(peak)}GB",
+                )
+            )
+            self.throughput_steps.append(gstep)
+        msgs.append((df.log_dist, self._timer_msg(df.micro, values)))
+        msgs.append((df.log_dist, self._timer_msg(df.glob, values)))
+        text = "".join(
+            self._ds_text(rk, t + 0.0002 * k, src, msg) for k, (src, msg) in enumerate(msgs)
+        )
+        job.rank_sink[0].add(text)
+        job._touch(t + 0.0002 * len(msgs))
+        return len(text)
+
+    def end_events(self, events: list[list[tuple[float, str]]]) -> None:
+        """The comms-logger summary (rank 0, plain print) before the communicators go."""
+        if not (self.ds and self.spec.comms_summary):
+            return
+        job = self.job
+        n = job.n
+        world_calls = [c for c in job.prog if c.world]
+        full, part = divmod(job.world.seq, len(world_calls))
+        counts: dict[str, dict[int, int]] = {}  # op -> size -> calls, in first-call order
+        for k, call in enumerate(world_calls):
+            calls = full + (1 if k < part else 0)
+            if not calls:
+                continue
+            size = call.count_of(n) * (2 if call.dtype == _BF16 else 4)
+            per = counts.setdefault(_DS_COMM_OP[call.op], {})
+            per[size] = per.get(size, 0) + calls
+        r = self.rnd
+        wait = self.lateness - job.late[0]  # the logger's latency includes waiting for peers
+        lines = [
+            f"{'Comm. Op': <20}{'Message Size': <20}{'Count': <20}{'Total Latency(ms)': <20}"
+            f"{'Avg Latency(ms)': <20}{'tput_avg (Gbps)': <20}{'busbw_avg (Gbps)': <20}"
+        ]
+        for op, sizes in counts.items():
+            lines.append(op)
+            for size, count in sorted(sizes.items()):
+                moved = size * n if op != "all_reduce" else 2 * size  # calc_bw_log
+                lat_s = (2e-5 + moved / 20e9 + wait) * r.uniform(0.97, 1.03)
+                algbw = moved * 8 / 1e9 / lat_s
+                busbw = algbw * (n - 1) / n
+                total = lat_s * 1000.0 * count * r.uniform(0.99, 1.01)
+                lines.append(
+                    f"{' ': <20}{_convert_size(size): <20}{count: <20}{total: <20.2f}"
+                    f"{lat_s * 1000.0: <20.2f}{algbw: <20.2f}{busbw: <20.2f}"
+                )
+                self.comms_rows.append(
+                    {
+                        "op": op,
+                        "msg_size_bytes": size,
+                        "msg_size": _convert_size(size),
+                        "count": count,
+                    }
+                )
+        head = job.ranks[0].head
+        self.lines += len(lines)
+        t = job.last_t + 0.2  # _end_events starts 0.5 s after the last line
+        events[0].append((t, "".join(f"{head}{line}\n" for line in lines)))
+        events[0].sort(key=lambda e: e[0])
+
+    # ---- PyTorch: what a hang turns into ------------------------------------------------
+
+    def _glog(self, sev: str, t: float, line: int) -> str:
+        src = f"ProcessGroupNCCL.cpp:{line}"
+        if not self.tf.glog_time:
+            return f"[{sev} {src}]"
+        sec = int(t)
+        tm = time.gmtime(sec)
+        ns = int((t - sec) * 1e6) * 1000 + self.rnd.randrange(1000)
+        # c10's glog header: month not zero-padded ("E314" = March 14), nanoseconds.
+        return (
+            f"[{sev}{tm.tm_mon}{tm.tm_mday:02d} {tm.tm_hour:02d}:{tm.tm_min:02d}:"
+            f"{tm.tm_sec:02d}.{ns:09d} {src}]"
+        )
+
+    def _c10(self, rk: _Rank, t: float, line: int, msg: str) -> str:
+        """A C++ LOG(ERROR) line of ``rk``: launcher prefix, [rankG]:, glog header, message."""
+        pre = f"[rank{rk.rank}]:" if self.tf.rank_prefix else ""
+        return f"{rk.head}{pre}{self._glog('E', t, line)} {msg}"
+
+    def _frames(self, rk: _Rank, bases: dict[str, int], where: str, line: int) -> list[str]:
+        """``Exception raised from <where> at ...:<line>`` and its stack (c10::Error)."""
+        tf = self.tf
+        libc10 = f"{_TORCH_LIB}/libc10.so"
+        cuda = f"{_TORCH_LIB}/libtorch_cuda.so"
+        cxx = "/lib/x86_64-linux-gnu/libstdc++.so.6"
+        libc = "/lib/x86_64-linux-gnu/libc.so.6"
+        if where == "checkTimeout":
+            stack = [
+                ("c10::Error::Error(c10::SourceLocation, std::string)", 0x96, libc10, "c10"),
+                (
+                    "c10d::ProcessGroupNCCL::WorkNCCL::checkTimeout("
+                    f"{tf.optional}<std::chrono::duration<long, std::ratio<1l, 1000l> > >)",
+                    0x1D2,
+                    cuda,
+                    "cuda",
+                ),
+                (f"c10d::ProcessGroupNCCL::{tf.loop}()", 0x233, cuda, "cuda"),
+                ("c10d::ProcessGroupNCCL::ncclCommWatchdog()", 0x10C, cuda, "cuda"),
+            ]
+        else:
+            stack = [
+                ("c10::Error::Error(c10::SourceLocation, std::string)", 0x96, libc10, "c10"),
+                ("<unknown function>", 0xE5AA84, cuda, "cuda"),
+            ]
+        stack += [
+            ("<unknown function>", 0xDC253, cxx, "cxx"),
+            ("<unknown function>", 0x94AC3, libc, "libc"),
+            ("clone", 0x44, libc, "libc"),
+        ]
+        out = [
+            f"{rk.head}Exception raised from {where} at "
+            f"../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:{line} (most recent call first):"
+        ]
+        for k, (func, off, lib, key) in enumerate(stack):
+            # "<unknown function> + off" is an offset into the library; a named one is an
+            # offset into the function, placed at an invented (fixed) spot in the library.
+            start = 0 if func == "<unknown function>" else zlib.crc32(func.encode()) & 0xFFF000
+            out.append(
+                f"{rk.head}frame #{k}: {func} + 0x{off:x} (0x{bases[key] + start + off:x} in {lib})"
+            )
+        out.append(f"{rk.head}")
+        return out
+
+    def _work(self, seq: int, op: str, nin: int, nout: int) -> str:
+        t_ms = round(self.timeout_s * 1000)
+        return (
+            f"WorkNCCL(SeqNum={seq}, OpType={op}, NumelIn={nin}, NumelOut={nout}, "
+            f"Timeout(ms)={t_ms})"
+        )
+
+    def _desync(
+        self, me: int, seq: int, ops: dict[int, str], prev_ops: dict[int, str]
+    ) -> tuple[list[str], list[int]]:
+        """TraceUtils.h ``retrieveDesyncReport`` as ``me`` sees it: its lines after the
+        header line, and the ranks it names as lagging."""
+        job = self.job
+        skipped = sorted(job.skipped)
+        lines = [f"\t - [{me}] Timeout at collective: {ops[me]}, #{seq}"]
+        if skipped and seq == 1:  # the stopped ranks never wrote a trace key
+            lines.append(
+                f"\t - To our best knowledge, ranks [{_ranks_str(skipped)}] are the lagging "
+                "ranks that caused this timeout. They never joined any collectives"
+            )
+            return lines, skipped
+        # seq -> rank -> (op, finished): the last collective each rank started (count from 1)
+        trace: dict[int, dict[int, tuple[str, bool]]] = {}
+        for r in range(job.n):
+            if r in job.skipped:
+                trace.setdefault(seq - 1, {})[r] = (prev_ops[r], True)
+            else:
+                trace.setdefault(seq, {})[r] = (ops[r], False)
+        lag = min(trace)
+        started = sorted(r for r, (_, done) in trace[lag].items() if not done)
+        ended = sorted(r for r, (_, done) in trace[lag].items() if done)
+        lines.append(
+            "\t - To our best knowledge, the lagging/dead/mismatched ranks that caused the "
+            "desync are:"
+        )
+        if started:
+            lines.append(
+                f"\t   - [{_ranks_str(started)}] joined but didn't finish collective #{lag} "
+                "(count from 1)"
+            )
+        if ended:
+            lines.append(
+                f"\t     [{_ranks_str(ended)}] finished collective #{lag}, but didn't join "
+                f"collective #{lag + 1} (count from 1)"
+            )
+        lines.append("\t - Snapshot of ranks' latest states:")
+        for s in sorted(trace):
+            for done, verb in ((False, "started"), (True, "finished")):
+                by_op: dict[str, list[int]] = {}
+                for r, (op, d) in sorted(trace[s].items()):
+                    if d == done:
+                        by_op.setdefault(op, []).append(r)
+                if by_op:
+                    lines.append(f"\t   #{s} {verb} ranks:")
+                    lines += [f"\t     [{_ranks_str(by_op[o])}] {verb} {o}" for o in sorted(by_op)]
+        return lines, ended or started
+
+    def _rank_op(self, instance: int, rank: int) -> tuple[str, int]:
+        """(NCCL op, count) that ``rank`` issued at world instance ``instance``."""
+        job = self.job
+        call = job._world_call(instance)
+        op, count = call.op, call.count_of(job.n)
+        for f in self.spec.faults:
+            if isinstance(f, Mismatch) and f.rank == rank and f.at_instance == instance:
+                if f.field == "op":
+                    op = _OTHER_OP[op]
+                elif f.field == "count":
+                    count *= 2
+        return op, count
+
+    def hang(self) -> None:
+        """The job hung at world instance ``halt_at``: watchdogs fire, ranks abort, agents
+        report. Written in time order through the sinks, line numbers kept for the truth."""
+        job = self.job
+        n = job.n
+        halt = job.halt_at
+        seq = halt + 1  # SeqNum: collectives this rank issued on the world PG, from 1
+        waiting = [r for r in range(n) if r not in job.skipped]
+        if not waiting:
+            return
+        tf = self.tf
+        r_ = self.rnd
+        ops = {r: _OP_TYPE[self._rank_op(halt, r)[0]] for r in waiting}
+        prev_ops = {r: _OP_TYPE[self._rank_op(halt - 1, r)[0]] for r in job.skipped if halt >= 1}
+        enq, comp = seq, (seq - 1 if seq > 1 else -1)
+        recs: list[_Rec] = []
+        exits: dict[int, float] = {}
+        lagging: list[int] = []  # the ranks every desync report names
+        for r in waiting:
+            rk = job.ranks[r]
+            sink = job.rank_sink[r]
+            op, count = self._rank_op(halt, r)
+            nin, nout = _numel(op, count, n)
+            ran = round(self.timeout_s * 1000) + r_.randint(3, 99)
+            t = job.halt_times[r] + ran / 1000.0
+            pg = tf.pg_prefix.format(r=r)
+            wd = (
+                f"[Rank {r}] Watchdog caught collective operation timeout: "
+                f"{self._work(seq, ops[r], nin, nout)} ran for {ran} milliseconds before "
+                "timing out."
+            )
+            entry: dict[str, Json] = {
+                "rank": r,
+                "global_rank": r,
+                "host": rk.host,
+                "pid": rk.pid,
+                "seq": seq,
+                "op": ops[r],
+                "numel_in": nin,
+                "numel_out": nout,
+                "timeout_s": self.timeout_s,
+                "ran_for_ms": ran,
+                "last_enqueued": enq,
+                "last_completed": comp,
+            }
+            watchdog = [self._c10(rk, t, tf.wd, wd)]
+            if tf.exc_det is not None:
+                watchdog.append(
+                    self._c10(
+                        rk,
+                        t + 0.0002,
+                        tf.exc_det,
+                        f"{pg} Exception (either an error or timeout) detected by watchdog at "
+                        f"work: {seq}, last enqueued NCCL work: {enq}, last completed NCCL "
+                        f"work: {comp}.",
+                    )
+                )
+            if tf.to_at is not None:
+                watchdog.append(
+                    self._c10(
+                        rk,
+                        t + 0.0003,
+                        tf.to_at,
+                        f"{pg} Timeout at NCCL work: {seq}, last enqueued NCCL work: {enq}, "
+                        f"last completed NCCL work: {comp}.",
+                    )
+                )
+            if tf.fail_det is not None and tf.dump is not None:
+                watchdog += [
+                    self._c10(
+                        rk,
+                        t + 0.0002,
+                        tf.fail_det,
+                        f"{pg}  failure detected by watchdog at work sequence id: {seq} PG "
+                        f"status: last enqueued work: {enq}, last completed work: {comp}",
+                    ),
+                    self._c10(
+                        rk,
+                        t + 0.0003,
+                        tf.dump[0],
+                        "Stack trace of the failed collective not found, potentially because "
+                        "FlightRecorder is disabled. You can enable it by setting "
+                        "TORCH_NCCL_TRACE_BUFFER_SIZE to a non-zero value.",
+                    ),
+                ]
+            recs.append(_Rec(t, len(recs), sink, watchdog, [(0, self.timeouts, entry)], r))
+            t_next = t + 0.0005
+            if self.spec.desync_report:
+                report, lagging = self._desync(r, seq, ops, prev_ops)
+                # LOG(ERROR) << [logPrefix() <<] report: the report starts with "\n", so
+                # the header line ends in a space.
+                head = f"{pg} " if tf.desync_prefixed else ""
+                lines = [self._c10(rk, t_next, tf.desync, head), *(rk.head + x for x in report)]
+                recs.append(_Rec(t_next, len(recs), sink, lines, owner=r, desync=True))
+                t_next += 0.05  # the report reads every rank's key from the store
+            if tf.dump is not None:
+                recs.append(
+                    _Rec(
+                        t_next,
+                        len(recs),
+                        sink,
+                        [
+                            self._c10(
+                                rk,
+                                t_next,
+                                tf.dump[1],
+                                f"{pg} First PG on this rank to signal dumping.",
+                            )
+                        ],
+                        owner=r,
+                    )
+                )
+                t_mon = t_next + r_.uniform(0.005, 0.5)  # the heartbeat monitor thread
+                recs.append(
+                    _Rec(
+                        t_mon,
+                        len(recs),
+                        sink,
+                        [
+                            self._c10(
+                                rk,
+                                t_mon,
+                                tf.dump[2],
+                                f"{pg} Received a dump signal due to a collective timeout from "
+                                "this local rank and we will try our best to dump the debug "
+                                f"info. Last enqueued NCCL work: {enq}, last completed NCCL "
+                                f"work: {comp}.{_DESYNC_WHY}",
+                            ),
+                            self._c10(
+                                rk,
+                                t_mon + 0.0001,
+                                tf.dump[3],
+                                f"{pg} ProcessGroupNCCL preparing to dump debug info. Include "
+                                "stack trace: 1",
+                            ),
+                        ],
+                        owner=r,
+                    )
+                )
+            rank_pre = f"[Rank {r}] " if tf.some_prefixed else ""
+            t_some = t_next + r_.uniform(*tf.term_delay)
+            recs.append(
+                _Rec(
+                    t_some,
+                    len(recs),
+                    sink,
+                    [
+                        self._c10(
+                            rk,
+                            t_some,
+                            tf.some,
+                            f"{rank_pre}Some NCCL operations have failed or timed out. Due to "
+                            "the asynchronous nature of CUDA kernels, subsequent GPU operations "
+                            "might run on corrupted/incomplete data.",
+                        ),
+                        self._c10(
+                            rk,
+                            t_some + 0.0001,
+                            tf.avoid,
+                            f"{rank_pre}To avoid data inconsistency, we are taking the entire "
+                            "process down.",
+                        ),
+                    ],
+                    owner=r,
+                )
+            )
+            bases = {
+                "c10": 0x7F0000000000 + r_.getrandbits(28) * 0x1000,
+                "cuda": 0x7F0000000000 + r_.getrandbits(28) * 0x1000,
+                "cxx": 0x7F0000000000 + r_.getrandbits(28) * 0x1000,
+                "libc": 0x7F0000000000 + r_.getrandbits(28) * 0x1000,
+            }
+            term = (f"{pg} " if tf.term_pg_prefixed else f"[Rank {r}] ") + tf.term_msg + wd
+            t_term = t_some + 0.001
+            ct = self._frames(rk, bases, "checkTimeout", tf.check_timeout)
+            nw = self._frames(rk, bases, "ncclCommWatchdog", tf.comm_watchdog)
+            lines = [self._c10(rk, t_term, tf.term, term), *ct]
+            lines += [
+                f"{rk.head}terminate called after throwing an instance of 'c10::DistBackendError'",
+                f"{rk.head}  what():  {term}",
+                *ct,
+                *nw,
+            ]
+            recs.append(_Rec(t_term, len(recs), sink, lines, owner=r))
+            exits[r] = t_term + r_.uniform(0.05, 0.3)  # SIGABRT
+        kills = self._agents(exits, recs)
+        # SIGTERM ends a process at once (no handler in the workers): nothing after it.
+        recs = [rec for rec in recs if rec.t <= kills.get(rec.owner, math.inf)]
+        if any(rec.desync for rec in recs):
+            self.desync_lagging = lagging
+        job._flush_all()
+        recs.sort(key=lambda rec: (rec.t, rec.order))
+        for rec in recs:
+            sink = rec.sink
+            base = sink.lines + sink.pending_lines()
+            for off, dest, entry in rec.marks:
+                entry["path"] = sink.rel
+                entry["line_no"] = base + off + 1
+                dest.append(entry)
+            sink.add("".join(f"{line}\n" for line in rec.lines))
+            self.lines += len(rec.lines)
+            job._touch(rec.t)
+        self.timeouts.sort(key=_rank_of)
+        self.failures.sort(key=_rank_of)
+
+    def _agent_head(self, sev: str, t: float, pid: int, line: int) -> str:
+        sec = int(t)
+        ms = int((t - sec) * 1000)
+        tm = time.gmtime(sec)
+        if self.tf.agent_glog:  # torch's Python glog format (>= 2.4): month zero-padded
+            return (
+                f"{sev}{tm.tm_mon:02d}{tm.tm_mday:02d} {tm.tm_hour:02d}:{tm.tm_min:02d}:"
+                f"{tm.tm_sec:02d}.{ms:03d}000 {pid} "
+                f"torch/distributed/elastic/multiprocessing/api.py:{line}] "
+            )
+        level = {"W": "WARNING", "E": "ERROR"}[sev]
+        return (
+            f"[{self.ds_sec.get(sec)},{ms:03d}] torch.distributed.elastic.multiprocessing.api: "
+            f"[{level}] "
+        )
+
+    def _agents(self, exits: dict[int, float], recs: list[_Rec]) -> dict[int, float]:
+        """Each host's torchrun agent: SIGTERM to what still runs, then ChildFailedError.
+
+        Returns when each SIGTERMed rank was killed.
+        """
+        kills: dict[int, float] = {}
+        job = self.job
+        tf = self.tf
+        r_ = self.rnd
+        used = {rk.pid for rk in job.ranks}
+        for h in range(self.spec.hosts):
+            members = job.ranks[h * job.rph : (h + 1) * job.rph]
+            dead = [rk for rk in members if rk.rank in exits]
+            if not dead:  # nothing on this host exited: its agent has nothing to report
+                continue
+            # The agent polls every monitor interval; what has exited by then has failed.
+            t_poll = min(exits[rk.rank] for rk in dead) + r_.uniform(0.0, tf.monitor_interval_s)
+            failed = [rk for rk in dead if exits[rk.rank] <= t_poll]
+            alive = [rk for rk in members if rk not in failed]
+            # One poll stamps every failure alike, so min(timestamp) is the first one
+            # inserted: the lowest local rank.
+            root = failed[0]
+            pid = r_.randrange(10000, 999999)
+            while pid in used:
+                pid = r_.randrange(10000, 999999)
+            used.add(pid)
+            host = members[0].host
+            if job.combined:
+                sink = job.sinks[0]
+                head = f"{host}: " if self.spec.launcher == "pdsh" else ""
+            else:
+                rel = f"{host}.{pid}.log"
+                sink = _Sink(job.out_dir / rel, rel)
+                job.sinks.append(sink)
+                head = ""
+            lines = [
+                f"{head}{self._agent_head('W', t_poll, pid, tf.agent_sigterm)}"
+                f"Sending process {rk.pid} closing signal SIGTERM"
+                for rk in alive
+            ]
+            if lines:
+                recs.append(_Rec(t_poll, len(recs), sink, lines))
+            self.terminated += [rk.rank for rk in alive]
+            kills.update((rk.rank, t_poll) for rk in alive)
+            t_fail = t_poll + r_.uniform(0.2, 1.5)  # after the SIGTERMed ones are gone
+            recs.append(
+                _Rec(
+                    t_fail,
+                    len(recs),
+                    sink,
+                    [
+                        f"{head}{self._agent_head('E', t_fail, pid, tf.agent_failed)}failed "
+                        f"(exitcode: -6) local_rank: {root.local} (pid: {root.pid}) of binary: "
+                        f"{_PY_BINARY}"
+                    ],
+                )
+            )
+            block, marks = self._child_failed(failed, root, t_poll)
+            t_block = t_fail + 0.002
+            recs.append(
+                _Rec(
+                    t_block,
+                    len(recs),
+                    sink,
+                    [f"{head}{x}" for x in block],
+                    [(off, self.failures, entry) for off, entry in marks],
+                )
+            )
+        self.terminated.sort()
+        return kills
+
+    def _child_failed(
+        self, failed: list[_Rank], root: _Rank, t_poll: float
+    ) -> tuple[list[str], list[tuple[int, dict[str, Json]]]]:
+        """torchrun's traceback and ChildFailedError block (errors/__init__.py templates)."""
+        a, b, c, d, e = self.tf.tb_lines
+        dist = f"{_PY_SITE}/torch/distributed"
+        lines = [
+            "Traceback (most recent call last):",
+            '  File "/usr/local/bin/torchrun", line 8, in <module>',
+            "    sys.exit(main())",
+            f'  File "{dist}/elastic/multiprocessing/errors/__init__.py", line {a}, in wrapper',
+            "    return f(*args, **kwargs)",
+            f'  File "{dist}/run.py", line {b}, in main',
+            "    run(args)",
+            f'  File "{dist}/run.py", line {c}, in run',
+            "    elastic_launch(",
+            f'  File "{dist}/launcher/api.py", line {d}, in __call__',
+            "    return launch_agent(self._config, self._entrypoint, list(args))",
+            f'  File "{dist}/launcher/api.py", line {e}, in launch_agent',
+            "    raise ChildFailedError(",
+            # The message starts with "\n": the class name line ends in ": ".
+            "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+        ]
+        stamp = time.strftime("%Y-%m-%d_%H:%M:%S", time.gmtime(int(t_poll)))
+        fmts: dict[int, list[str]] = {}
+        for idx, rk in enumerate(failed):  # [idx] is the failure's index, not its rank
+            fmts[rk.rank] = [
+                f"[{idx}]:",
+                f"  time      : {stamp}",
+                f"  host      : {rk.host}",
+                f"  rank      : {rk.rank} (local_rank: {rk.local})",
+                f"  exitcode  : -6 (pid: {rk.pid})",
+                "  error_file: <N/A>",
+                f"  traceback : Signal 6 (SIGABRT) received by PID {rk.pid}",
+            ]
+        title = f"{_ENTRYPOINT} FAILED"
+        width = min(max(len(title), *(len(x) for f in fmts.values() for x in f)), 60)
+        lines += ["=" * width, title, "-" * width, "Failures:"]
+        marks: list[tuple[int, dict[str, Json]]] = []
+
+        def entry(rk: _Rank) -> dict[str, Json]:
+            return {
+                "rank": rk.rank,
+                "local_rank": rk.local,
+                "host": rk.host,
+                "pid": rk.pid,
+                "exitcode": -6,
+                "signal": "SIGABRT",
+                "root_cause": rk is root,
+            }
+
+        others = [rk for rk in failed if rk is not root]
+        for rk in others:
+            marks.append((len(lines), entry(rk)))
+            lines += fmts[rk.rank]
+        if not others:
+            lines.append("  <NO_OTHER_FAILURES>")
+        lines += ["-" * width, "Root Cause (first observed failure):"]
+        marks.append((len(lines), entry(root)))
+        lines += fmts[root.rank]
+        lines.append("=" * width)
+        return lines, marks
+
+    # ---- truth ------------------------------------------------------------------------
+
+    def truth(self) -> dict[str, Json]:
+        """What the framework wrote (``truth.json`` key ``framework``).
+
+        ``name``, ``torch_era``, ``torch_version``; DeepSpeed only: ``deepspeed_version``,
+        ``zero`` (stage, offload_optimizer/offload_param "cpu"|"none", overlap_comm,
+        reduce_bucket_size, allgather_bucket_size), ``steps_per_print``,
+        ``train_batch_size``. Then ``timeout_s``; ``lines`` (framework lines written);
+        ``timer_lines`` (values written per timer, >= 0.10.1 names); ``straggler_ms_per_step``
+        (what the slowest rank's lateness adds to each timer per step);
+        ``throughput_steps``; ``memory_reports`` (as printed); ``comms_summary`` rows;
+        ``timeouts`` (one per watchdog line written, with its file and line); ``failures``
+        (one per ChildFailedError entry, line of its ``[idx]:``); ``terminated`` (ranks
+        SIGTERMed by their agent); ``desync_lagging`` (ranks the desync reports name).
+        """
+        spec = self.spec
+        out: dict[str, Json] = {
+            "name": spec.framework,
+            "torch_era": spec.torch_era,
+            "torch_version": self.tf.version,
+        }
+        if self.ds:
+            out["deepspeed_version"] = self.df.version
+            out["zero"] = {
+                "stage": self.stage,
+                "offload_optimizer": "cpu" if self.off_opt else "none",
+                "offload_param": "cpu" if self.off_param else "none",
+                "overlap_comm": self.overlap,
+                "reduce_bucket_size": self.reduce_bucket,
+                "allgather_bucket_size": self.allgather_bucket,
+            }
+            out["steps_per_print"] = spec.steps_per_print
+            out["train_batch_size"] = self.batch
+        out["timeout_s"] = self.timeout_s
+        out["lines"] = self.lines
+        out["timer_lines"] = dict(sorted(self.timer_lines.items()))
+        straggler: dict[str, Json] = {}
+        if self.ds:
+            late_ms = self.lateness * 1000.0
+            for name in sorted(self.timer_lines):
+                base = name.removesuffix("_microstep")
+                slots = (
+                    self.wait_slots["bwd_inner"] + self.wait_slots["bwd_allreduce"]
+                    if base == "bwd"
+                    else self.wait_slots.get(base, 0)
+                )
+                straggler[name] = round(slots * late_ms, 6)
+        out["straggler_ms_per_step"] = straggler
+        out["throughput_steps"] = list(self.throughput_steps)
+        out["memory_reports"] = list(self.memory_reports)
+        out["comms_summary"] = list(self.comms_rows)
+        out["timeouts"] = list(self.timeouts)
+        out["failures"] = list(self.failures)
+        out["terminated"] = list(self.terminated)
+        out["desync_lagging"] = list(self.desync_lagging)
+        return out
 
 
 # --------------------------------------------------------------------------------------
@@ -1152,13 +2804,20 @@ class _Job:
         self.p_noise = spec.non_nccl_frac / (1.0 - spec.non_nccl_frac) if noise_on else 0.0
         total_steps = spec.steps if spec.target_size_bytes is None else 100000
         self.noise = _Noise(
-            random.Random(spec.seed * 7919 + 1), [rk.head for rk in self.ranks], total_steps
+            random.Random(spec.seed * 7919 + 1),
+            [rk.head for rk in self.ranks],
+            total_steps,
+            spec.framework,
         )
         self.noise_on = noise_on
         # Benign WARNs draw from their own generator, so that benign_warns=0 leaves every
         # other random choice (and so every byte) as it was.
         self.warn_rnd = random.Random(spec.seed * 7919 + 2)
         self.benign: list[BenignWarnRecord] = []
+        self.t_world_init = self.t0  # when the world communicator's init starts
+        self.halt_times: list[float] = []  # per rank: when it entered halt_at (if it did)
+        # Framework lines draw from their own generator too (see _Framework).
+        self.fw = _Framework(self) if spec.framework != "none" else None
 
     # ---- identities ------------------------------------------------------------------
 
@@ -1249,17 +2908,31 @@ class _Job:
         def activations(size: int) -> int:
             return 4096 * hidden // size
 
+        self.hidden = hidden
+        self.params = params
+        # ZeRO-1/2 keep whole parameters: no parameter all-gathers in forward/backward, the
+        # updated partitions are all-gathered after the optimizer step instead.
+        gather_params = not spec.zero12
         prog: list[_Call] = []
         for layer in range(spec.layers):
-            prog.append(_Call(True, "AllGather", shard(params[layer]), _BF16, layer))
+            if gather_params:
+                prog.append(_Call(True, "AllGather", shard(params[layer]), _BF16, layer, "fwd"))
             if spec.tp_traffic:
-                prog.append(_Call(False, "AllReduce", activations, _BF16, 1000 + layer))
+                prog.append(_Call(False, "AllReduce", activations, _BF16, 1000 + layer, "fwd"))
         for layer in reversed(range(spec.layers)):
-            prog.append(_Call(True, "AllGather", shard(params[layer]), _BF16, layer))
+            if gather_params:
+                prog.append(_Call(True, "AllGather", shard(params[layer]), _BF16, layer, "bwd"))
             if spec.tp_traffic:
-                prog.append(_Call(False, "AllReduce", activations, _BF16, 2000 + layer))
-            prog.append(_Call(True, "ReduceScatter", shard(params[layer]), _BF16, 3000 + layer))
-        prog.append(_Call(True, "AllReduce", lambda size: 1, _FP32, 4000))
+                prog.append(_Call(False, "AllReduce", activations, _BF16, 2000 + layer, "bwd"))
+            prog.append(
+                _Call(True, "ReduceScatter", shard(params[layer]), _BF16, 3000 + layer, "reduce")
+            )
+        prog.append(_Call(True, "AllReduce", lambda size: 1, _FP32, 4000, "norm"))
+        if not gather_params:
+            prog += [
+                _Call(True, "AllGather", shard(params[layer]), _BF16, layer, "optim_ag")
+                for layer in range(spec.layers)
+            ]
         return prog
 
     # ---- line helpers ----------------------------------------------------------------
@@ -1483,6 +3156,7 @@ class _Job:
         shown_banner = [False] * self.n
         net_ready = [False] * self.n
         t_comm = max(cursor) + 1.0
+        self.t_world_init = t_comm
         # The world comm first, then all host comms at once (like PyTorch subgroups).
         for group in ([self.world], self.host_comms):
             ends: list[float] = []
@@ -1539,6 +3213,10 @@ class _Job:
         return events
 
     def _ds_hello(self, rank: int, t: float) -> str:
+        if self.spec.framework == "torch":  # no DeepSpeed in a plain torch job
+            return self.noise.emit(
+                rank, f"[rank {rank}] init_process_group(backend='nccl', world_size={self.n})"
+            )
         return self.noise.emit(
             rank,
             f"{self.noise.ds_ts(t)} [INFO] [real_accelerator.py:203:get_accelerator] "
@@ -1742,6 +3420,7 @@ class _Job:
         # A WARN due at a slot goes between the previous slot's lines and this slot's.
         warn_offset = _JITTER_S + max(late)
         warn_room = max(gap - warn_offset, 0.0)
+        fw = self.fw
         step = 0
         while max_steps is None or step < max_steps:
             for j, call in enumerate(prog):
@@ -1803,11 +3482,14 @@ class _Job:
                 self._count_slot(call, skip, mms)
                 if halting:
                     self._touch(max(times))
+                    self.halt_times = times
                     self._aftermath(max(times))
                     return
                 if pending >= _FLUSH_CHARS:
                     written = self._flush_all()
                     pending = 0
+            if fw is not None:  # rank 0 logs its timers once the step's last slot is done
+                pending += fw.step_done(step + 1, base + warn_offset + 0.5 * warn_room)
             step += 1
             self.steps_completed = step
         if times:
@@ -1841,6 +3523,8 @@ class _Job:
             self._ib_error(self.ib_at_halt, t_last)
         else:
             self.end_reason = "hang"
+            if self.fw is not None:
+                self.fw.hang()
 
     def _ib_error(self, fault: IbError, t_last: float) -> None:
         era = self.era
@@ -1907,12 +3591,17 @@ class _Job:
     def run(self) -> Truth:
         init = self._init_events()
         steps_t0 = max(evs[-1][0] for evs in init) + 1.5
+        if self.fw is not None:  # engine set-up fills the gap before the first step
+            self.fw.init_events(init, steps_t0)
         self._open_sinks()
         try:
             self._emit_events(init)
             self._run_steps(steps_t0)
             if self.end_reason in ("completed", "target_size"):
-                self._emit_events(self._end_events())
+                ends = self._end_events()
+                if self.fw is not None:
+                    self.fw.end_events(ends)
+                self._emit_events(ends)
         finally:
             for s in self.sinks:
                 s.close()
@@ -1977,11 +3666,12 @@ class _Job:
             world_instances=self.world.seq,
             steps_completed=self.steps_completed,
             end_reason=self.end_reason,
-            non_nccl_lines=self.noise.count,
+            non_nccl_lines=self.noise.count + (self.fw.lines if self.fw is not None else 0),
             first_ts=_iso(self.first_t if math.isfinite(self.first_t) else self.t0),
             last_ts=_iso(self.last_t),
             faults=[self._outcome(f, last) for f in self.spec.faults],
             benign_warns=list(self.benign),
+            framework=self.fw.truth() if self.fw is not None else None,
         )
 
     def _world_call(self, instance: int) -> _Call:

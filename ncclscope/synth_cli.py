@@ -13,10 +13,15 @@ from pathlib import Path
 import click
 
 from ncclscope.synth import (
+    DS_ERAS,
     ERAS,
+    FRAMEWORKS,
     LAUNCHERS,
     LAYOUTS,
     MISMATCH_FIELDS,
+    OFFLOADS,
+    TORCH_ERAS,
+    ZERO_STAGES,
     Fault,
     IbError,
     Mismatch,
@@ -129,9 +134,17 @@ def _summary(truth: Truth, out_dir: Path, seconds: float) -> str:
     files = truth.files[0].path if len(truth.files) == 1 else f"{len(truth.files)} per-rank files"
     rate = size / seconds / 1e6 if seconds > 0 else 0.0
     warns = f", {len(truth.benign_warns)} benign WARNs" if truth.benign_warns else ""
+    fw = ""
+    if truth.framework is not None:
+        timeouts = truth.framework.get("timeouts")
+        n_timeouts = len(timeouts) if isinstance(timeouts, list) else 0
+        fw = (
+            f", {truth.framework['name']} {truth.framework['lines']:,} lines"
+            f"{f' ({n_timeouts} watchdog timeouts)' if n_timeouts else ''}"
+        )
     return (
         f"synth: wrote {files} to {out_dir}: {_human(size)}, {lines:,} lines, "
-        f"{truth.coll_calls:,} COLL calls{warns}, {truth.steps_completed} steps, "
+        f"{truth.coll_calls:,} COLL calls{warns}{fw}, {truth.steps_completed} steps, "
         f"end={truth.end_reason}; truth.json beside it ({seconds:.1f} s, {rate:.0f} MB/s)"
     )
 
@@ -143,11 +156,24 @@ Examples:
   ncclscope synth --out /tmp/hang --stop-rank 3:40
   ncclscope synth --out /tmp/big --ranks 64 --hosts 8 --timestamps --size 1GB
   ncclscope synth --out /tmp/noisy --ranks 64 --hosts 8 --size 1GB --warns 8
+  ncclscope synth --out /tmp/ds --framework deepspeed --zero-stage 3 --offload optimizer \\
+      --launcher torchrun --timestamps --slow-rank 5:0.05 --comms-summary
+  ncclscope synth --out /tmp/ds-hang --framework deepspeed --torch-era 2.7 \\
+      --stop-rank 5:40 --desync-report
+  ncclscope synth --out /tmp/fsdp --framework torch --torch-era 2.1 --layout per-rank \\
+      --stop-rank 3:40
 
 \b
 Collective instances are numbered from 0 along the world communicator; one step has
 3 x LAYERS + 1 of them (per layer an AllGather forward, AllGather + ReduceScatter
-backward, then one grad-norm AllReduce).
+backward, then one grad-norm AllReduce); 2 x LAYERS + 1 with --zero-stage 1|2 (a
+ReduceScatter per layer, the grad-norm AllReduce, then an AllGather per layer).
+
+\b
+--framework adds what PyTorch and DeepSpeed print (formats/deepspeed-torch.md):
+DeepSpeed start-up, config dump and per-step timers on rank 0; on a hang, after
+--pg-timeout, the watchdog lines of every rank that entered the collective and the
+torchrun agent's SIGTERM / ChildFailedError lines. truth.json gets a "framework" key.
 """
 
 
@@ -240,6 +266,70 @@ backward, then one grad-norm AllReduce).
     ),
 )
 @click.option(
+    "--framework",
+    type=click.Choice(FRAMEWORKS),
+    default="none",
+    show_default=True,
+    help="Also write the training framework's lines: a DeepSpeed ZeRO job on PyTorch, or "
+    "plain PyTorch DDP/FSDP. 'none' writes NCCL lines only.",
+)
+@click.option(
+    "--zero-stage",
+    type=click.Choice([str(s) for s in ZERO_STAGES]),
+    default="3",
+    show_default=True,
+    help="DeepSpeed ZeRO stage (needs --framework deepspeed); 1|2 change the collectives.",
+)
+@click.option(
+    "--offload",
+    type=click.Choice(OFFLOADS),
+    default="none",
+    show_default=True,
+    help="DeepSpeed ZeRO CPU offload (param|both need --zero-stage 3).",
+)
+@click.option(
+    "--ds-era",
+    type=click.Choice(DS_ERAS),
+    default="new",
+    show_default=True,
+    help="DeepSpeed timer format: old (<= 0.10.0, 'rank=0 time (ms) | forward_microstep') "
+    "or new (>= 0.10.1, 'time (ms) | fwd_microstep').",
+)
+@click.option(
+    "--torch-era",
+    type=click.Choice(TORCH_ERAS),
+    default="2.4",
+    show_default=True,
+    help="PyTorch generation of the watchdog and torchrun lines (prefixes, companion lines).",
+)
+@click.option(
+    "--pg-timeout",
+    "pg_timeout",
+    type=float,
+    default=None,
+    metavar="SECONDS",
+    help="Process-group timeout [default: 1800 for deepspeed, 600 for torch >= 2.2].",
+)
+@click.option(
+    "--steps-per-print",
+    default=10,
+    show_default=True,
+    metavar="N",
+    help="DeepSpeed progress and throughput lines every N steps.",
+)
+@click.option(
+    "--comms-summary/--no-comms-summary",
+    default=False,
+    show_default=True,
+    help="DeepSpeed comms-logger summary table when the job ends normally.",
+)
+@click.option(
+    "--desync-report/--no-desync-report",
+    default=False,
+    show_default=True,
+    help="TORCH_NCCL_DESYNC_DEBUG=1: on a hang, each waiting rank names the lagging ranks.",
+)
+@click.option(
     "--slow-rank",
     multiple=True,
     metavar="RANK:SECONDS",
@@ -280,6 +370,15 @@ def synth(
     tp_traffic: bool,
     host_names: str | None,
     warns: int,
+    framework: str,
+    zero_stage: str,
+    offload: str,
+    ds_era: str,
+    torch_era: str,
+    pg_timeout: float | None,
+    steps_per_print: int,
+    comms_summary: bool,
+    desync_report: bool,
     slow_rank: tuple[str, ...],
     stop_rank: tuple[str, ...],
     mismatch: tuple[str, ...],
@@ -315,6 +414,15 @@ def synth(
             step_time_s=step_time,
             tp_traffic=tp_traffic,
             benign_warns=warns,
+            framework=framework,  # type: ignore[arg-type]  # click.Choice guarantees these
+            zero_stage=int(zero_stage),
+            offload=offload,  # type: ignore[arg-type]
+            ds_era=ds_era,  # type: ignore[arg-type]
+            torch_era=torch_era,  # type: ignore[arg-type]
+            pg_timeout_s=pg_timeout,
+            steps_per_print=steps_per_print,
+            comms_summary=comms_summary,
+            desync_report=desync_report,
         )
     except (ValueError, TypeError) as exc:
         raise click.UsageError(str(exc)) from None
