@@ -1049,3 +1049,71 @@ def test_coloured_chatter_is_text_not_binary(tmp_path: Path) -> None:
     assert "binary" not in inp["unparsed_by_reason"]
     assert inp["unparsed_by_reason"]["other"] == only_input(ref)["unparsed_by_reason"]["other"] + 1
     assert facts(run.doc) == facts(ref.doc)
+
+
+# --------------------------------------------------------------------------------------
+# PyTorch and DeepSpeed lines keep the same rules
+
+
+_DS = "[2024-05-02 10:00:{s:02d},100] [INFO] [logging.py:96:log_dist] [Rank 0] "
+_WATCHDOG = (
+    "[rank{r}]:[E502 10:31:02.{r}00000 7{r} ProcessGroupNCCL.cpp:632] [Rank {r}] Watchdog "
+    "caught collective operation timeout: WorkNCCL(SeqNum=88, OpType=ALLREDUCE, "
+    "NumelIn=1024, NumelOut=1024, Timeout(ms)=600000) ran for 600150 milliseconds before "
+    "timing out."
+)
+
+
+def _framework_log(junk: bytes) -> bytes:
+    """Four DeepSpeed timer lines and three watchdog lines around ``junk``."""
+    lines = [
+        (_DS.format(s=s) + f"time (ms) | fwd_microstep: {100 + s}.25 | bwd_microstep: 2{s}0.50")
+        for s in range(2)
+    ]
+    lines += [_WATCHDOG.format(r=r) for r in (0, 1)]
+    head = ("\n".join(lines) + "\n").encode()
+    tail_lines = [
+        _DS.format(s=s) + f"time (ms) | fwd_microstep: {100 + s}.25 | bwd_microstep: 2{s}0.50"
+        for s in (2, 3)
+    ]
+    tail = ("\n".join([*tail_lines, _WATCHDOG.format(r=3)]) + "\n").encode()
+    return head + junk + tail
+
+
+@pytest.mark.parametrize(
+    "junk",
+    [
+        pytest.param(b"\x00\x01\xff\xfe binary \x9c\x80\n", id="binary"),
+        pytest.param(b"x" * (10 << 20) + b"\n", id="giant-line"),
+        pytest.param(b"[rank2]:[E502 10:31:02.2 72 ProcessGroupNCCL.cpp:632] [Rank 2] Watch\n",
+                     id="cut-watchdog-line"),
+        pytest.param(_DS.format(s=9).encode() + b"time (ms) | fwd_microstep: 1\xff2.50\n",
+                     id="invalid-utf8-in-a-timer"),
+    ],
+)  # fmt: skip
+def test_damage_among_framework_lines_loses_no_valid_line(tmp_path: Path, junk: bytes) -> None:
+    log = tmp_path / "train.log"
+    log.write_bytes(_framework_log(junk))
+    run = run_cli([log])
+    assert run.result.exit_code == 0
+    assert run.doc is not None
+    assert run.doc["timers"]["fwd_microstep"]["count"] == 4
+    assert run.doc["timers"]["bwd_microstep"]["count"] == 4
+    assert sorted(t["rank"] for t in run.doc["timeouts"]) == [0, 1, 3]
+    inp = run.doc["inputs"][0]
+    assert inp["lines"] == 8
+    assert inp["unparsed"] == inp["lines"] - inp["parsed"] >= 1  # the damaged line
+
+
+def test_framework_log_still_being_written(tmp_path: Path) -> None:
+    """The last watchdog line is cut (no newline yet): the complete ones are all read,
+    and the cut one is not invented."""
+    text = _framework_log(b"").decode()
+    cut = text[: text.rindex("Timeout(ms)")]  # inside rank 3's line
+    log = tmp_path / "train.log"
+    log.write_text(cut)
+    run = run_cli([log])
+    assert run.doc is not None
+    assert sorted(t["rank"] for t in run.doc["timeouts"]) == [0, 1]
+    assert run.doc["timers"]["fwd_microstep"]["count"] == 4
+    assert any("no newline" in n for n in run.doc["inputs"][0]["notes"])

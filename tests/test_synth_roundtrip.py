@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from ncclscope.cli import cli
-from ncclscope.synth import IbError, SynthSpec, generate
+from ncclscope.synth import IbError, StopRank, SynthSpec, generate
 
 
 def _analyze(folder: Path) -> dict[str, Any]:
@@ -96,3 +96,78 @@ def test_ib_error_is_the_first_root_cause(tmp_path: Path) -> None:
     peers = {(e["host"], e["pid"], e["first_line"]["line_no"]) for e in doc["errors"][1:]}
     for peer in details["consequential"]:
         assert (peer["host"], peer["pid"], peer["line_no"]) in peers
+
+
+@pytest.mark.parametrize(
+    ("framework", "torch_era", "ds_era", "layout", "launcher", "zero_stage", "offload"),
+    [
+        ("deepspeed", "2.4", "new", "combined", "torchrun", 3, "both"),
+        ("deepspeed", "2.1", "old", "combined", "pdsh", 2, "optimizer"),
+        ("deepspeed", "2.7", "new", "per-rank", "none", 1, "none"),
+        ("torch", "2.4", None, "combined", "torchrun", None, None),
+        ("torch", "2.7", None, "per-rank", "none", None, None),
+    ],
+)
+def test_framework_tables_match_truth(
+    tmp_path: Path,
+    framework: str,
+    torch_era: str,
+    ds_era: str | None,
+    layout: str,
+    launcher: str,
+    zero_stage: int | None,
+    offload: str | None,
+) -> None:
+    """A job that hangs on rank 5: the watchdog lines of the ranks that waited, the
+    torchelastic report, the ZeRO configuration and the timers all come back as written."""
+    extra: dict[str, Any] = {}
+    if framework == "deepspeed":
+        extra = {"zero_stage": zero_stage, "offload": offload, "ds_era": ds_era}
+    spec = SynthSpec(
+        ranks=8,
+        hosts=2,
+        steps=4,
+        layout=layout,
+        launcher=launcher,
+        framework=framework,
+        torch_era=torch_era,
+        faults=(StopRank(rank=5, at_instance=30),),
+        seed=5,
+        **extra,
+    )
+    truth = json.loads(generate(spec, tmp_path).to_json())["framework"]
+    doc = _analyze(tmp_path)
+    job = doc["job"]
+
+    assert job["frameworks"]["torch"]["seen"]
+    assert job["frameworks"]["deepspeed"]["seen"] == (framework == "deepspeed")
+    assert (job["timeout_s"], job["timeout_source"]) == (truth["timeout_s"], "logged")
+    if framework == "deepspeed":
+        assert job["zero"] == truth["zero"]
+        assert job["frameworks"]["deepspeed"]["version"] == truth["deepspeed_version"]
+        assert {k: v["count"] for k, v in doc["timers"].items()} == truth["timer_lines"]
+    else:
+        assert job["zero"] is None
+        assert doc["timers"] == {}
+
+    # PyTorch prints the global rank as a [rankG]: prefix from 2.2 on only.
+    printed = torch_era != "2.1"
+
+    def key(t: dict[str, Any]) -> tuple[Any, ...]:
+        grank = t["global_rank"] if printed else None
+        return (t["rank"], grank, t["seq"], t["op"], t["numel_in"], t["numel_out"])
+
+    assert truth["timeouts"], "the hang must make the other ranks' watchdogs fire"
+    assert sorted(key(t) for t in doc["timeouts"]) == sorted(key(t) for t in truth["timeouts"])
+    assert all(t["timeout_s"] == truth["timeout_s"] for t in doc["timeouts"])
+    assert 5 not in {t["rank"] for t in doc["timeouts"]}
+    lines = {
+        (t["first_line"]["path"].rsplit("/", 1)[-1], t["first_line"]["line_no"])
+        for t in doc["timeouts"]
+    }
+    assert lines == {(Path(t["path"]).name, t["line_no"]) for t in truth["timeouts"]}
+
+    def fkey(f: dict[str, Any]) -> tuple[Any, ...]:
+        return (f["rank"], f["local_rank"], f["host"], f["exitcode"], f["signal"], f["root_cause"])
+
+    assert sorted(fkey(f) for f in doc["failures"]) == sorted(fkey(f) for f in truth["failures"])
