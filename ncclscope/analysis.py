@@ -153,7 +153,7 @@ def run_analysis(
     analysis = Analysis(
         paths=paths,
         inputs=account,
-        notes=_notes(inputs, records),
+        notes=_notes(inputs, records, frameworks),
         problems=problems,
         nccl_versions=sorted({v.version for *_, v in records.versions}, key=_version_key),
         cuda_versions=sorted({v.cuda for *_, v in records.versions}, key=_version_key),
@@ -323,9 +323,13 @@ _DAMAGE = {
 }
 
 
-def _notes(inputs: list[Input], records: LineRecords) -> dict[str, list[str]]:
-    """Per input: what the sources said, and where each kind of damage first appears."""
+def _notes(
+    inputs: list[Input], records: LineRecords, frameworks: FrameworkTables
+) -> dict[str, list[str]]:
+    """Per input: what the sources said, where each kind of damage first appears, and
+    where the year of year-less PyTorch (glog) times came from."""
     notes: dict[str, list[str]] = {}
+    undated = frameworks.year_less_files()
     for k, inp in enumerate(inputs):
         found = list(inp.notes)
         skipped = records.unparsed.get(k, Counter())
@@ -334,6 +338,8 @@ def _notes(inputs: list[Input], records: LineRecords) -> dict[str, list[str]]:
             first = records.first_bad.get(k, {}).get(reason)
             if n and first is not None:
                 found.append(f"{n:,} line{'s' if n > 1 else ''} {what}, first at line {first}")
+        if k in undated:
+            found.append(undated[k])
         if found:
             notes[inp.display] = found
     return notes

@@ -70,6 +70,19 @@ class FrameworkTables:
     #: where the year of year-less (glog) times came from, when some were seen
     year_source: str | None = None
 
+    def year_less_files(self) -> dict[int, str]:
+        """Per file_id with glog times (month and day only): a note on the year used."""
+        out: dict[int, str] = {}
+        for table in (self.timeouts, self.torch_events, self.failures):
+            rows = table.filter(pl.col("ts_source") == "logger_no_year")
+            for (file_id,), part in rows.group_by("file_id"):
+                years = part["ts"].drop_nulls().dt.year().to_list()
+                year = str(min(years)) if years else "none"
+                out[int(file_id)] = (
+                    f"PyTorch log times carry no year: took {year} from {self.year_source}"
+                )
+        return out
+
     @property
     def timeout(self) -> tuple[float | None, str | None]:
         """The process-group timeout in force, and whether the logs state it
@@ -86,59 +99,80 @@ class FrameworkTables:
         return None, None
 
 
+#: The parsers and their patterns: each gets only the lines it asked for.
+_PARSERS = {
+    "torch": (torch.CANDIDATES, torch.BLOCK_STARTS, torch.BLOCK_LINES),
+    "ds": (ds.CANDIDATES, ds.BLOCK_STARTS, ds.BLOCK_LINES),
+}
+
+
 def _needed_lines(text_store: Path) -> pl.DataFrame:
-    """``(file_id, i, text)`` of the lines the framework parsers need, in file order."""
+    """``(file_id, i, text)`` of the lines the framework parsers need, in file order, with
+    a boolean column per parser saying whether it needs the line."""
     text = pl.col("text")
+    flags = [f"{name}_{what}" for name in _PARSERS for what in ("cand", "start")]
     marks = (
         pl.scan_parquet(text_store)
         .filter(pl.col("kind") == LINE_KIND["other"])
         .select(
             "file_id",
             "i",
-            (text.str.contains(torch.CANDIDATES) | text.str.contains(ds.CANDIDATES)).alias("cand"),
-            text.str.contains(torch.BLOCK_STARTS).alias("torch_start"),
-            text.str.contains(ds.BLOCK_STARTS).alias("ds_start"),
+            *(
+                text.str.contains(pattern).alias(f"{name}_{what}")
+                for name, (cand, start, _n) in _PARSERS.items()
+                for what, pattern in (("cand", cand), ("start", start))
+            ),
         )
-        .filter(pl.col("cand") | pl.col("torch_start") | pl.col("ds_start"))
+        .filter(pl.any_horizontal(flags))
         .collect(engine="streaming")
     )
+    columns = {"file_id": pl.UInt32, "i": pl.UInt32, "text": pl.String}
     if marks.is_empty():
-        return pl.DataFrame(schema={"file_id": pl.UInt32, "i": pl.UInt32, "text": pl.String})
-    # Wanted line numbers: each candidate and the line after it, each block start and
-    # the lines after it.  Ranges are built on the few marked rows, then joined.
-    spans = marks.select(
-        "file_id",
-        pl.col("i").alias("lo"),
-        (
-            pl.col("i")
-            + pl.when(pl.col("ds_start"))
-            .then(ds.BLOCK_LINES)
-            .when(pl.col("torch_start"))
-            .then(torch.BLOCK_LINES)
-            .otherwise(1)
+        return pl.DataFrame(schema={**columns, **dict.fromkeys(_PARSERS, pl.Boolean)})
+    # Wanted line numbers per parser: each candidate and the line after it, each block
+    # start and the lines after it.  Built on the few marked rows, then joined.
+    wanted = []
+    for name, (_cand, _start, block) in _PARSERS.items():
+        spans = marks.filter(pl.col(f"{name}_cand") | pl.col(f"{name}_start")).select(
+            "file_id",
+            pl.int_ranges(
+                "i", pl.col("i") + pl.when(pl.col(f"{name}_start")).then(block).otherwise(1) + 1
+            ).alias("i"),
         )
-        .cast(pl.UInt32)
-        .alias("hi"),
-    )
-    wanted = (
-        spans.select("file_id", pl.int_ranges("lo", pl.col("hi") + 1).alias("i"))
-        .explode("i")
-        .with_columns(pl.col("i").cast(pl.UInt32))
-        .unique()
+        wanted.append(
+            spans.explode("i")
+            .select("file_id", pl.col("i").cast(pl.UInt32), pl.lit(value=True).alias(name))
+            .unique(["file_id", "i"])
+        )
+    both = (
+        wanted[0]
+        .join(wanted[1], on=["file_id", "i"], how="full", coalesce=True)
+        .select("file_id", "i", *(pl.col(name).fill_null(value=False) for name in _PARSERS))
     )
     return (
         pl.scan_parquet(text_store)
         .filter(pl.col("kind") != LINE_KIND["blank"])
-        .join(wanted.lazy(), on=["file_id", "i"], how="semi")
-        .select("file_id", "i", "text")
+        .join(both.lazy(), on=["file_id", "i"], how="inner")
+        .select("file_id", "i", "text", *_PARSERS)
         .collect(engine="streaming")
         .sort("file_id", "i")
     )
 
 
-def _per_file(lines: pl.DataFrame) -> Iterable[tuple[int, list[tuple[int, str]]]]:
+def _per_file(
+    lines: pl.DataFrame,
+) -> Iterable[tuple[int, list[tuple[int, str]], list[tuple[int, str]]]]:
+    """Per file: the torch parser's lines and the DeepSpeed parser's lines."""
     for (file_id,), part in lines.group_by("file_id", maintain_order=True):
-        yield int(file_id), list(zip(part["i"].to_list(), part["text"].to_list(), strict=True))
+        yield (
+            int(file_id),
+            _rows(part.filter(pl.col("torch"))),
+            _rows(part.filter(pl.col("ds"))),
+        )
+
+
+def _rows(part: pl.DataFrame) -> list[tuple[int, str]]:
+    return list(zip(part["i"].to_list(), part["text"].to_list(), strict=True))
 
 
 def read_frameworks(
@@ -157,7 +191,8 @@ def read_frameworks(
     lines = _needed_lines(text_store)
     files = list(_per_file(lines))
     results = [
-        (file_id, rows, ds.parse_deepspeed(rows, file_id=file_id)) for file_id, rows in files
+        (file_id, torch_rows, ds.parse_deepspeed(ds_rows, file_id=file_id))
+        for file_id, torch_rows, ds_rows in files
     ]
     year, source = _year(results, year_hint if files else lambda: None, file_years or {})
     timers, throughput, memory, comms = [], [], [], []
@@ -197,9 +232,8 @@ def read_frameworks(
     out.timeouts = pl.concat([out.timeouts, *timeouts])
     out.failures = pl.concat([out.failures, *failures])
     out.torch_events = pl.concat([out.torch_events, *events])
-    if (out.timeouts["ts_source"] == "logger_no_year").any() or (
-        out.torch_events["ts_source"] == "logger_no_year"
-    ).any():
+    tables = (out.timeouts, out.torch_events, out.failures)
+    if any((t["ts_source"] == "logger_no_year").any() for t in tables):
         out.year_source = source
     return out
 
