@@ -28,6 +28,7 @@ from ncclscope.schema import (
     TIMEOUTS_SCHEMA,
     TIMERS_SCHEMA,
     TORCH_EVENTS_SCHEMA,
+    TS,
 )
 
 __all__ = ["FrameworkTables", "mtime_years", "read_frameworks"]
@@ -159,6 +160,126 @@ def _needed_lines(text_store: Path) -> pl.DataFrame:
     )
 
 
+#: A DeepSpeed wall-clock timer line in its common shape, read in polars rather than
+#: one by one (a chatty job prints hundreds of thousands):
+#: ``[2024-05-02 10:00:01,100] [INFO] [logging.py:96:log_dist] [Rank 0] time (ms) |
+#: fwd_microstep: 101.25 | bwd_microstep: 210.50``.  Any other shape (MoE breakdown,
+#: ``inf``, two headers, colour codes, a cut line) goes to ``parse_deepspeed``, whose
+#: rows these must equal (a test checks it).
+_DS_HEADER = (
+    r"\[(?P<date>[0-9]{4}-[0-9]{2}-[0-9]{2}) (?P<time>[0-9]{2}:[0-9]{2}:[0-9]{2}),"
+    r"(?P<ms>[0-9]{3})\] \[[A-Z]{1,16}\] \[[^\s:\]]{1,200}:[0-9]{1,9}:[^\s\]]{1,200}\] ?"
+)
+_DS_TIMER_LINE = (
+    r"^[^\r\x1b]*?" + _DS_HEADER + r"(?:\[Rank (?P<rank>[0-9]{1,9})\] )?"
+    r"(?:rank=(?P<rank2>[0-9]{1,9}) )?time \(ms\)"
+    r"(?P<pairs>(?: \| [^|:()\r\x1b]{1,100}: -?[0-9]{1,13}\.[0-9]{2})+)\s*$"
+)
+_DS_ANY_HEADER = r"\[[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2},[0-9]{3}\] \["
+
+
+def _fast_timer_lines(lines: pl.DataFrame) -> pl.DataFrame:
+    """The DeepSpeed lines (``ds`` rows of ``_needed_lines``) that are plain timer lines,
+    with their fields: ``file_id``, ``i``, ``rank``, ``ts``, ``pairs``."""
+    text = pl.col("text")
+    ds_rows = lines.filter(pl.col("ds")).select("file_id", "i", "text")
+    nxt_text = text.shift(-1).over("file_id")
+    nxt = ds_rows.select(
+        "file_id",
+        "i",
+        # The next line, when adjacent, header-less and shaped like the rest of a timer
+        # line (`` | name: value``; or holding \r or colour codes, which the parser
+        # strips first), may continue this one: the parser joins them.
+        (
+            (pl.col("i").shift(-1).over("file_id") == pl.col("i") + 1).fill_null(value=False)
+            & ~nxt_text.str.contains(_DS_ANY_HEADER).fill_null(value=True)
+            & nxt_text.str.contains(r"^\s?\||[\r\x1b]").fill_null(value=False)
+        ).alias("maybe_cut"),
+    )
+    candidates = ds_rows.join(nxt, on=["file_id", "i"]).filter(
+        ~pl.col("maybe_cut")
+        & text.str.contains("time (ms) |", literal=True)
+        & (text.str.count_matches(_DS_ANY_HEADER) == 1)
+    )
+    fields = (
+        candidates.select("file_id", "i", text.str.extract_groups(_DS_TIMER_LINE).alias("m"))
+        .unnest("m")
+        .filter(pl.col("pairs").is_not_null())
+    )
+    day = pl.col("date").str.to_date("%Y-%m-%d", strict=False)
+    clock = pl.col("time")
+    seconds = (
+        clock.str.slice(0, 2).cast(pl.Int64) * 3600
+        + clock.str.slice(3, 2).cast(pl.Int64) * 60
+        + clock.str.slice(6, 2).cast(pl.Int64)
+    )
+    valid = (
+        day.is_not_null()
+        & (clock.str.slice(0, 2).cast(pl.Int64) < 24)
+        & (clock.str.slice(3, 2).cast(pl.Int64) < 60)
+        & (clock.str.slice(6, 2).cast(pl.Int64) < 60)
+    )
+    micros = day.cast(pl.Int64) * 86_400_000_000 + seconds * 1_000_000
+    micros = micros + pl.col("ms").cast(pl.Int64) * 1000
+    return fields.select(
+        "file_id",
+        "i",
+        pl.coalesce(pl.col("rank"), pl.col("rank2")).cast(pl.Int32).alias("rank"),
+        pl.when(valid).then(micros).cast(TS).alias("ts"),
+        "pairs",
+    )
+
+
+def _fast_timers(fast: pl.DataFrame, step_marks: pl.DataFrame) -> pl.DataFrame:
+    """TIMERS rows of ``_fast_timer_lines``; the step is the last one set before the line."""
+    pairs = (
+        fast.with_columns(pl.col("pairs").str.strip_chars_end().str.split(" | ").list.slice(1))
+        .explode("pairs")
+        .with_columns(pl.col("pairs").str.split_exact(": ", 1).alias("kv"))
+        .unnest("kv")
+        .rename({"field_0": "name_printed", "field_1": "ms"})
+        .with_columns(pl.col("name_printed").str.strip_chars())
+    )
+    # Seconds exactly as Python's float("1176.83") / 1000: polars divides by a scalar
+    # through its reciprocal (40.27 / 1000 -> 0.04027000000000001) and its float parse
+    # may differ in the last bit, so both divisions are by a column, which rounds
+    # correctly: 117683 / 100 -> 1176.83, then / 1000.
+    divisor = pl.Series([100.0, 1000.0]).repeat_by(pairs.height).explode()
+    pairs = pairs.with_columns(
+        pl.col("ms").str.replace(".", "", literal=True).cast(pl.Float64).alias("ms"),
+        divisor[: pairs.height].alias("by_100"),
+        divisor[pairs.height :].alias("by_1000"),
+    ).with_columns((pl.col("ms") / pl.col("by_100") / pl.col("by_1000")).alias("ms"))
+    renames = ds.TIMER_RENAMES
+    out = (
+        pairs.sort("file_id", "i")
+        .join_asof(
+            step_marks.sort("file_id", "i"),
+            on="i",
+            by="file_id",
+            strategy="backward",
+            check_sortedness=False,  # both sides are sorted by (file_id, i) just above
+        )
+        .select(
+            "file_id",
+            pl.col("i").alias("line_no"),
+            "rank",
+            "step",
+            pl.col("name_printed")
+            .replace_strict(list(renames), list(renames.values()), default=pl.col("name_printed"))
+            .alias("name"),
+            "name_printed",
+            pl.col("ms").alias("duration_s"),
+            "ts",
+            pl.when(pl.col("ts").is_null())
+            .then(pl.lit("none"))
+            .otherwise(pl.lit("logger"))
+            .alias("ts_source"),
+        )
+    )
+    return out.cast(TIMERS_SCHEMA)
+
+
 def _per_file(
     lines: pl.DataFrame,
 ) -> Iterable[tuple[int, list[tuple[int, str]], list[tuple[int, str]]]]:
@@ -189,10 +310,33 @@ def read_frameworks(
     """
     out = FrameworkTables()
     lines = _needed_lines(text_store)
+    # Plain timer lines are read in polars; parse_deepspeed gets the rest.
+    fast = _fast_timer_lines(lines)
+    if len(fast):
+        keys = fast.select("file_id", "i", pl.lit(value=True).alias("fast"))
+        lines = (
+            lines.join(keys, on=["file_id", "i"], how="left")
+            .with_columns(pl.col("ds") & pl.col("fast").is_null())
+            .drop("fast")
+        )
     files = list(_per_file(lines))
     results = [
         (file_id, torch_rows, ds.parse_deepspeed(ds_rows, file_id=file_id))
         for file_id, torch_rows, ds_rows in files
+    ]
+    marks = pl.DataFrame(
+        [(file_id, i, step) for file_id, _r, d in results for i, step in d.step_marks],
+        schema={"file_id": pl.UInt32, "i": pl.UInt32, "step": pl.Int64},
+        orient="row",
+    )
+    fast_timers = _fast_timers(fast, marks)
+    fast_lines = dict(fast.group_by("file_id").agg(pl.len()).iter_rows())
+    fast_years = dict(
+        fast.sort("i").group_by("file_id").agg(pl.col("ts").drop_nulls().first()).iter_rows()
+    )
+    results = [
+        (file_id, rows, _with_fast(d, fast_lines.get(file_id, 0), fast_years.get(file_id)))
+        for file_id, rows, d in results
     ]
     year, source = _year(results, year_hint if files else lambda: None, file_years or {})
     timers, throughput, memory, comms = [], [], [], []
@@ -225,7 +369,9 @@ def read_frameworks(
             out.malformed[file_id] = (bad, min(firsts) if firsts else 0)
         if t.seen and any("[rank" in text for _i, text in rows[:2000]):
             out.torch_rank_prefix = True
-    out.timers = pl.concat([out.timers, *timers])
+    out.timers = pl.concat([out.timers, *timers, fast_timers]).sort(
+        "file_id", "line_no", maintain_order=True
+    )
     out.throughput = pl.concat([out.throughput, *throughput])
     out.memory = pl.concat([out.memory, *memory])
     out.comms = pl.concat([out.comms, *comms])
@@ -236,6 +382,17 @@ def read_frameworks(
     if any((t["ts_source"] == "logger_no_year").any() for t in tables):
         out.year_source = source
     return out
+
+
+def _with_fast(d: ds.DeepSpeedResult, lines: int, first: datetime | None) -> ds.DeepSpeedResult:
+    """``d`` counting the timer lines read in polars as its own."""
+    if not lines:
+        return d
+    d.parsed += lines
+    d.seen = True
+    if d.year is None and first is not None:
+        d.year = first.year
+    return d
 
 
 def _rank(zero: ds.ZeroConfig) -> int:

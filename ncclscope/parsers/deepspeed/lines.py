@@ -435,6 +435,9 @@ class DeepSpeedResult:
     parsed: int
     malformed: int
     first_malformed: int | None
+    #: ``(line_no, step)`` each time a line set the current global step (throughput,
+    #: progress, pipeline lines): a timer line read elsewhere takes the last one before it
+    step_marks: list[tuple[int, int]] = field(default_factory=list)
 
 
 # --------------------------------------------------------------------------------------
@@ -918,6 +921,7 @@ class _Parser:
         self.malformed = 0
         self.first_malformed: int | None = None
         self.step: int | None = None
+        self.step_marks: list[tuple[int, int]] = []
         self.prev: int | None = None
         self.block: _Block | None = None
         self.dumps = 0
@@ -1080,6 +1084,8 @@ class _Parser:
             )
         )
         self.step = gstep if gstep is not None else micro
+        if self.step is not None:
+            self.step_marks.append((line.line_no, self.step))
         return _Outcome.PARSED
 
     def progress_line(self, line: _Line) -> _Outcome | None:
@@ -1087,6 +1093,7 @@ class _Parser:
         if m is None:
             return _Outcome.MALFORMED if "step=" in line.msg else None
         self.step = int(m["step"])
+        self.step_marks.append((line.line_no, self.step))
         return _Outcome.PARSED
 
     def pipe_steps_line(self, line: _Line) -> _Outcome | None:
@@ -1094,6 +1101,7 @@ class _Parser:
         if m is None:
             return None
         self.step = int(m["step"])
+        self.step_marks.append((line.line_no, self.step))
         return _Outcome.PARSED
 
     def comm_call_line(self, line: _Line) -> _Outcome | None:
@@ -1309,6 +1317,7 @@ class _Parser:
             parsed=self.parsed,
             malformed=self.malformed,
             first_malformed=self.first_malformed,
+            step_marks=self.step_marks,
         )
 
 
