@@ -230,6 +230,36 @@ def _fast_timer_lines(lines: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+#: DeepSpeed's progress line in its common shape, which only sets the global step:
+#: ``[...] [Rank 0] step=10, skipped=0, lr=[0.0001], mom=[(0.9, 0.999)]``.
+_DS_PROGRESS_LINE = (
+    r"^[^\r\x1b]*?" + _DS_HEADER + r"(?:\[Rank [0-9]{1,9}\] )?"
+    r"step=(?P<step>[0-9]{1,15}), skipped=[0-9]{1,15}, lr=\[[^\]\r\x1b]*\], mom=[^\r\x1b]*$"
+)
+#: Needles of the families ``parse_deepspeed`` tries before the progress line's.
+_BEFORE_PROGRESS = r"time \(ms\) \||SamplesPerSec=|comm op: |MA |CPU Virtual Memory:"
+
+
+def _fast_progress_marks(lines: pl.DataFrame) -> pl.DataFrame:
+    """``(file_id, i, step)`` of plain DeepSpeed progress lines, read in polars."""
+    text = pl.col("text")
+    return (
+        lines.filter(
+            pl.col("ds")
+            & text.str.contains(", skipped=", literal=True)
+            & ~text.str.contains(_BEFORE_PROGRESS)
+            & (text.str.count_matches(_DS_ANY_HEADER) == 1)
+        )
+        .select(
+            "file_id",
+            "i",
+            text.str.extract_groups(_DS_PROGRESS_LINE).struct.field("step").alias("step"),
+        )
+        .filter(pl.col("step").is_not_null())
+        .select("file_id", "i", pl.col("step").cast(pl.Int64))
+    )
+
+
 def _fast_timers(fast: pl.DataFrame, step_marks: pl.DataFrame) -> pl.DataFrame:
     """TIMERS rows of ``_fast_timer_lines``; the step is the last one set before the line."""
     pairs = (
@@ -310,12 +340,13 @@ def read_frameworks(
     """
     out = FrameworkTables()
     lines = _needed_lines(text_store)
-    # Plain timer lines are read in polars; parse_deepspeed gets the rest.
+    # Plain timer and progress lines are read in polars; parse_deepspeed gets the rest.
     fast = _fast_timer_lines(lines)
-    if len(fast):
-        keys = fast.select("file_id", "i", pl.lit(value=True).alias("fast"))
+    fast_marks = _fast_progress_marks(lines)
+    keys = pl.concat([fast.select("file_id", "i"), fast_marks.select("file_id", "i")])
+    if len(keys):
         lines = (
-            lines.join(keys, on=["file_id", "i"], how="left")
+            lines.join(keys.with_columns(fast=pl.lit(value=True)), on=["file_id", "i"], how="left")
             .with_columns(pl.col("ds") & pl.col("fast").is_null())
             .drop("fast")
         )
@@ -324,13 +355,22 @@ def read_frameworks(
         (file_id, torch_rows, ds.parse_deepspeed(ds_rows, file_id=file_id))
         for file_id, torch_rows, ds_rows in files
     ]
-    marks = pl.DataFrame(
-        [(file_id, i, step) for file_id, _r, d in results for i, step in d.step_marks],
-        schema={"file_id": pl.UInt32, "i": pl.UInt32, "step": pl.Int64},
-        orient="row",
+    marks = pl.concat(
+        [
+            pl.DataFrame(
+                [(file_id, i, step) for file_id, _r, d in results for i, step in d.step_marks],
+                schema={"file_id": pl.UInt32, "i": pl.UInt32, "step": pl.Int64},
+                orient="row",
+            ),
+            fast_marks,
+        ]
     )
     fast_timers = _fast_timers(fast, marks)
-    fast_lines = dict(fast.group_by("file_id").agg(pl.len()).iter_rows())
+    if len(fast_marks):
+        # The parser did not see these steps: its timer rows take theirs again.
+        for _file_id, _rows, d in results:
+            d.timers = _restep(d.timers, marks)
+    fast_lines = dict(keys.group_by("file_id").agg(pl.len()).iter_rows())
     fast_years = dict(
         fast.sort("i").group_by("file_id").agg(pl.col("ts").drop_nulls().first()).iter_rows()
     )
@@ -382,6 +422,26 @@ def read_frameworks(
     if any((t["ts_source"] == "logger_no_year").any() for t in tables):
         out.year_source = source
     return out
+
+
+def _restep(timers: pl.DataFrame, marks: pl.DataFrame) -> pl.DataFrame:
+    """``timers`` with ``step`` = the last step set before each row's line."""
+    if timers.is_empty():
+        return timers
+    return (
+        timers.with_row_index("_k")
+        .drop("step")
+        .sort("file_id", "line_no")
+        .join_asof(
+            marks.sort("file_id", "i").rename({"i": "line_no"}),
+            on="line_no",
+            by="file_id",
+            strategy="backward",
+            check_sortedness=False,  # both sorted by (file_id, line) just above
+        )
+        .sort("_k")
+        .select(list(TIMERS_SCHEMA))
+    )
 
 
 def _with_fast(d: ds.DeepSpeedResult, lines: int, first: datetime | None) -> ds.DeepSpeedResult:
