@@ -1066,18 +1066,17 @@ _WATCHDOG = (
 
 def _framework_log(junk: bytes) -> bytes:
     """Four DeepSpeed timer lines and three watchdog lines around ``junk``."""
-    lines = [
-        (_DS.format(s=s) + f"time (ms) | fwd_microstep: {100 + s}.25 | bwd_microstep: 2{s}0.50")
-        for s in range(2)
-    ]
-    lines += [_WATCHDOG.format(r=r) for r in (0, 1)]
-    head = ("\n".join(lines) + "\n").encode()
-    tail_lines = [
-        _DS.format(s=s) + f"time (ms) | fwd_microstep: {100 + s}.25 | bwd_microstep: 2{s}0.50"
-        for s in (2, 3)
-    ]
-    tail = ("\n".join([*tail_lines, _WATCHDOG.format(r=3)]) + "\n").encode()
-    return head + junk + tail
+
+    def timer(s: int) -> str:
+        return (
+            _DS.format(s=s) + f"time (ms) | fwd_microstep: {100 + s}.25 | bwd_microstep: 2{s}0.50"
+        )
+
+    def text(lines: list[str]) -> bytes:
+        return ("\n".join(lines) + "\n").encode()
+
+    head = text([timer(0), timer(1), _WATCHDOG.format(r=0), _WATCHDOG.format(r=1)])
+    return head + junk + text([timer(2), timer(3), _WATCHDOG.format(r=3)])
 
 
 @pytest.mark.parametrize(
