@@ -189,27 +189,60 @@ def _coll_offset(line: str) -> int | None:
     return None
 
 
+#: The time token of NCCL's default timestamp, ``09:00:09.387136]`` (``%Nf``: 0 to 9
+#: fraction digits).
+_CLOCK_TOKEN = r"^[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,9})?\]$"
+
+
 def _default_ts(date_token: pl.Expr, time_token: pl.Expr) -> pl.Expr:
     """NCCL's default timestamp ``[%F %T.%Nf] `` from its two tokens, as UTC microseconds.
 
     ``[2025-03-14`` + ``09:00:09.387136]``: the date repeats on every line (parsed once
-    per distinct value), the time is cut into fields; cheaper than strptime per line.
+    per distinct value), the time is cut into fields where it stands; cheaper than
+    strptime, or than stripping and padding a copy of the token, on millions of lines.
     """
     day = date_token.str.slice(-10).str.to_date("%Y-%m-%d", strict=False, cache=True)
-    clock = time_token.str.strip_suffix("]")
-    well_formed = clock.str.contains(r"^[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,9})?$")
+    clock = time_token
 
-    def part(start: int) -> pl.Expr:
-        return clock.str.slice(start, 2).cast(pl.Int64, strict=False)
+    def part(start: int, length: int = 2) -> pl.Expr:
+        return clock.str.slice(start, length).cast(pl.Int64, strict=False)
 
     seconds = part(0) * 3600 + part(3) * 60 + part(6)
-    micros = clock.str.slice(9, 6).str.pad_end(6, "0").cast(pl.Int64, strict=False).fill_null(0)
+    # The usual 6 fraction digits are read as they stand; other precisions (``%3f``,
+    # ``%9f``, none) are scaled to microseconds by their digit count.
+    digits = (clock.str.len_bytes().cast(pl.Int64) - 10).clip(0, 6)
+    fraction = clock.str.slice(9, 6).str.strip_suffix("]").cast(pl.Int64, strict=False).fill_null(0)
+    micros = fraction * pl.lit(10, dtype=pl.Int64).pow(6 - digits)
     total = day.cast(pl.Int64) * 86_400_000_000 + seconds * 1_000_000 + micros
-    return pl.when(well_formed).then(total).otherwise(None).cast(pl.Datetime("us", "UTC"))
+    return pl.when(clock.str.contains(_CLOCK_TOKEN)).then(total).cast(TS)
 
 
 #: The COLL store's columns after ``file_id`` and ``i``: what the field reader writes.
 _FIELD_NAMES = tuple(list(COLL_STORE_SCHEMA)[2:])
+
+
+#: Numeric fields by their column after the offset (``count``, ``datatype``, ``op``,
+#: ``root``): the CSV reader parses these itself, which saves a string column and a
+#: cast per field on millions of lines; a token that is no number reads as null.
+_NUMERIC_FIELDS: dict[int, pl.DataType] = {
+    12: pl.Int64(),
+    14: pl.Int16(),
+    16: pl.Int16(),
+    18: pl.Int32(),
+}
+
+
+def _field_schema(offsets: Sequence[int]) -> dict[str, pl.DataType]:
+    """The field reader's columns: strings, except a numeric field's column where every
+    offset that reads that column reads it as the same number (one offset: always)."""
+    width = max(offsets) + _FIELD_COLUMNS
+    roles: dict[int, set[pl.DataType]] = {k: set() for k in range(width)}
+    for h in offsets:
+        for k in range(width):
+            roles[k].add(_NUMERIC_FIELDS.get(k - h, pl.String()))
+    return {
+        f"c{k}": next(iter(kinds)) if len(kinds) == 1 else pl.String() for k, kinds in roles.items()
+    }
 
 
 def _fields(batch: _Batch, offsets: Sequence[int]) -> pl.LazyFrame:
@@ -218,7 +251,7 @@ def _fields(batch: _Batch, offsets: Sequence[int]) -> pl.LazyFrame:
     ``taken`` is true where the line, with one of ``offsets`` prefix tokens, is a
     well-formed COLL line; its fields are then filled, else null.
     """
-    schema = {f"c{k}": pl.String for k in range(max(offsets) + _FIELD_COLUMNS)}
+    schema = _field_schema(offsets)
 
     def c(k: int) -> pl.Expr:
         return pl.col(f"c{k}")
@@ -267,6 +300,7 @@ def _fields(batch: _Batch, offsets: Sequence[int]) -> pl.LazyFrame:
         schema=schema,
         missing_columns="insert",
         extra_columns="ignore",
+        ignore_errors=True,  # a numeric column's token that is no number: null
     ).select(
         pl.any_horizontal(oks).alias("taken"),
         *(
