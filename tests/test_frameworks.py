@@ -1,7 +1,9 @@
-"""The framework stage: picking lines in polars, and timer lines read in polars.
+"""The framework stage: picking lines in polars, and DeepSpeed's chattiest lines read in
+polars.
 
-Plain DeepSpeed timer lines skip ``parse_deepspeed`` (a chatty job prints hundreds of
-thousands); these tests hold the polars reader to the parser's rows, line for line.
+Plain DeepSpeed timer, progress and throughput lines skip ``parse_deepspeed`` (a chatty
+job prints hundreds of thousands); these tests hold the polars readers to the parser's
+rows, line for line.
 """
 
 from __future__ import annotations
@@ -48,18 +50,55 @@ HOSTILE = [
     "epoch 0 loss 2.29",  # adjacent, but not the rest of a timer line
 ]
 
+T = H.replace("logging.py:96:log_dist", "timer.py:264:stop")
+#: ThroughputTimer lines in every shape: plain ones go the fast way, the rest to the parser.
+HOSTILE_THROUGHPUT = [
+    T.format(s=20, ms=1) + "epoch=0/micro_step=40/global_step=10, RunningAvgSamplesPerSec="
+    "21.873046128374906, CurrSamplesPerSec=22.41, MemAllocated=3.47GB, MaxMemAllocated=9.12GB",
+    H.format(s=20, ms=2) + "[Rank 0] time (ms) | fwd_microstep: 1.00",
+    T.format(s=21, ms=3) + "epoch=0/micro_step=44/global_step=11, RunningAvgSamplesPerSec="
+    "-inf, CurrSamplesPerSec=nan, MemAllocated=3.47GB, MaxMemAllocated=9.12GB",
+    T.format(s=22, ms=4) + "epoch=0/micro_step=48/global_step=12, RunningAvgSamplesPerSec="
+    "1e-05, CurrSamplesPerSec=2.5E+3, MemAllocated=0GB, MaxMemAllocated=12GB",
+    T.format(s=23, ms=5) + "epoch=1/micro_step=52/global_step=13, RunningAvgSamplesPerSec="
+    "0.1, CurrSamplesPerSec=0.30000000000000004, MemAllocated=0.000000000001GB, "
+    "MaxMemAllocated=999999999999.999999999999GB   ",
+    T.format(s=24, ms=6) + "[Rank 3] epoch=1/micro_step=56/global_step=14, "
+    "RunningAvgSamplesPerSec=7.0, CurrSamplesPerSec=7.25, MemAllocated=1.5GB, "
+    "MaxMemAllocated=2.0GB, and more",
+    T.format(s=25, ms=7) + "epoch=1/micro_step=60/global_step=15, RunningAvgSamplesPerSec="
+    "7.0, CurrSamplesPerSec=7.25, MemAllo",
+    "cated=1.5GB, MaxMemAllocated=2.0GB",  # cut by a terminal: the parser joins them
+    T.format(s=26, ms=8) + "0/40, RunningAvgSamplesPerSec=21.87, CurrSamplesPerSec=22.41, "
+    "MemAllocated=3.47GB, MaxMemAllocated=9.12GB",
+    T.format(s=27, ms=9) + "1/200, SamplesPerSec=88.31",
+    "\u2588" + T.format(s=28, ms=10) + "epoch=2/micro_step=64/global_step=16, "
+    "RunningAvgSamplesPerSec=7.0, CurrSamplesPerSec=7.25, MemAllocated=1.5GB, "
+    "MaxMemAllocated=2.0GB",
+    T.format(s=29, ms=11) + "epoch=2/micro_step=68/global_step=17, RunningAvgSamplesPerSec="
+    "7.0, CurrSamplesPerSec=7.25, MemAllocated=1.5GB, MaxMemAllocated=2.0GB"
+    + T.format(s=29, ms=12),  # a second header: two records spliced
+    H.format(s=30, ms=13) + "[Rank 0] time (ms) | fwd_microstep: 2.00",
+]
+
 
 def _timers_both_ways(paths: list[Path], tmp_path: Path) -> tuple[pl.DataFrame, pl.DataFrame, int]:
+    """Timer rows as ``read_frameworks`` gives them and as the parser alone gives them,
+    and how many timer lines went the fast way; throughput rows are held to the parser's
+    too."""
     scan = scan_inputs([ScanTarget(k, p, ()) for k, p in enumerate(paths)], tmp_path / "store")
-    got = frameworks.read_frameworks(scan.text_store).timers
+    tables = frameworks.read_frameworks(scan.text_store)
     lines = frameworks._needed_lines(scan.text_store)
-    fast = frameworks._fast_timer_lines(lines).height
-    want = []
+    fast = frameworks._fast_timer_lines(frameworks._headed(lines)).height
+    want, want_tput = [], []
     for (file_id,), part in lines.filter(pl.col("ds")).group_by("file_id"):
         rows = list(zip(part["i"].to_list(), part["text"].to_list(), strict=True))
-        want.append(parse_deepspeed(rows, file_id=int(file_id)).timers)
+        result = parse_deepspeed(rows, file_id=int(file_id))
+        want.append(result.timers)
+        want_tput.append(result.throughput)
+    assert tables.throughput.rows() == pl.concat(want_tput).sort("file_id", "line_no").rows()
     key = ["file_id", "line_no", "name_printed"]
-    return got.sort(key), pl.concat(want).sort(key), fast
+    return tables.timers.sort(key), pl.concat(want).sort(key), fast
 
 
 def test_hostile_timer_lines_agree(tmp_path: Path) -> None:
@@ -73,6 +112,20 @@ def test_hostile_timer_lines_agree(tmp_path: Path) -> None:
     assert sorted(got.filter(pl.col("line_no") == 16)["name"].to_list()) == [
         "bwd_microstep", "fwd_microstep", "step_microstep"
     ]  # fmt: skip
+
+
+def test_hostile_throughput_lines_agree(tmp_path: Path) -> None:
+    log = tmp_path / "ds.log"
+    log.write_text("\n".join(HOSTILE_THROUGHPUT) + "\n")
+    scan = scan_inputs([ScanTarget(0, log, ())], tmp_path / "fast")
+    headed = frameworks._headed(frameworks._needed_lines(scan.text_store))
+    fast = frameworks._fast_throughput(headed)["line_no"].to_list()
+    assert fast == [1, 5]  # plain decimals, nothing after the record, one header
+    got, want, _fast = _timers_both_ways([log], tmp_path)  # checks throughput rows too
+    assert got.rows() == want.rows()
+    steps = dict(zip(got["line_no"].to_list(), got["step"].to_list(), strict=True))
+    # line 12 holds two headers: the parser reads the last one, which carries no record
+    assert steps == {2: 10, 13: 16}  # the step of the last throughput line before
 
 
 @pytest.mark.parametrize("case", ["zero3-offload-hang", "zero2-timers-eras"])

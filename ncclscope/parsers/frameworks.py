@@ -160,104 +160,182 @@ def _needed_lines(text_store: Path) -> pl.DataFrame:
     )
 
 
-#: A DeepSpeed wall-clock timer line in its common shape, read in polars rather than
-#: one by one (a chatty job prints hundreds of thousands):
-#: ``[2024-05-02 10:00:01,100] [INFO] [logging.py:96:log_dist] [Rank 0] time (ms) |
-#: fwd_microstep: 101.25 | bwd_microstep: 210.50``.  Any other shape (MoE breakdown,
-#: ``inf``, two headers, colour codes, a cut line) goes to ``parse_deepspeed``, whose
-#: rows these must equal (a test checks it).
-_DS_HEADER = (
-    r"\[(?P<date>[0-9]{4}-[0-9]{2}-[0-9]{2}) (?P<time>[0-9]{2}:[0-9]{2}:[0-9]{2}),"
-    r"(?P<ms>[0-9]{3})\] \[[A-Z]{1,16}\] \[[^\s:\]]{1,200}:[0-9]{1,9}:[^\s\]]{1,200}\] ?"
+#: DeepSpeed's logger header (``deepspeed.lines.HEADER_RE`` in polars' regex syntax) with
+#: the space after it, checked without captures.
+_DS_HEADER_CHECK = (
+    r"\[[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2},[0-9]{3}\] "
+    r"\[[A-Z]{1,16}\] \[[^\s:\]]{1,200}:[0-9]{1,9}:[^\s\]]{1,200}\] "
 )
-_DS_TIMER_LINE = (
-    r"^[^\r\x1b]*?" + _DS_HEADER + r"(?:\[Rank (?P<rank>[0-9]{1,9})\] )?"
-    r"(?:rank=(?P<rank2>[0-9]{1,9}) )?time \(ms\)"
-    r"(?P<pairs>(?: \| [^|:()\r\x1b]{1,100}: -?[0-9]{1,13}\.[0-9]{2})+)\s*$"
-)
+#: The start of any logger header: a line with two of them is two records spliced.
 _DS_ANY_HEADER = r"\[[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2},[0-9]{3}\] \["
 
-
-def _fast_timer_lines(lines: pl.DataFrame) -> pl.DataFrame:
-    """The DeepSpeed lines (``ds`` rows of ``_needed_lines``) that are plain timer lines,
-    with their fields: ``file_id``, ``i``, ``rank``, ``ts``, ``pairs``."""
-    text = pl.col("text")
-    ds_rows = lines.filter(pl.col("ds")).select("file_id", "i", "text")
-    nxt_text = text.shift(-1).over("file_id")
-    nxt = ds_rows.select(
-        "file_id",
-        "i",
-        # The next line, when adjacent, header-less and shaped like the rest of a timer
-        # line (`` | name: value``; or holding \r or colour codes, which the parser
-        # strips first), may continue this one: the parser joins them.
-        (
-            (pl.col("i").shift(-1).over("file_id") == pl.col("i") + 1).fill_null(value=False)
-            & ~nxt_text.str.contains(_DS_ANY_HEADER).fill_null(value=True)
-            & nxt_text.str.contains(r"^\s?\||[\r\x1b]").fill_null(value=False)
-        ).alias("maybe_cut"),
-    )
-    candidates = ds_rows.join(nxt, on=["file_id", "i"]).filter(
-        ~pl.col("maybe_cut")
-        & text.str.contains("time (ms) |", literal=True)
-        & (text.str.count_matches(_DS_ANY_HEADER) == 1)
-    )
-    fields = (
-        candidates.select("file_id", "i", text.str.extract_groups(_DS_TIMER_LINE).alias("m"))
-        .unnest("m")
-        .filter(pl.col("pairs").is_not_null())
-    )
-    day = pl.col("date").str.to_date("%Y-%m-%d", strict=False)
-    clock = pl.col("time")
-    seconds = (
-        clock.str.slice(0, 2).cast(pl.Int64) * 3600
-        + clock.str.slice(3, 2).cast(pl.Int64) * 60
-        + clock.str.slice(6, 2).cast(pl.Int64)
-    )
-    valid = (
-        day.is_not_null()
-        & (clock.str.slice(0, 2).cast(pl.Int64) < 24)
-        & (clock.str.slice(3, 2).cast(pl.Int64) < 60)
-        & (clock.str.slice(6, 2).cast(pl.Int64) < 60)
-    )
-    micros = day.cast(pl.Int64) * 86_400_000_000 + seconds * 1_000_000
-    micros = micros + pl.col("ms").cast(pl.Int64) * 1000
-    return fields.select(
-        "file_id",
-        "i",
-        pl.coalesce(pl.col("rank"), pl.col("rank2")).cast(pl.Int32).alias("rank"),
-        pl.when(valid).then(micros).cast(TS).alias("ts"),
-        "pairs",
-    )
-
-
-#: DeepSpeed's progress line in its common shape, which only sets the global step:
-#: ``[...] [Rank 0] step=10, skipped=0, lr=[0.0001], mom=[(0.9, 0.999)]``.
-_DS_PROGRESS_LINE = (
-    r"^[^\r\x1b]*?" + _DS_HEADER + r"(?:\[Rank [0-9]{1,9}\] )?"
-    r"step=(?P<step>[0-9]{1,15}), skipped=[0-9]{1,15}, lr=\[[^\]\r\x1b]*\], mom=[^\r\x1b]*$"
+#: The common shapes of DeepSpeed's chattiest records, read in polars rather than one by
+#: one (a chatty job prints hundreds of thousands).  Each is matched against the message
+#: after the header and ``[Rank N] ``, whole; any other shape (MoE breakdown, ``inf``,
+#: two headers, colour codes, a cut line) goes to ``parse_deepspeed``, whose rows these
+#: must equal (tests/test_frameworks.py checks it).
+#:
+#: ``[2024-05-02 10:00:01,100] [INFO] [logging.py:96:log_dist] [Rank 0] time (ms) |
+#: fwd_microstep: 101.25 | bwd_microstep: 210.50``
+_DS_TIMER_MSG = (
+    r"^(?:rank=(?P<rank2>[0-9]{1,9}) )?time \(ms\)"
+    r"(?P<pairs>(?: \| [^|:()]{1,100}: -?[0-9]{1,13}\.[0-9]{2})+)\s*$"
 )
+#: The progress line, which only sets the global step:
+#: ``[...] [Rank 0] step=10, skipped=0, lr=[0.0001], mom=[(0.9, 0.999)]``.
+_DS_PROGRESS_MSG = r"^step=(?P<step>[0-9]{1,15}), skipped=[0-9]{1,15}, lr=\[[^\]]*\], mom=.*$"
 #: Needles of the families ``parse_deepspeed`` tries before the progress line's.
 _BEFORE_PROGRESS = r"time \(ms\) \||SamplesPerSec=|comm op: |MA |CPU Virtual Memory:"
+#: ThroughputTimer (DeepSpeed >= 0.7.6), with plain decimals:
+#: ``[...] [timer.py:264:stop] epoch=0/micro_step=40/global_step=10,
+#: RunningAvgSamplesPerSec=21.873046128374906, CurrSamplesPerSec=22.41,
+#: MemAllocated=3.47GB, MaxMemAllocated=9.12GB``
+_DECIMAL = r"[0-9]{1,30}\.[0-9]{1,30}"
+_GB = r"[0-9]{1,12}(?:\.[0-9]{1,12})?"
+_DS_TPUT_MSG = (
+    r"^epoch=(?P<epoch>[0-9]{1,12})/micro_step=(?P<micro>[0-9]{1,15})"
+    rf"/global_step=(?P<gstep>[0-9]{{1,15}}), RunningAvgSamplesPerSec=(?P<avg>{_DECIMAL}), "
+    rf"CurrSamplesPerSec=(?P<cur>{_DECIMAL}), MemAllocated=(?P<ma>{_GB})GB, "
+    rf"MaxMemAllocated=(?P<mma>{_GB})GB\s*$"
+)
 
 
-def _fast_progress_marks(lines: pl.DataFrame) -> pl.DataFrame:
-    """``(file_id, i, step)`` of plain DeepSpeed progress lines, read in polars."""
-    text = pl.col("text")
-    return (
-        lines.filter(
-            pl.col("ds")
-            & text.str.contains(", skipped=", literal=True)
-            & ~text.str.contains(_BEFORE_PROGRESS)
-            & (text.str.count_matches(_DS_ANY_HEADER) == 1)
+def _headed(lines: pl.DataFrame) -> pl.DataFrame:
+    """The DeepSpeed lines (``ds`` rows of ``_needed_lines``) that hold one logger header
+    and neither ``\\r`` nor colour codes (the parser strips those first), with the
+    header's fields: ``file_id``, ``i``, ``rank``, ``ts``, ``msg`` (after ``[Rank N] ``),
+    and ``maybe_cut`` (the next line may be the rest of this one)."""
+    text, head, msg = pl.col("text"), pl.col("head"), pl.col("msg")
+    # Rows are sorted by (file_id, i): the next row is the next line when adjacent.
+    nxt = text.shift(-1)
+    adjacent = (pl.col("file_id").shift(-1) == pl.col("file_id")) & (
+        pl.col("i").shift(-1) == pl.col("i") + 1
+    )
+    # The next line, when adjacent, header-less and shaped like the rest of a timer line
+    # (`` | name: value``; or holding \r or colour codes, which the parser strips
+    # first), may continue this one: the parser joins them.
+    maybe_cut = (
+        adjacent.fill_null(value=False)
+        & ~nxt.str.contains(_DS_ANY_HEADER).fill_null(value=True)
+        & nxt.str.contains(r"^\s?\||[\r\x1b]").fill_null(value=False)
+    )
+    # Cut where the header starts rather than capture it with a regex: captures over
+    # whole lines cost ~20x more in polars' regex engine.  ``find`` gives a byte offset
+    # and ``slice`` counts characters, so only all-ASCII lines go this way.  The header's
+    # closing ``] `` is the third one from its start: none of its fields holds one.
+    fields = (
+        lines.filter(pl.col("ds"))
+        .select(
+            "file_id",
+            "i",
+            "text",
+            maybe_cut.alias("maybe_cut"),
+            text.str.slice(text.str.find(_DS_ANY_HEADER)).alias("head"),
+        )
+        .filter(
+            (text.str.len_bytes() == text.str.len_chars())
+            & ~text.str.contains(r"[\r\x1b]")
+            & head.str.contains("^" + _DS_HEADER_CHECK)
         )
         .select(
             "file_id",
             "i",
-            text.str.extract_groups(_DS_PROGRESS_LINE).struct.field("step").alias("step"),
+            "maybe_cut",
+            head.str.slice(1, 10).alias("date"),
+            head.str.slice(12, 8).alias("time"),
+            head.str.slice(21, 3).alias("ms"),
+            head.str.splitn("] ", 4).struct.field("field_3").alias("msg"),
         )
+        .filter(~msg.str.contains(_DS_ANY_HEADER))
+        .with_columns(msg.str.extract(r"^\[Rank ([0-9]{1,9})\] ", 1).alias("rank"))
+        .with_columns(
+            pl.when(pl.col("rank").is_not_null())
+            .then(msg.str.slice(pl.col("rank").str.len_chars() + len("[Rank ] ")))
+            .otherwise(msg)
+            .alias("msg")
+        )
+    )
+    day = pl.col("date").str.to_date("%Y-%m-%d", strict=False)
+    clock = pl.col("time")
+    hms = [clock.str.slice(k, 2).cast(pl.Int64) for k in (0, 3, 6)]
+    valid = day.is_not_null() & (hms[0] < 24) & (hms[1] < 60) & (hms[2] < 60)
+    micros = (
+        day.cast(pl.Int64) * 86_400_000_000
+        + (hms[0] * 3600 + hms[1] * 60 + hms[2]) * 1_000_000
+        + pl.col("ms").cast(pl.Int64) * 1000
+    )
+    return fields.select(
+        "file_id",
+        "i",
+        pl.col("rank").cast(pl.Int32),
+        pl.when(valid).then(micros).cast(TS).alias("ts"),
+        "msg",
+        "maybe_cut",
+    )
+
+
+def _fast_timer_lines(headed: pl.DataFrame) -> pl.DataFrame:
+    """Plain timer lines of ``_headed`` rows: ``file_id``, ``i``, ``rank``, ``ts``,
+    ``pairs``."""
+    return (
+        headed.filter(
+            ~pl.col("maybe_cut") & pl.col("msg").str.contains("time (ms) |", literal=True)
+        )
+        .with_columns(pl.col("msg").str.extract_groups(_DS_TIMER_MSG).alias("m"))
+        .unnest("m")
+        .filter(pl.col("pairs").is_not_null())
+        .select(
+            "file_id",
+            "i",
+            pl.coalesce(pl.col("rank"), pl.col("rank2").cast(pl.Int32)).alias("rank"),
+            "ts",
+            "pairs",
+        )
+    )
+
+
+def _fast_progress_marks(headed: pl.DataFrame) -> pl.DataFrame:
+    """``(file_id, i, step)`` of plain progress lines of ``_headed`` rows."""
+    msg = pl.col("msg")
+    return (
+        headed.filter(msg.str.starts_with("step=") & ~msg.str.contains(_BEFORE_PROGRESS))
+        .select("file_id", "i", msg.str.extract(_DS_PROGRESS_MSG, 1).alias("step"))
         .filter(pl.col("step").is_not_null())
         .select("file_id", "i", pl.col("step").cast(pl.Int64))
     )
+
+
+def _fast_throughput(headed: pl.DataFrame) -> pl.DataFrame:
+    """THROUGHPUT rows of the plain ThroughputTimer lines of ``_headed`` rows."""
+    fields = (
+        headed.filter(pl.col("msg").str.starts_with("epoch="))
+        .with_columns(pl.col("msg").str.extract_groups(_DS_TPUT_MSG).alias("m"))
+        .unnest("m")
+        .filter(pl.col("mma").is_not_null())
+    )
+
+    def gib(name: str) -> pl.Expr:
+        # DeepSpeed's GB is GiB; rounded half to even like Python's round(); past Int64:
+        # null, like the parser.
+        bytes_ = (pl.col(name).cast(pl.Float64) * 2**30).round(mode="half_to_even")
+        return bytes_.cast(pl.Int64, strict=False)
+
+    return fields.select(
+        "file_id",
+        pl.col("i").alias("line_no"),
+        pl.col("epoch").cast(pl.Int64),
+        pl.col("micro").cast(pl.Int64).alias("micro_step"),
+        pl.col("gstep").cast(pl.Int64).alias("global_step"),
+        pl.col("cur").cast(pl.Float64).alias("samples_per_s"),
+        pl.col("avg").cast(pl.Float64).alias("avg_samples_per_s"),
+        gib("ma").alias("mem_allocated_bytes"),
+        gib("mma").alias("max_mem_allocated_bytes"),
+        "ts",
+        pl.when(pl.col("ts").is_null())
+        .then(pl.lit("none"))
+        .otherwise(pl.lit("logger"))
+        .alias("ts_source"),
+    ).cast(THROUGHPUT_SCHEMA)
 
 
 def _fast_timers(fast: pl.DataFrame, step_marks: pl.DataFrame) -> pl.DataFrame:
@@ -340,9 +418,19 @@ def read_frameworks(
     """
     out = FrameworkTables()
     lines = _needed_lines(text_store)
-    # Plain timer and progress lines are read in polars; parse_deepspeed gets the rest.
-    fast = _fast_timer_lines(lines)
-    fast_marks = _fast_progress_marks(lines)
+    # Plain timer, progress and throughput lines are read in polars; parse_deepspeed
+    # gets the rest.
+    headed = _headed(lines)
+    fast = _fast_timer_lines(headed)
+    fast_tput = _fast_throughput(headed)
+    fast_marks = pl.concat(
+        [
+            _fast_progress_marks(headed),
+            fast_tput.select(
+                "file_id", pl.col("line_no").alias("i"), pl.col("global_step").alias("step")
+            ),
+        ]
+    )
     keys = pl.concat([fast.select("file_id", "i"), fast_marks.select("file_id", "i")])
     if len(keys):
         lines = (
@@ -372,7 +460,7 @@ def read_frameworks(
             d.timers = _restep(d.timers, marks)
     fast_lines = dict(keys.group_by("file_id").agg(pl.len()).iter_rows())
     fast_years = dict(
-        fast.sort("i").group_by("file_id").agg(pl.col("ts").drop_nulls().first()).iter_rows()
+        headed.sort("i").group_by("file_id").agg(pl.col("ts").drop_nulls().first()).iter_rows()
     )
     results = [
         (file_id, rows, _with_fast(d, fast_lines.get(file_id, 0), fast_years.get(file_id)))
@@ -412,7 +500,9 @@ def read_frameworks(
     out.timers = pl.concat([out.timers, *timers, fast_timers]).sort(
         "file_id", "line_no", maintain_order=True
     )
-    out.throughput = pl.concat([out.throughput, *throughput])
+    out.throughput = pl.concat([out.throughput, *throughput, fast_tput]).sort(
+        "file_id", "line_no", maintain_order=True
+    )
     out.memory = pl.concat([out.memory, *memory])
     out.comms = pl.concat([out.comms, *comms])
     out.timeouts = pl.concat([out.timeouts, *timeouts])
