@@ -30,7 +30,7 @@ from ncclscope.parsers.nccl.collectives import (
 )
 from ncclscope.parsers.nccl.identity import Identity, resolve_identity
 from ncclscope.parsers.nccl.records import (
-    TOO_LONG_CHARS,
+    TOO_LONG_BYTES,
     LineRecords,
     add_connection_lines,
     add_info_messages,
@@ -295,7 +295,7 @@ def _count_other_lines(text_store: Path, records: LineRecords) -> None:
     of a chatty job that logs no COLL)."""
     kind = pl.col("kind")
     reason = (
-        pl.when(pl.col("n_chars") > TOO_LONG_CHARS)
+        pl.when(pl.col("n_bytes") > TOO_LONG_BYTES)
         .then(pl.lit("too_long"))
         .when(kind == LINE_KIND["blank"])
         .then(pl.lit("blank"))

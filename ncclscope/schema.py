@@ -72,7 +72,7 @@ TEXT_STORE_SCHEMA = _schema(
         "i": pl.UInt32,
         "kind": pl.UInt8,  # LINE_KIND
         "text": pl.String,  # at most MAX_TEXT_CHARS characters
-        "n_chars": pl.Int32,
+        "n_bytes": pl.Int32,  # of the whole line, as read (UTF-8)
     }
 )
 

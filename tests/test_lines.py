@@ -497,7 +497,7 @@ def test_info_messages_read_in_polars_give_the_reference_records() -> None:
     rows = [(0, k + 1, 2, t, len(t)) for k, t in enumerate(texts)]
     want = collect_records(rows)
     frame = pl.DataFrame(
-        rows, schema=["file_id", "i", "kind", "text", "n_chars"], orient="row"
+        rows, schema=["file_id", "i", "kind", "text", "n_bytes"], orient="row"
     ).with_columns(pl.col("file_id", "i").cast(pl.UInt32))
     got = LineRecords()
     messages = info_messages(frame.lazy())

@@ -37,7 +37,7 @@ from ncclscope.parsers.nccl.patterns import BINARY_RE, COMM_EVENT_RE
 from ncclscope.schema import CONNECTIONS_SCHEMA, LINE_KIND
 
 __all__ = [
-    "TOO_LONG_CHARS",
+    "TOO_LONG_BYTES",
     "ErrorGroup",
     "LineRecords",
     "ProcKey",
@@ -60,7 +60,7 @@ _CHAIN_GAP_LINES = 2_000
 _HINT_GAP_LINES = 64
 
 #: Longer than any NCCL line can be (NCCL's own buffer is 1 KiB up to 2.28).
-TOO_LONG_CHARS = 1 << 16
+TOO_LONG_BYTES = 1 << 16
 
 
 @dataclass
@@ -143,7 +143,7 @@ def collect_records(
     known_hosts: Iterable[str] = (),
     out: LineRecords | None = None,
 ) -> LineRecords:
-    """Parse the text-store rows ``(file_id, line_no, kind, text, n_chars)`` in file order.
+    """Parse the text-store rows ``(file_id, line_no, kind, text, n_bytes)`` in file order.
 
     Only rows the first pass marked as carrying an NCCL marker need to come here; the
     others are counted by reason (blank, other text, binary, too long) the same way.
@@ -154,11 +154,11 @@ def collect_records(
     out = LineRecords() if out is None else out
     open_groups: dict[tuple[ProcKey, int], ErrorGroup] = {}
     fast_hosts = set(known_hosts)
-    for file_id, line_no, kind, text, n_chars in rows:
+    for file_id, line_no, kind, text, n_bytes in rows:
         if kind == LINE_KIND["blank"] or text is None:
             out.skip(file_id, line_no, "blank")
             continue
-        if n_chars > TOO_LONG_CHARS:
+        if n_bytes > TOO_LONG_BYTES:
             out.skip(file_id, line_no, "too_long")
             continue
         if kind != LINE_KIND["nccl"]:
@@ -426,7 +426,7 @@ def info_messages(nccl_lines: pl.LazyFrame) -> pl.DataFrame:
     text = pl.col("text")
     return (
         nccl_lines.filter(
-            (pl.col("n_chars") <= TOO_LONG_CHARS)
+            (pl.col("n_bytes") <= TOO_LONG_BYTES)
             & (text.str.count_matches(" NCCL ", literal=True) == 1)
         )
         .select("file_id", "i", text.str.extract_groups(_INFO_MSG).alias("m"))

@@ -326,15 +326,18 @@ def _kind(line: pl.Expr) -> pl.Expr:
     )
 
 
-def _text_columns(line: pl.Expr) -> list[pl.Expr]:
-    """``text`` (cut at MAX_TEXT_CHARS) and ``n_chars`` of a line.
+def _text_columns(line: pl.Expr, keep: pl.Expr) -> list[pl.Expr]:
+    """``text`` (cut at MAX_TEXT_CHARS; empty where ``keep`` is false) and ``n_bytes`` of a
+    line.
 
-    ``kind`` is added when the text store is written, on its few rows: string kernels
-    run over every row of a column, nulled or not.
+    The text is emptied by a zero-length slice, not nulled by ``when``: over millions of
+    lines that rewrites only the string views, where ``when`` copied the strings (+0.3 s
+    on a 1 GiB log).  ``kind`` is added when the text store is written, on its few
+    rows: string kernels run over every row of a column, emptied or not.
     """
     return [
-        line.str.slice(0, MAX_TEXT_CHARS).alias("text"),
-        line.str.len_chars().cast(pl.Int32).alias("n_chars"),
+        line.str.slice(0, pl.when(keep).then(MAX_TEXT_CHARS).otherwise(0)).alias("text"),
+        line.str.len_bytes().cast(pl.Int32).alias("n_bytes"),
     ]
 
 
@@ -366,7 +369,7 @@ def _query(batch: _Batch, offsets: Sequence[int]) -> pl.LazyFrame:
             "g",
             "has_op",
             "taken",
-            *_text_columns(pl.when(~pl.col("taken")).then(line)),
+            *_text_columns(line, ~pl.col("taken")),
             *_FIELD_NAMES,
         )
     )
@@ -380,7 +383,7 @@ def _reread(batch: _Batch, rows: list[int]) -> pl.DataFrame:
                 pl.col("g").is_in(pl.Series(rows, dtype=pl.UInt32).implode())
             )
         )
-        .select("file_id", batch.line_no(), *_text_columns(pl.col("line")))
+        .select("file_id", batch.line_no(), *_text_columns(pl.col("line"), pl.lit(value=True)))
         .collect(engine="streaming")
     )
 
@@ -504,7 +507,7 @@ def _scan_inputs(targets: Sequence[ScanTarget], store: Path) -> Scan:
             )
         )
         texts.append(
-            scan.filter(~pl.col("taken")).select("file_id", batch.line_no(), "text", "n_chars")
+            scan.filter(~pl.col("taken")).select("file_id", batch.line_no(), "text", "n_bytes")
         )
         if bad:
             rows = scan.filter(pl.col("taken") & pl.col("proc").is_in(bad)).select("g")
