@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO
+from typing import IO, ClassVar
 
 import click
 
@@ -16,7 +17,6 @@ from ncclscope import __version__
 from ncclscope.analysis import new_workdir, run_analysis
 from ncclscope.export.json_report import to_json_dict
 from ncclscope.export.text_report import render_text
-from ncclscope.synth_cli import synth
 from ncclscope.units import human_bytes
 
 __all__ = ["cli", "main"]
@@ -72,7 +72,27 @@ class _Progress:
             self.stream.flush()
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _LazyGroup(click.Group):
+    """Subcommands imported when used: ``synth`` pulls in the generator (~45 ms), which
+    ``analyze`` on a large log should not pay for."""
+
+    lazy: ClassVar[dict[str, str]] = {"synth": "ncclscope.synth_cli:synth"}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *self.lazy])
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.lazy:
+            module, name = self.lazy[cmd_name].split(":")
+            command = getattr(importlib.import_module(module), name)
+            if not isinstance(command, click.Command):
+                msg = f"{self.lazy[cmd_name]} is not a click command"
+                raise TypeError(msg)
+            return command
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="ncclscope")
 @click.option("-v", "--verbose", count=True, help="Log more to stderr (-v info, -vv debug).")
 def cli(verbose: int) -> None:
@@ -142,8 +162,6 @@ def analyze(paths: tuple[str, ...], fmt: str, output: Path | None, no_progress: 
     if analysis.problems or not analysis.paths:
         sys.exit(1)
 
-
-cli.add_command(synth)
 
 
 def main() -> None:
