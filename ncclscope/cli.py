@@ -163,7 +163,6 @@ def analyze(paths: tuple[str, ...], fmt: str, output: Path | None, no_progress: 
         sys.exit(1)
 
 
-
 def main() -> None:
     """Console-script entry point."""
     cli(prog_name="ncclscope")

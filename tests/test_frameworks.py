@@ -154,3 +154,38 @@ def test_synthetic_job_timers_agree(tmp_path: Path) -> None:
         got, want, fast = _timers_both_ways(sorted(out.glob("*.log")), tmp_path / "s" / framework)
         assert fast > 20
         assert got.rows() == want.rows()
+
+
+def _tables(tables: frameworks.FrameworkTables) -> dict[str, list[tuple[object, ...]]]:
+    names = ("timers", "throughput", "memory", "comms", "timeouts", "failures", "torch_events")
+    return {name: getattr(tables, name).rows() for name in names}
+
+
+@pytest.mark.parametrize(
+    ("rows", "job"), [(1, False), (2, False), (3, False), (50, True), (333, True)]
+)
+def test_batches_give_the_same_tables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rows: int, job: bool
+):
+    """The stage reads the text store in batches: a batch edge between a line and its
+    continuation, or inside a config dump or a torchelastic summary, changes nothing."""
+    hostile = tmp_path / "hostile.log"
+    hostile.write_text("\n".join(HOSTILE + HOSTILE_THROUGHPUT) + "\n")
+    paths = [hostile]
+    if job:
+        spec = SynthSpec(ranks=4, hosts=1, steps=6, framework="deepspeed", zero_stage=3, seed=3)
+        generate(spec, tmp_path / "job")
+        fixture = REPO / "fixtures" / "zero3-offload-hang"
+        paths += [*sorted((tmp_path / "job").glob("*.log")), *sorted(fixture.glob("*.log"))]
+    scan = scan_inputs([ScanTarget(k, p, ()) for k, p in enumerate(paths)], tmp_path / "store")
+    whole = frameworks.read_frameworks(scan.text_store)
+    monkeypatch.setattr(frameworks, "_BATCH_ROWS", rows)
+    batched = frameworks.read_frameworks(scan.text_store)
+    assert _tables(batched) == _tables(whole)
+    assert whole.timers.height > 20
+    assert whole.timeouts.height == (7 if job else 0)
+    assert (batched.zero, batched.parsed, batched.malformed) == (
+        whole.zero,
+        whole.parsed,
+        whole.malformed,
+    )

@@ -107,9 +107,9 @@ _PARSERS = {
 }
 
 
-def _needed_lines(text_store: Path) -> pl.DataFrame:
-    """``(file_id, i, text)`` of the lines the framework parsers need, in file order, with
-    a boolean column per parser saying whether it needs the line."""
+def _wanted(text_store: Path) -> pl.DataFrame:
+    """``(file_id, i)`` of the lines the framework parsers need, sorted, with a boolean
+    column per parser saying whether it needs the line.  No text: a few bytes a line."""
     text = pl.col("text")
     flags = [f"{name}_{what}" for name in _PARSERS for what in ("cand", "start")]
     marks = (
@@ -127,11 +127,11 @@ def _needed_lines(text_store: Path) -> pl.DataFrame:
         .filter(pl.any_horizontal(flags))
         .collect(engine="streaming")
     )
-    columns = {"file_id": pl.UInt32, "i": pl.UInt32, "text": pl.String}
+    schema = {"file_id": pl.UInt32, "i": pl.UInt32, **dict.fromkeys(_PARSERS, pl.Boolean)}
     if marks.is_empty():
-        return pl.DataFrame(schema={**columns, **dict.fromkeys(_PARSERS, pl.Boolean)})
+        return pl.DataFrame(schema=schema)
     # Wanted line numbers per parser: each candidate and the line after it, each block
-    # start and the lines after it.  Built on the few marked rows, then joined.
+    # start and the lines after it.
     wanted = []
     for name, (_cand, _start, block) in _PARSERS.items():
         spans = marks.filter(pl.col(f"{name}_cand") | pl.col(f"{name}_start")).select(
@@ -145,15 +145,29 @@ def _needed_lines(text_store: Path) -> pl.DataFrame:
             .select("file_id", pl.col("i").cast(pl.UInt32), pl.lit(value=True).alias(name))
             .unique(["file_id", "i"])
         )
-    both = (
+    return (
         wanted[0]
         .join(wanted[1], on=["file_id", "i"], how="full", coalesce=True)
         .select("file_id", "i", *(pl.col(name).fill_null(value=False) for name in _PARSERS))
+        .sort("file_id", "i")
     )
+
+
+def _needed_lines(
+    text_store: Path, wanted: pl.DataFrame | None = None, rows: tuple[int, int] | None = None
+) -> pl.DataFrame:
+    """``(file_id, i, text)`` of the lines the framework parsers need (``wanted``, by
+    default all), in file order, with a boolean column per parser saying whether it needs
+    the line; only those among the text store's rows ``rows`` = (start, length) if given.
+    """
+    if wanted is None:
+        wanted = _wanted(text_store)
+    store = pl.scan_parquet(text_store)
+    if rows is not None:
+        store = store.slice(*rows)
     return (
-        pl.scan_parquet(text_store)
-        .filter(pl.col("kind") != LINE_KIND["blank"])
-        .join(both.lazy(), on=["file_id", "i"], how="inner")
+        store.filter(pl.col("kind") != LINE_KIND["blank"])
+        .join(wanted.lazy(), on=["file_id", "i"], how="inner")
         .select("file_id", "i", "text", *_PARSERS)
         .collect(engine="streaming")
         .sort("file_id", "i")
@@ -388,6 +402,61 @@ def _fast_timers(fast: pl.DataFrame, step_marks: pl.DataFrame) -> pl.DataFrame:
     return out.cast(TIMERS_SCHEMA)
 
 
+#: Text-store rows per batch of the framework stage (a 1 GiB log has ~250,000).
+_BATCH_ROWS = 250_000
+
+
+@dataclass
+class _Batch:
+    """What one batch of the text store gave: rows read in polars, and the lines left
+    for the Python parsers."""
+
+    fast_timers: pl.DataFrame  # _fast_timer_lines
+    throughput: pl.DataFrame  # THROUGHPUT_SCHEMA
+    marks: pl.DataFrame  # (file_id, i, step) of progress and throughput lines
+    slow: pl.DataFrame  # _needed_lines rows, ``ds`` false where read in polars
+    first_ts: pl.DataFrame  # (file_id, i, ts) of each file's first dated header here
+
+
+def _read_batch(text_store: Path, wanted: pl.DataFrame, start: int) -> _Batch:
+    """Read the framework lines among the text store's rows from ``start``.  One row more
+    is read: a line's successor decides whether it was cut (``_headed``)."""
+    lines = _needed_lines(text_store, wanted, (start, _BATCH_ROWS + 1))
+    headed = _headed(lines)
+    if len(lines):
+        # The extra row belongs to the next batch: drop its results here.
+        end = pl.scan_parquet(text_store).slice(start + _BATCH_ROWS, 1).collect()
+        if len(end):
+            beyond = (pl.col("file_id") > end["file_id"][0]) | (
+                (pl.col("file_id") == end["file_id"][0]) & (pl.col("i") >= end["i"][0])
+            )
+            lines, headed = lines.filter(~beyond), headed.filter(~beyond)
+    fast = _fast_timer_lines(headed)
+    throughput = _fast_throughput(headed)
+    marks = pl.concat(
+        [
+            _fast_progress_marks(headed),
+            throughput.select(
+                "file_id", pl.col("line_no").alias("i"), pl.col("global_step").alias("step")
+            ),
+        ]
+    )
+    keys = pl.concat([fast.select("file_id", "i"), marks.select("file_id", "i")])
+    if len(keys):
+        lines = (
+            lines.join(keys.with_columns(fast=pl.lit(value=True)), on=["file_id", "i"], how="left")
+            .with_columns(pl.col("ds") & pl.col("fast").is_null())
+            .drop("fast")
+            .filter(pl.col("ds") | pl.col("torch"))
+        )
+    first_ts = (
+        headed.filter(pl.col("ts").is_not_null())
+        .group_by("file_id")
+        .agg(pl.col("i", "ts").sort_by("i").first())
+    )
+    return _Batch(fast, throughput, marks, lines, first_ts)
+
+
 def _per_file(
     lines: pl.DataFrame,
 ) -> Iterable[tuple[int, list[tuple[int, str]], list[tuple[int, str]]]]:
@@ -417,27 +486,18 @@ def read_frameworks(
     COLL lines), else from ``file_years`` (each input's modification time).
     """
     out = FrameworkTables()
-    lines = _needed_lines(text_store)
-    # Plain timer, progress and throughput lines are read in polars; parse_deepspeed
-    # gets the rest.
-    headed = _headed(lines)
-    fast = _fast_timer_lines(headed)
-    fast_tput = _fast_throughput(headed)
-    fast_marks = pl.concat(
-        [
-            _fast_progress_marks(headed),
-            fast_tput.select(
-                "file_id", pl.col("line_no").alias("i"), pl.col("global_step").alias("step")
-            ),
-        ]
-    )
+    wanted = _wanted(text_store)
+    rows = pl.scan_parquet(text_store).select(pl.len()).collect().item() if len(wanted) else 0
+    # Batches of the text store bound this stage's memory whatever the log's size.
+    batches = [_read_batch(text_store, wanted, start) for start in range(0, rows, _BATCH_ROWS)] or [
+        _read_batch(text_store, wanted, 0)
+    ]
+    fast = pl.concat([b.fast_timers for b in batches])
+    fast_tput = pl.concat([b.throughput for b in batches])
+    fast_marks = pl.concat([b.marks for b in batches])
     keys = pl.concat([fast.select("file_id", "i"), fast_marks.select("file_id", "i")])
-    if len(keys):
-        lines = (
-            lines.join(keys.with_columns(fast=pl.lit(value=True)), on=["file_id", "i"], how="left")
-            .with_columns(pl.col("ds") & pl.col("fast").is_null())
-            .drop("fast")
-        )
+    lines = pl.concat([b.slow for b in batches])
+    first_ts = pl.concat([b.first_ts for b in batches])
     files = list(_per_file(lines))
     results = [
         (file_id, torch_rows, ds.parse_deepspeed(ds_rows, file_id=file_id))
@@ -459,9 +519,7 @@ def read_frameworks(
         for _file_id, _rows, d in results:
             d.timers = _restep(d.timers, marks)
     fast_lines = dict(keys.group_by("file_id").agg(pl.len()).iter_rows())
-    fast_years = dict(
-        headed.sort("i").group_by("file_id").agg(pl.col("ts").drop_nulls().first()).iter_rows()
-    )
+    fast_years = dict(first_ts.sort("i").group_by("file_id").agg(pl.col("ts").first()).iter_rows())
     results = [
         (file_id, rows, _with_fast(d, fast_lines.get(file_id, 0), fast_years.get(file_id)))
         for file_id, rows, d in results
