@@ -15,6 +15,8 @@ from typing import BinaryIO
 
 import polars as pl
 
+from ncclscope.detect import run_detectors
+from ncclscope.detect.base import Finding
 from ncclscope.parsers.frameworks import FrameworkTables, mtime_years, read_frameworks
 from ncclscope.parsers.nccl import errors as nccl_errors
 from ncclscope.parsers.nccl.collectives import (
@@ -49,11 +51,11 @@ from ncclscope.schema import (
     LINE_KIND,
     validate,
 )
-from ncclscope.sources import Input, Problem, expand_inputs
+from ncclscope.sources import Input, Problem, expand_inputs, read_lines
 
 __all__ = ["Analysis", "Gap", "Progress", "run_analysis"]
 
-#: progress(stage, done, total): stages are "read", "scan", "build".
+#: progress(stage, done, total): stages are "read", "scan", "build", "detect".
 Progress = Callable[[str, int, int], None]
 
 _SKIP_REASONS = ("blank", "other", "malformed", "binary", "too_long")
@@ -91,6 +93,11 @@ class Analysis:
     frameworks: FrameworkTables = field(default_factory=FrameworkTables)
     gaps: list[Gap] = field(default_factory=list)
     workdir: Path | None = None
+    #: the inputs as read, by file_id (for quoting their lines)
+    sources: list[Input] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    #: (file_id, line_no) -> text of the lines the findings point at
+    quoted: dict[tuple[int, int], str] = field(default_factory=dict)
 
 
 def run_analysis(
@@ -172,8 +179,27 @@ def run_analysis(
         workdir=workdir,
     )
     analysis.gaps = _gaps(analysis, records)
+    analysis.sources = inputs
     report("build", 1, 1)
+    report("detect", 0, 1)
+    analysis.findings = run_detectors(analysis)
+    analysis.quoted = _quote(inputs, analysis.findings)
+    report("detect", 1, 1)
     return analysis
+
+
+def _quote(inputs: list[Input], findings: list[Finding]) -> dict[tuple[int, int], str]:
+    """The text of every line a finding points at: one pass per file that has some."""
+    wanted: dict[int, set[int]] = {}
+    for f in findings:
+        for ref in f.lines:
+            wanted.setdefault(ref.file_id, set()).add(ref.line_no)
+    quoted = {}
+    for file_id, line_nos in wanted.items():
+        if 0 <= file_id < len(inputs):
+            for line_no, text in read_lines(inputs[file_id], line_nos).items():
+                quoted[(file_id, line_no)] = text
+    return quoted
 
 
 def _records(scan: Scan) -> LineRecords:

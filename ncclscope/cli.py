@@ -15,6 +15,7 @@ import click
 
 from ncclscope import __version__
 from ncclscope.analysis import new_workdir, run_analysis
+from ncclscope.detect.base import SEVERITIES, Severity, severity_at_least
 from ncclscope.export.json_report import to_json_dict
 from ncclscope.export.text_report import render_text
 from ncclscope.units import human_bytes
@@ -122,7 +123,19 @@ def cli(verbose: int) -> None:
     help="Write the report to this file instead of stdout.",
 )
 @click.option("--no-progress", is_flag=True, help="Never show the progress line on stderr.")
-def analyze(paths: tuple[str, ...], fmt: str, output: Path | None, no_progress: bool) -> None:
+@click.option(
+    "--fail-on",
+    type=click.Choice(SEVERITIES),
+    default=None,
+    help="Exit 3 when a finding of this severity or worse exists (for CI pipelines).",
+)
+def analyze(
+    paths: tuple[str, ...],
+    fmt: str,
+    output: Path | None,
+    no_progress: bool,
+    fail_on: Severity | None,
+) -> None:
     """Analyse NCCL_DEBUG=INFO logs: versions, ranks, communicators, collectives, errors.
 
     PATH may be a file, a directory (every log inside, recursively), a glob
@@ -134,9 +147,10 @@ def analyze(paths: tuple[str, ...], fmt: str, output: Path | None, no_progress: 
       ncclscope analyze fixtures/ib-completion-error/
       ncclscope analyze 'logs/rank*.log' --format json > analysis.json
       zcat run.log.gz | ncclscope analyze -
+      ncclscope analyze logs/ --fail-on critical   # exit 3 on a hang, in CI
 
     Exit status: 0 analysed (whatever was found), 1 an input could not be read,
-    2 usage error.
+    2 usage error, 3 a finding at or above --fail-on.
     """
     progress = _Progress(sys.stderr, allowed=not no_progress)
     with new_workdir() as tmp:
@@ -161,6 +175,10 @@ def analyze(paths: tuple[str, ...], fmt: str, output: Path | None, no_progress: 
         click.echo("ncclscope: no readable input: nothing was analysed", err=True)
     if analysis.problems or not analysis.paths:
         sys.exit(1)
+    if fail_on is not None and any(
+        severity_at_least(f.severity, fail_on) for f in analysis.findings
+    ):
+        sys.exit(3)
 
 
 def main() -> None:

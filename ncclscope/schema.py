@@ -19,13 +19,18 @@ __all__ = [
     "COLL_STORE_SCHEMA",
     "COMMS_SCHEMA",
     "COMMUNICATORS_SCHEMA",
+    "CONFIG_SCHEMA",
     "CONNECTIONS_SCHEMA",
+    "COUNTDOWN_SCHEMA",
     "ERRORS_SCHEMA",
     "FAILURES_SCHEMA",
     "INPUTS_SCHEMA",
+    "INSTANCES_SCHEMA",
+    "LATENESS_SCHEMA",
     "LINE_KIND",
     "MEMBERS_SCHEMA",
     "MEMORY_SCHEMA",
+    "PROGRESS_SCHEMA",
     "RANKS_SCHEMA",
     "TEXT_STORE_SCHEMA",
     "THROUGHPUT_SCHEMA",
@@ -343,6 +348,89 @@ COMMS_SCHEMA = _schema(
         "busbw_bytes_per_s": pl.Float64,
         "ts": TS,
         "ts_source": pl.String,
+    }
+)
+
+
+# --- Detector metrics (issue #4): aggregates of the collectives table, per member or per
+# instance, never per line.
+
+#: Per (communicator, member): how far it got.
+PROGRESS_SCHEMA = _schema(
+    {
+        "comm_key": pl.String,
+        "comm_rank": pl.Int32,
+        "rank": pl.Int32,
+        "host": pl.String,
+        "calls": pl.UInt32,
+        "last_seq": pl.Int64,  # the last collective it logged
+        "op": pl.String,  # that call's op, count, datatype, size, line and time
+        "count": pl.Int64,
+        "dtype": pl.Int16,
+        "size_bytes": pl.Int64,
+        "file_id": pl.UInt32,
+        "line_no": pl.UInt32,
+        "ts": TS,
+    }
+)
+
+#: Per collective instance (communicator, sequence).
+INSTANCES_SCHEMA = _schema(
+    {
+        "comm_key": pl.String,
+        "seq": pl.Int64,
+        "n": pl.UInt32,  # members that logged it
+        "ops": pl.UInt32,  # distinct ops, counts and datatypes they logged
+        "counts": pl.UInt32,
+        "dtypes": pl.UInt32,
+        "ts_min": TS,  # first and last arrival
+        "ts_max": TS,
+        "with_ts": pl.UInt32,  # members whose line carried a time
+    }
+)
+
+#: Per (communicator, member): lateness over the instances every member was timed at.
+LATENESS_SCHEMA = _schema(
+    {
+        "comm_key": pl.String,
+        "comm_rank": pl.Int32,
+        "rank": pl.Int32,
+        "host": pl.String,
+        "instances": pl.UInt32,
+        "last": pl.UInt32,  # instances it arrived last at
+        "median_s": pl.Float64,  # lateness = arrival - the earliest member's arrival
+        "p95_s": pl.Float64,
+        "mean_s": pl.Float64,
+        "gap_s": pl.Float64,  # the communicator's median time between collectives
+        "members": pl.UInt32,
+        "file_id": pl.UInt32,  # its first timed call
+        "line_no": pl.UInt32,
+    }
+)
+
+#: Per communicator with a collective some members entered and others did not.
+COUNTDOWN_SCHEMA = _schema(
+    {
+        "comm_key": pl.String,
+        "seq": pl.Int64,  # the oldest collective not every member entered
+        "op": pl.String,
+        "entered_ranks": pl.List(pl.Int32),
+        "culprit_ranks": pl.List(pl.Int32),  # members that had not entered it
+        "culprit_hosts": pl.List(pl.String),
+        "since": TS,  # first arrival at it
+        "age_s": pl.Float64,
+        "timeout_s": pl.Float64,
+        "left_s": pl.Float64,  # negative: the timeout has passed
+    }
+)
+
+#: The config doctor's observations: what the logs cannot tell, and hazards.
+CONFIG_SCHEMA = _schema(
+    {
+        "kind": pl.String,  # gap | hazard
+        "what": pl.String,
+        "settings": pl.List(pl.String),
+        "detail": pl.String,
     }
 )
 

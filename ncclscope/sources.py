@@ -16,9 +16,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO
 
+import polars as pl
+
 from ncclscope.errors import InputError
 
-__all__ = ["Input", "Problem", "expand_inputs", "sniff_binary"]
+__all__ = ["Input", "Problem", "expand_inputs", "read_lines", "sniff_binary"]
 
 _CHUNK = 4 << 20
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -331,3 +333,38 @@ def _gunzip(
     if problem:
         return [f"{problem}: kept the {done} bytes decompressed before it"]
     return []
+
+
+#: Characters of a line kept when it is quoted as evidence.
+_QUOTE_CHARS = 400
+
+
+def read_lines(inp: Input, line_nos: Iterable[int]) -> dict[int, str]:
+    """The text of lines ``line_nos`` (1-based, as the user's file numbers them) of an
+    input, for quoting as evidence; lines that do not exist are left out.
+
+    One streaming pass over the file, however many lines are asked for; it stops after
+    the last one.  Long lines are cut to a few hundred characters.
+    """
+    wanted = sorted(set(line_nos))
+    if not wanted:
+        return {}
+    shift = 1 if inp.shifted else 0
+    rows = (
+        pl.scan_csv(
+            inp.path,
+            has_header=False,
+            quote_char=None,
+            separator="\x1f",
+            schema={"line": pl.String},
+            truncate_ragged_lines=True,
+            encoding="utf8-lossy",
+            row_index_name="g",
+            row_index_offset=1 - shift,
+        )
+        .head(wanted[-1] + shift)
+        .filter(pl.col("g").is_in(pl.Series(wanted, dtype=pl.UInt32).implode()))
+        .select("g", pl.col("line").fill_null("").str.slice(0, _QUOTE_CHARS))
+        .collect(engine="streaming")
+    )
+    return dict(zip(rows["g"].to_list(), rows["line"].to_list(), strict=True))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["DTYPE_BYTES", "human_bytes"]
+__all__ = ["DTYPE_BYTES", "DTYPE_NAMES", "human_bytes"]
 
 #: ``ncclDataType_t`` value -> element size in bytes (``src/nccl.h.in``).
 DTYPE_BYTES: dict[int, int] = {
@@ -18,6 +18,22 @@ DTYPE_BYTES: dict[int, int] = {
     9: 2,  # ncclBfloat16
     10: 1,  # ncclFloat8e4m3
     11: 1,  # ncclFloat8e5m2
+}
+
+#: ``ncclDataType_t`` value -> its name without the ``nccl`` prefix.
+DTYPE_NAMES: dict[int, str] = {
+    0: "int8",
+    1: "uint8",
+    2: "int32",
+    3: "uint32",
+    4: "int64",
+    5: "uint64",
+    6: "float16",
+    7: "float32",
+    8: "float64",
+    9: "bfloat16",
+    10: "float8e4m3",
+    11: "float8e5m2",
 }
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")

@@ -37,7 +37,8 @@ CASES = sorted(p.name for p in (REPO / "fixtures").iterdir() if p.is_dir())
 #: Objects whose keys are data, not field names: documented as a whole.
 OPEN_MAPS = frozenset({"job.env", "collectives.by_op", "timers"})
 #: Objects whose keys are documented one by one but appear only when their value is non-zero.
-SPARSE_MAPS = frozenset({"inputs[].unparsed_by_reason"})
+#: Finding evidence keys depend on the finding's kind: each is documented, not each seen.
+SPARSE_MAPS = frozenset({"inputs[].unparsed_by_reason", "findings[].evidence"})
 
 _PATH = r"[A-Za-z_]\w*(?:\[\])?(?:\.[A-Za-z_]\w*(?:\[\])?)*"
 #: A Markdown table row whose first cell is one key path in backticks.

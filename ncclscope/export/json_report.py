@@ -36,7 +36,7 @@ def to_json_dict(analysis: Analysis) -> dict[str, Any]:
         "failures": _failures(analysis),
         "timers": _timers(analysis),
         "gaps": [{"what": g.what, "settings": list(g.settings)} for g in analysis.gaps],
-        "findings": [],
+        "findings": _findings(analysis),
     }
 
 
@@ -253,3 +253,32 @@ def _errors(analysis: Analysis) -> list[dict[str, Any]]:
         for r in grouped.iter_rows(named=True)
     ]
     return sorted(out, key=lambda e: (e["first_line"]["path"], e["first_line"]["line_no"]))
+
+
+def _findings(analysis: Analysis) -> list[dict[str, Any]]:
+    """Findings as the detectors ordered them: most severe, then most costly, first."""
+    out = []
+    for f in analysis.findings:
+        lines = [
+            {
+                "path": analysis.paths[ref.file_id] if ref.file_id < len(analysis.paths) else None,
+                "line_no": ref.line_no,
+                "text": analysis.quoted.get((ref.file_id, ref.line_no)),
+            }
+            for ref in f.lines
+        ]
+        out.append(
+            {
+                "kind": f.kind,
+                "severity": f.severity,
+                "ranks": f.ranks,
+                "hosts": f.hosts,
+                "op": f.op,
+                "seq": f.seq,
+                "message": f.message,
+                "evidence": {**f.evidence, "lines": lines},
+                "cost_gpu_s": None if f.cost_gpu_s is None else round(f.cost_gpu_s, 3),
+                "hang_class": f.hang_class,
+            }
+        )
+    return out

@@ -22,6 +22,7 @@ def render_text(analysis: Analysis, *, doc: dict[str, Any] | None = None) -> str
     doc = doc if doc is not None else to_json_dict(analysis)
     out: list[str] = []
     _header(out, doc)
+    _findings(out, doc)
     _job(out, doc)
     _framework(out, doc)
     _timeouts(out, doc)
@@ -152,6 +153,35 @@ def _errors(out: list[str], doc: dict[str, Any]) -> None:
             out.append(f"      chain: {chain}{more}")
     if len(errors) > _MAX_ERRORS:
         out.append(f"  ... {len(errors) - _MAX_ERRORS} more (--format json lists all)")
+    out.append("")
+
+
+#: Findings shown in full; the rest are counted (JSON lists all).
+_MAX_FINDINGS = 8
+
+
+def _findings(out: list[str], doc: dict[str, Any]) -> None:
+    """What is wrong, most severe and most costly first, each with its evidence.  Advice
+    about missing signals (``info`` config findings) is left to WHAT THESE LOGS CANNOT
+    TELL below."""
+    shown = [f for f in doc["findings"] if not (f["kind"] == "config" and f["severity"] == "info")]
+    out.append("FINDINGS")
+    if not shown:
+        out.append("  nothing wrong found in what these logs show")
+        out.append("")
+        return
+    for f in shown[:_MAX_FINDINGS]:
+        cost = f"  ~{f['cost_gpu_s']:,.0f} GPU-s lost" if (f["cost_gpu_s"] or 0) >= 1 else ""
+        label = f["kind"] + (f" ({f['hang_class']})" if f["hang_class"] else "")
+        out.append(f"  [{f['severity']}] {label}{cost}")
+        out.append(
+            textwrap.fill(f["message"], 110, initial_indent="      ", subsequent_indent="      ")
+        )
+        for line in f["evidence"]["lines"][:3]:
+            where = f"{line['path']}:{line['line_no']}"
+            out.append(f"      {where}: {_cut((line['text'] or '').strip(), 100 - len(where))}")
+    if len(shown) > _MAX_FINDINGS:
+        out.append(f"  ... {len(shown) - _MAX_FINDINGS} more (--format json lists all)")
     out.append("")
 
 

@@ -1,0 +1,147 @@
+"""Config doctor: what these logs cannot answer and the settings that would, and hazards
+the logs show in the job's own configuration.
+
+Metric: one row per observation (``gap`` or ``hazard``).  Policy: gaps are ``info``;
+hazards are ``warning``.  Hazards read here:
+
+* a collective timeout shorter than what the job already spends in one collective or one
+  step (the watchdog will fire on a slow step, not only on a hang);
+* ZeRO-3 across nodes over TCP sockets only (every layer's all-gather over Ethernet);
+* ZeRO offload without pinned host memory (``pin_memory=False``: each copy to the CPU
+  is staged through a bounce buffer), as the engine's ``zero_config`` dump prints it::
+
+      zero_config .... offload_optimizer=DeepSpeedZeroOffloadOptimizerConfig(device='cpu',
+      nvme_path=None, buffer_count=4, pin_memory=False, ...)
+
+* NCCL 2.26.x with sub-second timestamps: its sub-second digits are wrong (fixed in
+  2.27), so lateness between ranks cannot be measured from them.
+"""
+
+from __future__ import annotations
+
+import re
+
+import polars as pl
+
+from ncclscope.detect.base import Finding, register
+from ncclscope.detect.context import Context
+from ncclscope.schema import CONFIG_SCHEMA
+
+__all__ = ["ConfigDetector", "subsecond_digits_unreliable"]
+
+_OFFLOAD = re.compile(
+    r"(?P<what>offload_(?:param|optimizer))=\w+\(device='(?P<device>\w+)'[^)]*?"
+    r"pin_memory=(?P<pin>True|False)"
+)
+
+
+def subsecond_digits_unreliable(versions: list[str]) -> bool:
+    """NCCL 2.26.x printed wrong sub-second digits in its timestamps.
+
+    >>> subsecond_digits_unreliable(["2.26.2"]), subsecond_digits_unreliable(["2.27.3"])
+    (True, False)
+    """
+    return any(v.startswith("2.26.") for v in versions)
+
+
+@register
+class ConfigDetector:
+    """Missing signals (``info``) and configuration hazards (``warning``)."""
+
+    name = "config"
+
+    def metric(self, ctx: Context) -> pl.DataFrame:
+        a = ctx.analysis
+        rows: list[dict[str, object]] = [
+            {"kind": "gap", "what": g.what, "settings": list(g.settings), "detail": None}
+            for g in a.gaps
+        ]
+        rows += self._hazards(ctx)
+        return pl.DataFrame(rows, schema=CONFIG_SCHEMA)
+
+    def _hazards(self, ctx: Context) -> list[dict[str, object]]:
+        a = ctx.analysis
+        fw = a.frameworks
+        out: list[dict[str, object]] = []
+        timeout_s, source = fw.timeout
+        if timeout_s is not None:
+            spread = ctx.instances.select(
+                (pl.col("ts_max") - pl.col("ts_min")).dt.total_microseconds().max()
+            ).item()
+            longest_wait = spread / 1e6 if spread is not None else 0.0
+            step = fw.timers.filter(pl.col("name").is_in(["step", "fwd", "bwd"]))[
+                "duration_s"
+            ].max()
+            longest_step = float(step) if isinstance(step, float) else 0.0
+            worst = max(longest_wait, longest_step)
+            if worst > timeout_s / 2:
+                out.append(
+                    {
+                        "kind": "hazard",
+                        "what": (
+                            f"the collective timeout ({timeout_s:.0f} s, {source}) is less "
+                            f"than twice the longest wait or step seen ({worst:.0f} s): a slow "
+                            "step, not only a hang, will trip the watchdog"
+                        ),
+                        "settings": [
+                            "torch.distributed.init_process_group(timeout=...)",
+                            "deepspeed.init_distributed(timeout=...)",
+                        ],
+                        "detail": None,
+                    }
+                )
+        zero = fw.zero
+        multi_node = len(a.hosts) > 1
+        if zero is not None and zero.stage == 3 and multi_node:
+            nets = {t for t in a.transports if t.startswith("NET/")}
+            if nets == {"NET/Socket"}:
+                out.append(
+                    {
+                        "kind": "hazard",
+                        "what": (
+                            "ZeRO-3 across nodes over TCP sockets only: every layer's "
+                            "all-gather crosses Ethernet"
+                        ),
+                        "settings": ["NCCL_IB_HCA / NCCL_NET=IB (or the cluster's OFI plugin)"],
+                        "detail": None,
+                    }
+                )
+        zero_line = fw.ds_config.get("zero_config", "")
+        out.extend(
+            {
+                "kind": "hazard",
+                "what": (
+                    f"{m['what']} to {m['device']} without pinned host memory: every "
+                    "copy goes through a pageable bounce buffer"
+                ),
+                "settings": [f'"{m["what"]}": {{"pin_memory": true}}'],
+                "detail": m.group(0),
+            }
+            for m in _OFFLOAD.finditer(zero_line)
+            if m["device"] in ("cpu", "nvme") and m["pin"] == "False"
+        )
+        if a.timestamps != "none" and subsecond_digits_unreliable(a.nccl_versions):
+            out.append(
+                {
+                    "kind": "gap",
+                    "what": (
+                        "NCCL 2.26.x prints wrong sub-second digits in its timestamps (fixed "
+                        "in 2.27): lateness between ranks cannot be measured from them"
+                    ),
+                    "settings": ["NCCL >= 2.27"],
+                    "detail": None,
+                }
+            )
+        return out
+
+    def policy(self, metric: pl.DataFrame, ctx: Context) -> list[Finding]:
+        del ctx
+        return [
+            Finding(
+                kind="config",
+                severity="info" if r["kind"] == "gap" else "warning",
+                message=r["what"],
+                evidence={"settings": list(r["settings"]), "detail": r["detail"]},
+            )
+            for r in metric.iter_rows(named=True)
+        ]

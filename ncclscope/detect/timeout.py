@@ -1,0 +1,189 @@
+"""Timeouts: the ones the watchdog reported, and the one coming.
+
+``countdown`` is the function the agent calls live: given the tables so far and a time
+"now", per communicator the oldest collective that some members entered and others did
+not, how long ago, the timeout in force, the seconds left and the culprit.  ``analyze``
+applies it at the last line of the logs.
+
+Post-mortem, each group of PyTorch watchdog lines (one per waiting rank, same process
+group, SeqNum and op) becomes one ``timeout`` finding that names the culprit the hang
+detector found, and the time from the first stall to the timeout::
+
+    [rank0]:[E ProcessGroupNCCL.cpp:607] [Rank 0] Watchdog caught collective operation
+    timeout: WorkNCCL(SeqNum=15, OpType=_ALLGATHER_BASE, NumelIn=..., Timeout(ms)=1800000)
+    ran for 1800095 milliseconds before timing out.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import polars as pl
+
+from ncclscope.detect.base import Finding, LineRef, duration_text, ranks_text, register
+from ncclscope.detect.context import Context
+from ncclscope.detect.hang import culprit, stalls
+from ncclscope.schema import COUNTDOWN_SCHEMA
+
+__all__ = ["COUNTDOWN_SCHEMA", "TimeoutDetector", "TimeoutImminentDetector", "countdown"]
+
+
+#: Below this many seconds left, an imminent timeout is critical, not a warning.
+_CRITICAL_LEFT_S = 300.0
+
+
+def countdown(ctx: Context, now: datetime, timeout_s: float | None) -> pl.DataFrame:
+    """Per communicator with a collective some members entered and others did not: that
+    collective, when the first member entered it, its age at ``now``, and the seconds
+    left before ``timeout_s`` (``COUNTDOWN_SCHEMA``).  Without a time for the first
+    arrival (no timestamps), ``since``, ``age_s`` and ``left_s`` are null.
+    """
+    rows = []
+    for stall in stalls(ctx):
+        times = stall.waiter_rows["ts"].drop_nulls() if len(stall.waiter_rows) else None
+        since = times.min() if times is not None and len(times) else None
+        age = (now - since).total_seconds() if isinstance(since, datetime) else None
+        left = timeout_s - age if age is not None and timeout_s is not None else None
+        rows.append(
+            {
+                "comm_key": stall.comm_key,
+                "seq": stall.seq,
+                "op": stall.op,
+                "entered_ranks": stall.waiting,
+                "culprit_ranks": stall.culprits,
+                "culprit_hosts": sorted({h for h in stall.culprit_rows["host"] if h}),
+                "since": since,
+                "age_s": age,
+                "timeout_s": timeout_s,
+                "left_s": left,
+            }
+        )
+    return pl.DataFrame(rows, schema=COUNTDOWN_SCHEMA)
+
+
+@register
+class TimeoutImminentDetector:
+    """At the last line of the logs: how long the culprit had kept the others waiting,
+    against the timeout in force (``timeout_imminent``)."""
+
+    name = "timeout_countdown"
+
+    def metric(self, ctx: Context) -> pl.DataFrame:
+        end = ctx.last_ts
+        if end is None:
+            return pl.DataFrame(schema=COUNTDOWN_SCHEMA)
+        timeout_s, _source = ctx.analysis.frameworks.timeout
+        return countdown(ctx, end, timeout_s)
+
+    def policy(self, metric: pl.DataFrame, ctx: Context) -> list[Finding]:
+        timeout_s, source = ctx.analysis.frameworks.timeout
+        out = []
+        for r in metric.filter(pl.col("age_s").is_not_null()).iter_rows(named=True):
+            left = r["left_s"]
+            if left is not None and left <= 0:
+                continue  # already timed out: the timeout finding says so
+            culprits = ranks_text(r["culprit_ranks"])
+            of = f" of {duration_text(timeout_s)}" if timeout_s else ""
+            msg = (
+                f"at the end of the logs rank {culprits} had been missing from {r['op']} "
+                f"#{r['seq']} for {duration_text(r['age_s'])}{of}"
+            )
+            if left is not None:
+                msg += f": the watchdog fires in {duration_text(left)}"
+            out.append(
+                Finding(
+                    kind="timeout_imminent",
+                    severity="critical"
+                    if left is not None and left < _CRITICAL_LEFT_S
+                    else "warning",
+                    message=msg,
+                    ranks=list(r["culprit_ranks"]),
+                    hosts=list(r["culprit_hosts"]),
+                    op=r["op"],
+                    seq=r["seq"],
+                    evidence={
+                        "communicator": r["comm_key"],
+                        "entered_ranks": list(r["entered_ranks"]),
+                        "since": r["since"].isoformat(),
+                        "age_s": round(r["age_s"], 3),
+                        "timeout_s": timeout_s,
+                        "timeout_source": source,
+                        "left_s": None if left is None else round(left, 3),
+                    },
+                )
+            )
+        return out
+
+
+@register
+class TimeoutDetector:
+    """Each watchdog timeout: op, SeqNum, how long it ran, who it waited for."""
+
+    name = "timeout"
+
+    def metric(self, ctx: Context) -> pl.DataFrame:
+        """One row per (process group, SeqNum, op) that timed out."""
+        t = ctx.analysis.frameworks.timeouts
+        return (
+            t.group_by("pg", "seq", "op")
+            .agg(
+                pl.coalesce("global_rank", "rank").drop_nulls().unique().sort().alias("waiting"),
+                pl.col("timeout_s").max(),
+                pl.col("ran_for_s").max(),
+                pl.col("ts").min().alias("first_ts"),
+                pl.col("ts").max().alias("last_ts"),
+                pl.struct("file_id", "line_no").sort_by("file_id", "line_no").first().alias("at"),
+                pl.len().alias("lines"),
+            )
+            .sort("first_ts", "seq", nulls_last=True)
+        )
+
+    def policy(self, metric: pl.DataFrame, ctx: Context) -> list[Finding]:
+        who_ = culprit(ctx)
+        culprits = who_.ranks if who_ else []
+        hosts = who_.hosts if who_ else []
+        nccl_op = who_.op if who_ else None
+        nccl_seq = who_.seq if who_ else None
+        stall_at = who_.since if who_ else None
+        out = []
+        for r in metric.iter_rows(named=True):
+            ran = r["ran_for_s"]
+            who = f"; waiting for rank {ranks_text(culprits)}" if culprits else ""
+            msg = (
+                f"{r['op'] or 'a collective'} SeqNum {r['seq']} on process group "
+                f"{r['pg'] or '?'} timed out on {len(r['waiting']) or r['lines']} rank(s)"
+                + (f" after {duration_text(ran)}" if ran else "")
+                + who
+            )
+            timeline: dict[str, object] = {}
+            if stall_at is not None:
+                timeline["first_stall"] = stall_at.isoformat()
+            if r["first_ts"] is not None:
+                timeline["timeout"] = r["first_ts"].isoformat()
+                if stall_at is not None:
+                    timeline["stall_to_timeout_s"] = (r["first_ts"] - stall_at).total_seconds()
+            at = r["at"]
+            out.append(
+                Finding(
+                    kind="timeout",
+                    severity="critical",
+                    message=msg,
+                    ranks=culprits,
+                    hosts=hosts,
+                    op=nccl_op,
+                    seq=nccl_seq,
+                    evidence={
+                        "torch_op": r["op"],
+                        "seq_num": r["seq"],
+                        "pg": r["pg"],
+                        "waiting_ranks": list(r["waiting"]),
+                        "timeout_s": r["timeout_s"],
+                        "ran_for_s": ran,
+                        "timeline": timeline,
+                    },
+                    lines=[LineRef(int(at["file_id"]), int(at["line_no"]))],
+                    # The wait is the hang's cost; the hang finding carries it.
+                    cost_gpu_s=None,
+                )
+            )
+        return out
