@@ -88,6 +88,9 @@ class Analysis:
     errors: pl.DataFrame  # ERRORS_SCHEMA
     collectives: pl.LazyFrame | None  # COLLECTIVES_SCHEMA, in Parquet
     summary: CollSummary | None
+    #: per (file_id, host, pid, comm pointer): calls, opCount range, lines, signature
+    #: (``proc_comm_stats``); empty without COLL lines
+    stats: pl.DataFrame
     timestamps: str  # none | partial | full
     env: dict[str, list[str]]
     frameworks: FrameworkTables = field(default_factory=FrameworkTables)
@@ -173,6 +176,7 @@ def run_analysis(
         errors=errors,
         collectives=collectives,
         summary=summary,
+        stats=stats,
         timestamps=_timestamps(records, summary),
         env={k: sorted(v) for k, v in sorted(records.env.items())},
         frameworks=frameworks,

@@ -364,25 +364,20 @@ PROGRESS_SCHEMA = _schema(
         "host": pl.String,
         "calls": pl.UInt32,
         "last_seq": pl.Int64,  # the last collective it logged
-        "op": pl.String,  # that call's op, count, datatype, size, line and time
-        "count": pl.Int64,
-        "dtype": pl.Int16,
-        "size_bytes": pl.Int64,
-        "file_id": pl.UInt32,
+        "file_id": pl.UInt32,  # where: its last COLL line
         "line_no": pl.UInt32,
-        "ts": TS,
+        # sum of a hash of (op, count, datatype) over its calls: members that made the
+        # same calls have the same signature, one different call changes it
+        "signature": pl.UInt64,
     }
 )
 
-#: Per collective instance (communicator, sequence).
+#: Per collective instance (communicator, sequence), for a sample of the sequences.
 INSTANCES_SCHEMA = _schema(
     {
         "comm_key": pl.String,
         "seq": pl.Int64,
         "n": pl.UInt32,  # members that logged it
-        "ops": pl.UInt32,  # distinct ops, counts and datatypes they logged
-        "counts": pl.UInt32,
-        "dtypes": pl.UInt32,
         "ts_min": TS,  # first and last arrival
         "ts_max": TS,
         "with_ts": pl.UInt32,  # members whose line carried a time

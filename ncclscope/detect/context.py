@@ -1,12 +1,16 @@
 """Tables several detectors share, computed once per run from the collectives table.
 
-The collectives table of a 1 GiB log has millions of rows and lives in Parquet; each
-table here is one streaming pass over it, kept only as aggregates (per rank, per
-collective instance), so memory does not grow with the log.
+The collectives table of a 1 GiB log has millions of rows and lives in Parquet; every
+pass over it costs a few tenths of a second.  A healthy log gets two: one streaming
+group-by per communicator member (``progress``), and a read of every ``stride``-th
+collective instance (``sample``), from which per-instance arrival times and lateness are
+measured.  Reads that a finding needs (a culprit's last calls, a mismatched instance)
+filter on the sequence, which polars pushes into the Parquet scan.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property
@@ -19,11 +23,16 @@ from ncclscope.schema import INSTANCES_SCHEMA, PROGRESS_SCHEMA
 if TYPE_CHECKING:
     from ncclscope.analysis import Analysis
 
-__all__ = ["P2P_OPS", "Context"]
+__all__ = ["P2P_OPS", "SAMPLE_ROWS", "Context"]
 
 #: Point-to-point calls involve two ranks, not the whole communicator: they are left out
 #: of progress and lateness, which compare every member of a collective.
 P2P_OPS = ("Send", "Recv")
+#: COLL lines read for timing: enough instances for stable medians on any job, a bounded
+#: cost on a large one.
+SAMPLE_ROWS = 400_000
+
+_SAMPLE_COLUMNS = ("comm_key", "comm_rank", "rank", "host", "seq", "op", "ts", "file_id", "line_no")
 
 
 @dataclass
@@ -32,7 +41,8 @@ class Context:
 
     analysis: Analysis
 
-    def _collectives(self) -> pl.LazyFrame | None:
+    def collectives(self) -> pl.LazyFrame | None:
+        """Every collective call (P2P left out) with a known communicator, lazily."""
         coll = self.analysis.collectives
         if coll is None:
             return None
@@ -40,62 +50,77 @@ class Context:
 
     @cached_property
     def progress(self) -> pl.DataFrame:
-        """Per (communicator, member): calls, the last sequence reached and that call's
-        op, count, datatype, line and time."""
-        coll = self._collectives()
-        if coll is None:
+        """Per (communicator, member): calls, the last sequence reached, its last line
+        and the signature of its calls (``PROGRESS_SCHEMA``).  Read off the per-process
+        statistics the analysis already holds: no pass over the collectives."""
+        stats = self.analysis.stats
+        members = self.analysis.identity.members
+        if stats.is_empty() or members.is_empty():
             return pl.DataFrame(schema=PROGRESS_SCHEMA)
-        key = ["comm_key", "comm_rank"]
-        last = (
-            coll.group_by(key)
-            .agg(pl.len().alias("calls"), pl.col("seq").max().alias("last_seq"))
-            .collect(engine="streaming")
-        )
-        rows = (
-            coll.join(
-                last.lazy(),
-                left_on=[*key, "seq"],
-                right_on=[*key, "last_seq"],
-                how="inner",
-            )
-            .group_by(key)
-            .agg(pl.all().sort_by("line_no").last())
-            .collect(engine="streaming")
-        )
+        # Where opCount never changes (2.27+ single node), calls are counted in order.
+        counted = (pl.col("opcount_min") == pl.col("opcount_max")) & (pl.col("calls") > 1)
+        key = ["file_id", "host", "pid", "comm"]
         return (
-            last.join(rows, on=key, how="left")
-            .select(list(PROGRESS_SCHEMA))
+            stats.filter(pl.col("coll_calls") > 0)
+            .join(members.select(*key, "comm_key", "comm_rank", "rank"), on=key, how="inner")
+            .filter(pl.col("comm_key").is_not_null() & pl.col("comm_rank").is_not_null())
+            .select(
+                "comm_key",
+                "comm_rank",
+                "rank",
+                "host",
+                pl.col("coll_calls").alias("calls"),
+                pl.when(counted)
+                .then(pl.col("calls") - 1)
+                .otherwise(pl.col("coll_opcount_max"))
+                .alias("last_seq"),
+                "file_id",
+                pl.col("last_line").alias("line_no"),
+                "signature",
+            )
             .cast(PROGRESS_SCHEMA)
-            .sort(key)
+            .unique(["comm_key", "comm_rank"], keep="first", maintain_order=True)
+            .sort("comm_key", "comm_rank")
         )
 
     @cached_property
-    def instances(self) -> pl.DataFrame:
-        """Per collective instance (communicator, sequence): members that logged it, how
-        many distinct ops, counts and datatypes they logged, and their first and last
-        arrival times."""
-        coll = self._collectives()
+    def stride(self) -> int:
+        """Every ``stride``-th sequence number is sampled."""
+        summary = self.analysis.summary
+        calls = summary.calls if summary is not None else 0
+        return max(1, math.ceil(calls / SAMPLE_ROWS))
+
+    @cached_property
+    def sample(self) -> pl.DataFrame:
+        """The calls at every ``stride``-th sequence of each communicator."""
+        coll = self.collectives()
         if coll is None:
+            return pl.DataFrame()
+        picked = coll if self.stride == 1 else coll.filter(pl.col("seq") % self.stride == 0)
+        return picked.select(_SAMPLE_COLUMNS).collect(engine="streaming")
+
+    @cached_property
+    def instances(self) -> pl.DataFrame:
+        """Per sampled collective instance: members that logged it and their first and
+        last arrival times (``INSTANCES_SCHEMA``)."""
+        if self.sample.is_empty():
             return pl.DataFrame(schema=INSTANCES_SCHEMA)
         return (
-            coll.group_by("comm_key", "seq")
+            self.sample.group_by("comm_key", "seq")
             .agg(
                 pl.len().alias("n"),
-                pl.col("op").n_unique().alias("ops"),
-                pl.col("count").n_unique().alias("counts"),
-                pl.col("dtype").n_unique().alias("dtypes"),
                 pl.col("ts").min().alias("ts_min"),
                 pl.col("ts").max().alias("ts_max"),
                 pl.col("ts").is_not_null().sum().alias("with_ts"),
             )
-            .collect(engine="streaming")
+            .select(list(INSTANCES_SCHEMA))
             .cast(INSTANCES_SCHEMA)
             .sort("comm_key", "seq")
         )
 
     def rows_at(self, comm_key: str, seqs: list[int]) -> pl.DataFrame:
         """Every member's call at these sequences of one communicator."""
-        coll = self._collectives()
+        coll = self.collectives()
         if coll is None or not seqs:
             return pl.DataFrame()
         return (
@@ -107,9 +132,29 @@ class Context:
             .sort("seq", "comm_rank")
         )
 
+    def mixed_seqs(self, comm_key: str, limit: int) -> list[int]:
+        """The first sequences of a communicator at which its members logged different
+        ops, counts or datatypes: a full pass over that communicator's calls, made only
+        when the members' signatures disagree."""
+        coll = self.collectives()
+        if coll is None:
+            return []
+        mixed = (
+            coll.filter(pl.col("comm_key") == comm_key)
+            .group_by("seq")
+            .agg(
+                (pl.col("op").min() != pl.col("op").max())
+                | (pl.col("count").min() != pl.col("count").max())
+                | (pl.col("dtype").min() != pl.col("dtype").max())
+            )
+            .collect(engine="streaming")
+        )
+        flag = mixed.columns[1]
+        return sorted(mixed.filter(pl.col(flag))["seq"].to_list())[:limit]
+
     @cached_property
     def members(self) -> pl.DataFrame:
-        """Per communicator: every member known from init lines or calls, by comm rank."""
+        """Per communicator: every member known from init lines, by comm rank."""
         m = self.analysis.identity.members
         return (
             m.filter(pl.col("comm_rank").is_not_null())
@@ -119,16 +164,32 @@ class Context:
         )
 
     @cached_property
-    def world_key(self) -> str | None:
-        return self.analysis.identity.world_key
-
-    @cached_property
     def last_ts(self) -> datetime | None:
         """The latest time any line of the logs carries ("the end of the logs")."""
         a = self.analysis
         fw = a.frameworks
+        latest = None
+        if a.summary is not None and a.summary.with_ts:
+            coll = self.collectives()
+            if coll is not None:
+                # The latest call of each communicator is at its highest sequence; the
+                # filter on the sequence is pushed into the Parquet scan.
+                top = self.progress.group_by("comm_key").agg(pl.col("last_seq").max())
+                tops = pl.Series(top["last_seq"].unique(), dtype=pl.Int64).implode()
+                latest = (
+                    coll.filter(pl.col("seq").is_in(tops))
+                    .join(
+                        top.lazy(),
+                        left_on=["comm_key", "seq"],
+                        right_on=["comm_key", "last_seq"],
+                        how="semi",
+                    )
+                    .select(pl.col("ts").max())
+                    .collect(engine="streaming")
+                    .item()
+                )
         candidates = [
-            self.instances["ts_max"].max(),
+            latest,
             a.errors["ts"].max(),
             fw.timeouts["ts"].max(),
             fw.failures["ts"].max(),

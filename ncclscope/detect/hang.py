@@ -109,7 +109,19 @@ def stalls(ctx: Context) -> list[Stall]:
             continue
         seen.add(tuple(culprits))
         stuck = int(behind["last_seq"].min()) + 1  # type: ignore[arg-type]
-        at = ctx.rows_at(comm_key, [stuck])
+        # The culprits' last calls (their op) and the waiters' calls at the stuck one.
+        seqs = sorted({int(x) for x in behind["last_seq"].to_list() if x >= 0} | {stuck})
+        at_seqs = ctx.rows_at(comm_key, seqs)
+        if len(at_seqs):
+            last_ops = at_seqs.join(
+                behind.select("comm_rank", pl.col("last_seq").alias("seq")),
+                on=["comm_rank", "seq"],
+                how="semi",
+            ).select("comm_rank", "op")
+            behind = behind.join(last_ops, on="comm_rank", how="left")
+        else:
+            behind = behind.with_columns(pl.lit(None, dtype=pl.String).alias("op"))
+        at = at_seqs.filter(pl.col("seq") == stuck) if len(at_seqs) else at_seqs
         waiters = at.with_columns(_ranked(at).alias("who")) if len(at) else at
         ops = Counter(waiters["op"].to_list()) if len(waiters) else Counter()
         waiting = sorted(int(x) for x in group.filter(pl.col("last_seq") >= stuck)["who"].to_list())
@@ -140,30 +152,43 @@ class Mismatched:
 
 
 def mismatches(ctx: Context) -> list[Mismatched]:
-    """Instances whose members disagree, with the minority members as culprits."""
-    bad = ctx.instances.filter(
-        (pl.col("ops") > 1) | (pl.col("counts") > 1) | (pl.col("dtypes") > 1)
-    ).head(_MAX_MISMATCHES)
-    out = []
-    for comm_key, seq in bad.select("comm_key", "seq").iter_rows():
-        rows = ctx.rows_at(comm_key, [seq])
-        rows = rows.with_columns(_ranked(rows).alias("who"))
-        shapes = Counter(zip(rows["op"], rows["count"], rows["dtype"], strict=True))
-        (majority, _n), *_rest = shapes.most_common()
-        minority = rows.filter(
-            (pl.col("op") != majority[0])
-            | (pl.col("count") != majority[1])
-            | (pl.col("dtype") != majority[2])
-        )
-        out.append(
-            Mismatched(
-                comm_key,
-                int(seq),
-                sorted(int(x) for x in minority["who"].to_list()),
-                (str(majority[0]), int(majority[1]), int(majority[2])),
-                rows,
+    """Instances whose members disagree, with the minority members as culprits.
+
+    Members that reached the same point with the same calls have the same signature;
+    only a communicator whose signatures disagree is read again to find where.
+    """
+    p = ctx.progress
+    if p.is_empty():
+        return []
+    suspects = (
+        p.group_by("comm_key", "calls", "last_seq")
+        .agg(pl.col("signature").n_unique().alias("signatures"), pl.len().alias("members"))
+        .filter(pl.col("signatures") > 1)
+        .sort("members", "comm_key", descending=[True, False])
+    )
+    out: list[Mismatched] = []
+    for comm_key in dict.fromkeys(suspects["comm_key"].to_list()):
+        for seq in ctx.mixed_seqs(comm_key, _MAX_MISMATCHES - len(out)):
+            rows = ctx.rows_at(comm_key, [seq])
+            rows = rows.with_columns(_ranked(rows).alias("who"))
+            shapes = Counter(zip(rows["op"], rows["count"], rows["dtype"], strict=True))
+            (majority, _n), *_rest = shapes.most_common()
+            minority = rows.filter(
+                (pl.col("op") != majority[0])
+                | (pl.col("count") != majority[1])
+                | (pl.col("dtype") != majority[2])
             )
-        )
+            out.append(
+                Mismatched(
+                    comm_key,
+                    int(seq),
+                    sorted(int(x) for x in minority["who"].to_list()),
+                    (str(majority[0]), int(majority[1]), int(majority[2])),
+                    rows,
+                )
+            )
+        if len(out) >= _MAX_MISMATCHES:
+            break
     return out
 
 

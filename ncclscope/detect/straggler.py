@@ -21,7 +21,7 @@ import polars as pl
 
 from ncclscope.detect.base import Finding, LineRef, duration_text, register
 from ncclscope.detect.config import subsecond_digits_unreliable
-from ncclscope.detect.context import P2P_OPS, Context
+from ncclscope.detect.context import Context
 from ncclscope.schema import LATENESS_SCHEMA
 
 __all__ = ["MIN_SLOWDOWN", "StragglerDetector", "lateness"]
@@ -54,47 +54,52 @@ def timing_usable(ctx: Context) -> bool:
     return bool((inst["ts_min"].dt.microsecond() != 0).any())
 
 
-def lateness(ctx: Context) -> pl.DataFrame:
-    """Per communicator member: lateness statistics over the instances every member of
-    which was timed (``LATENESS_SCHEMA``), and the communicator's median gap between
-    collectives."""
-    coll = ctx.analysis.collectives
-    if coll is None or not timing_usable(ctx):
-        return pl.DataFrame(schema=LATENESS_SCHEMA)
+def _with_lateness(ctx: Context) -> pl.DataFrame:
+    """The sampled calls of fully timed instances, with ``late`` (seconds after the
+    instance's first arrival) and ``last`` (it arrived last) and the instance's size."""
     inst = ctx.instances.filter((pl.col("n") >= 2) & (pl.col("with_ts") == pl.col("n")))
-    if inst.is_empty():
+    return ctx.sample.join(
+        inst.select("comm_key", "seq", "ts_min", "ts_max", "n"), on=["comm_key", "seq"]
+    ).with_columns(
+        ((pl.col("ts") - pl.col("ts_min")).dt.total_microseconds() / 1e6).alias("late"),
+        (pl.col("ts") == pl.col("ts_max")).alias("last"),
+    )
+
+
+def lateness(ctx: Context) -> pl.DataFrame:
+    """Per communicator member: lateness statistics over the sampled instances every
+    member of which was timed (``LATENESS_SCHEMA``), and the communicator's median gap
+    between collectives."""
+    if ctx.analysis.collectives is None or not timing_usable(ctx):
         return pl.DataFrame(schema=LATENESS_SCHEMA)
+    rows = _with_lateness(ctx)
+    if rows.is_empty():
+        return pl.DataFrame(schema=LATENESS_SCHEMA)
+    # The median gap between consecutive instances: from consecutive sampled ones, over
+    # the stride between them.
     gaps = (
-        inst.sort("comm_key", "seq")
+        ctx.instances.sort("comm_key", "seq")
         .select(
             "comm_key",
-            pl.col("ts_min").diff().over("comm_key").dt.total_microseconds().alias("gap"),
+            (
+                pl.col("ts_min").diff().over("comm_key").dt.total_microseconds()
+                / pl.col("seq").diff().over("comm_key")
+            ).alias("gap"),
         )
         .group_by("comm_key")
         .agg((pl.col("gap").median() / 1e6).alias("gap_s"))
     )
-    late = (pl.col("ts") - pl.col("ts_min")).dt.total_microseconds() / 1e6
-    per_member = (
-        coll.filter(~pl.col("op").is_in(P2P_OPS) & pl.col("ts").is_not_null())
-        .join(
-            inst.select("comm_key", "seq", "ts_min", "ts_max", "n").lazy(),
-            on=["comm_key", "seq"],
-            how="inner",
-        )
-        .group_by("comm_key", "comm_rank")
-        .agg(
-            pl.col("rank").first(),
-            pl.col("host").first(),
-            pl.len().alias("instances"),
-            (pl.col("ts") == pl.col("ts_max")).sum().alias("last"),
-            late.median().alias("median_s"),
-            late.quantile(0.95).alias("p95_s"),
-            late.mean().alias("mean_s"),
-            pl.col("n").max().alias("members"),
-            pl.col("file_id").first(),
-            pl.col("line_no").min(),
-        )
-        .collect(engine="streaming")
+    per_member = rows.group_by("comm_key", "comm_rank").agg(
+        pl.col("rank").first(),
+        pl.col("host").first(),
+        pl.len().alias("instances"),
+        pl.col("last").sum(),
+        pl.col("late").median().alias("median_s"),
+        pl.col("late").quantile(0.95).alias("p95_s"),
+        pl.col("late").mean().alias("mean_s"),
+        pl.col("n").max().alias("members"),
+        pl.col("file_id").first(),
+        pl.col("line_no").min(),
     )
     return (
         per_member.join(gaps, on="comm_key", how="left")
@@ -172,6 +177,7 @@ class StragglerDetector:
                     evidence={
                         "communicator": r["comm_key"],
                         "instances": r["instances"],
+                        "sampled_every": ctx.stride,
                         "last": r["last"],
                         "median_lateness_s": round(r["median_s"], 6),
                         "p95_lateness_s": round(r["p95_s"], 6),
@@ -188,21 +194,11 @@ class StragglerDetector:
 
     def _per_op(self, ctx: Context, comm_key: str, comm_rank: int) -> list[dict[str, object]]:
         """The straggler's lateness per collective type, AllGather first."""
-        coll = ctx.analysis.collectives
-        if coll is None:
-            return []
-        inst = ctx.instances.filter(pl.col("comm_key") == comm_key)
-        late = (pl.col("ts") - pl.col("ts_min")).dt.total_microseconds() / 1e6
         rows = (
-            coll.filter(
-                (pl.col("comm_key") == comm_key)
-                & (pl.col("comm_rank") == comm_rank)
-                & pl.col("ts").is_not_null()
-            )
-            .join(inst.select("seq", "ts_min").lazy(), on="seq", how="inner")
+            _with_lateness(ctx)
+            .filter((pl.col("comm_key") == comm_key) & (pl.col("comm_rank") == comm_rank))
             .group_by("op")
-            .agg(pl.len().alias("calls"), late.median().alias("median_s"))
-            .collect(engine="streaming")
+            .agg(pl.len().alias("calls"), pl.col("late").median().alias("median_s"))
             .sort(pl.col("op") != "AllGather", "op")
         )
         return [

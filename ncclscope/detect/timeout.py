@@ -69,6 +69,8 @@ class TimeoutImminentDetector:
     name = "timeout_countdown"
 
     def metric(self, ctx: Context) -> pl.DataFrame:
+        if not stalls(ctx):
+            return pl.DataFrame(schema=COUNTDOWN_SCHEMA)
         end = ctx.last_ts
         if end is None:
             return pl.DataFrame(schema=COUNTDOWN_SCHEMA)

@@ -23,6 +23,7 @@ from ncclscope.schema import COLL_STORE_SCHEMA, COLLECTIVES_SCHEMA
 from ncclscope.units import DTYPE_BYTES
 
 __all__ = [
+    "P2P_TOKENS",
     "CollSummary",
     "apply_host_repairs",
     "bad_tokens",
@@ -110,8 +111,18 @@ def _nranks() -> pl.Expr:
     )
 
 
+#: Point-to-point ops as the COLL line prints them: they involve two ranks, not every
+#: member, so the per-member progress figures leave them out.
+P2P_TOKENS = ("Send:", "Recv:")
+
+
 def proc_comm_stats(lines: pl.LazyFrame, procs: pl.DataFrame) -> pl.DataFrame:
-    """Per (process, comm pointer): calls, opCount range, first line, nranks."""
+    """Per (process, comm pointer): calls, opCount range, first line, nranks; and for
+    its collective calls (Send/Recv left out): how many, the last opCount, the last
+    line, and a signature of what was called (a wrapping sum of a hash of op, count and
+    datatype: members that made the same calls have the same one)."""
+    coll = ~pl.col("op_tok").is_in(P2P_TOKENS)
+    call = pl.struct("op_tok", "count", "dtype").hash(seed=0)
     per_token = (
         lines.group_by(_TOKEN_COMM)
         .agg(
@@ -120,6 +131,10 @@ def proc_comm_stats(lines: pl.LazyFrame, procs: pl.DataFrame) -> pl.DataFrame:
             pl.col("opcount").max().alias("opcount_max"),
             pl.col("i").min().alias("first_line"),
             pl.col("nranks_tok").first(),
+            coll.sum().alias("coll_calls"),
+            pl.col("opcount").filter(coll).max().alias("coll_opcount_max"),
+            pl.col("i").filter(coll).max().alias("last_line"),
+            pl.when(coll).then(call).otherwise(0).sum().alias("signature"),
         )
         .collect(engine="streaming")
     )
@@ -134,6 +149,10 @@ def proc_comm_stats(lines: pl.LazyFrame, procs: pl.DataFrame) -> pl.DataFrame:
             pl.col("opcount_max").max(),
             pl.col("first_line").min(),
             pl.col("nranks").max(),
+            pl.col("coll_calls").sum(),
+            pl.col("coll_opcount_max").max(),
+            pl.col("last_line").max(),
+            pl.col("signature").sum(),
         )
     )
 

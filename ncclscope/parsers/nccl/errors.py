@@ -60,6 +60,10 @@ ERROR_KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
 _BENIGN = re.compile(
     r"Failed to open libibverbs|libnccl-net|NET/Plugin|[Pp]lugin .*not found|No plugin found"
     r"|is deprecated|Could not find"
+    # IB async events that report fabric housekeeping, not a failure: NCCL's async thread
+    # only logs them and established connections carry on.
+    r"|Got async (?:error )?event ?: ?(?:SM change|LID change|P_Key change|[Cc]lient rereg"
+    r"|GID (?:table )?change|port active|communication established)"
 )
 #: WARNs that are worth a look but do not stop the job by themselves.
 _WARNING = re.compile(r"Got async (?:error )?event|timeout warning|retrying|HINT|[Tt]rying again")
@@ -88,6 +92,8 @@ def classify_warn(message: str) -> tuple[str, str]:
     ('ib_completion', 'error')
     >>> classify_warn("Failed to open libibverbs.so[.1]")
     ('system', 'info')
+    >>> classify_warn("NET/IB : mlx5_2:1 Got async error event: SM change")
+    ('other', 'info')
     """
     kind = next((name for name, regex in ERROR_KINDS if regex.search(message)), "other")
     if _BENIGN.search(message):
