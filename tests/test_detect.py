@@ -228,3 +228,51 @@ def test_detectors_read_the_collectives_a_bounded_number_of_times(tmp_path: Path
     for d in DETECTORS.values():
         d.policy(d.metric(ctx), ctx)
     assert len(reads) == 1
+
+
+def test_config_doctor_reads_the_job_s_configuration(tmp_path: Path) -> None:
+    """A ZeRO-3 job with CPU offload, edited as a user's config would differ: offload
+    without pinned memory, no wall-clock timers, and NCCL over sockets across 2 nodes."""
+    out = tmp_path / "job"
+    generate(
+        SynthSpec(
+            ranks=16, hosts=2, steps=3, framework="deepspeed", zero_stage=3,
+            offload="optimizer", era="2.18", seed=1,
+        ),
+        out,
+    )  # fmt: skip
+    log = out / "job.log"
+    text = log.read_text()
+    assert "pin_memory=True" in text
+    assert "wall_clock_breakdown ......... True" in text
+    edited = [
+        line.replace("pin_memory=True", "pin_memory=False")
+        .replace("wall_clock_breakdown ......... True", "wall_clock_breakdown ......... False")
+        .replace("via NET/IB/0/GDRDMA", "via NET/Socket/0")
+        .replace("via NET/IB/3/GDRDMA", "via NET/Socket/0")
+        for line in text.splitlines(keepends=True)
+        if "time (ms)" not in line and "NET/IB" not in line.replace("via NET/IB", "")
+    ]
+    log.write_text("".join(edited))
+    a = run_analysis([str(out)], workdir=tmp_path / "work")
+    config = {f.message.split(":")[0]: f for f in a.findings if f.kind == "config"}
+    hazards = sorted(m for m, f in config.items() if f.severity == "warning")
+    assert any(m.startswith("offload_optimizer to cpu without pinned host memory") for m in hazards)
+    assert any(m.startswith("ZeRO-3 across nodes over TCP sockets only") for m in hazards)
+    assert "DeepSpeed ran without its wall-clock timers" in config
+    pinned = next(f for m, f in config.items() if m.startswith("offload_optimizer"))
+    assert "pin_memory=False" in pinned.evidence["detail"]
+
+
+def test_timeout_shorter_than_a_wait_is_a_hazard(tmp_path: Path) -> None:
+    """A 2 s timeout (stated by the watchdog) on a job whose slow rank makes every
+    collective wait tens of milliseconds is fine; one shorter than twice the longest
+    wait is not."""
+    spec = SynthSpec(
+        ranks=8, hosts=1, steps=3, era="2.27", timestamps=True, seed=4, framework="torch",
+        pg_timeout_s=0.05,
+        faults=(SlowRank(rank=1, lateness_s=0.04), StopRank(rank=2, at_instance=30)),
+    )  # fmt: skip
+    a = _analyse(tmp_path, spec)
+    hazards = [f for f in a.findings if f.kind == "config" and f.severity == "warning"]
+    assert any("collective timeout" in f.message for f in hazards), [f.message for f in a.findings]

@@ -15,6 +15,9 @@ hazards are ``warning``.  Hazards read here:
 
 * NCCL 2.26.x with sub-second timestamps: its sub-second digits are wrong (fixed in
   2.27), so lateness between ranks cannot be measured from them.
+
+Gaps beyond ``Analysis.gaps``: a PyTorch timeout without the flight recorder's dump, and
+a DeepSpeed engine whose configuration dump says ``wall_clock_breakdown ... False``.
 """
 
 from __future__ import annotations
@@ -120,6 +123,36 @@ class ConfigDetector:
             for m in _OFFLOAD.finditer(zero_line)
             if m["device"] in ("cpu", "nvme") and m["pin"] == "False"
         )
+        if len(fw.timeouts):
+            out.append(
+                {
+                    "kind": "gap",
+                    "what": (
+                        "PyTorch timed out, but the logs do not say what each rank was "
+                        "doing then: its flight recorder would dump every rank's last "
+                        "collectives on the timeout"
+                    ),
+                    "settings": [
+                        "TORCH_NCCL_TRACE_BUFFER_SIZE=2000",
+                        "TORCH_NCCL_DUMP_ON_TIMEOUT=1",
+                        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE=/path/to/shared/nccl_trace_rank_",
+                    ],
+                    "detail": None,
+                }
+            )
+        if fw.ds_config.get("wall_clock_breakdown") == "False" and fw.timers.is_empty():
+            out.append(
+                {
+                    "kind": "gap",
+                    "what": (
+                        "DeepSpeed ran without its wall-clock timers: rank 0's forward, "
+                        "backward and step times (and the wait for a slow rank inside them) "
+                        "are not in the logs"
+                    ),
+                    "settings": ['"wall_clock_breakdown": true (DeepSpeed config)'],
+                    "detail": None,
+                }
+            )
         if a.timestamps != "none" and subsecond_digits_unreliable(a.nccl_versions):
             out.append(
                 {
