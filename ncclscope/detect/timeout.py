@@ -151,9 +151,10 @@ class TimeoutDetector:
         for r in metric.iter_rows(named=True):
             ran = r["ran_for_s"]
             who = f"; waiting for rank {ranks_text(culprits)}" if culprits else ""
+            pg = f" on process group {r['pg']}" if r["pg"] is not None else ""
             msg = (
-                f"{r['op'] or 'a collective'} SeqNum {r['seq']} on process group "
-                f"{r['pg'] or '?'} timed out on {len(r['waiting']) or r['lines']} rank(s)"
+                f"{r['op'] or 'a collective'} SeqNum {r['seq']}{pg} timed out on "
+                f"{len(r['waiting']) or r['lines']} rank(s)"
                 + (f" after {duration_text(ran)}" if ran else "")
                 + who
             )

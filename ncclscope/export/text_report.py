@@ -178,8 +178,8 @@ def _findings(out: list[str], doc: dict[str, Any]) -> None:
             textwrap.fill(f["message"], 110, initial_indent="      ", subsequent_indent="      ")
         )
         for line in f["evidence"]["lines"][:3]:
-            where = f"{line['path']}:{line['line_no']}"
-            out.append(f"      {where}: {_cut((line['text'] or '').strip(), 100 - len(where))}")
+            out.append(f"      {line['path']}:{line['line_no']}")
+            out.append(f"        {_cut((line['text'] or '').strip(), 112)}")
     if len(shown) > _MAX_FINDINGS:
         out.append(f"  ... {len(shown) - _MAX_FINDINGS} more (--format json lists all)")
     out.append("")
