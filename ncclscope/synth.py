@@ -33,8 +33,9 @@ Modelling decisions (what a reader of the output can rely on):
   first rank of every host communicator); 2.23+ prints an INFO line at every such init.
   With ``NCCL_DEBUG_FILE`` (per-rank layout) the bare line goes to stdout and the file gets
   NCCL's INFO copy instead.
-* Era "2.27" creates the world communicator with ``ncclCommInitRankConfig`` (as PyTorch
-  does) and the host communicators with ``ncclCommInitRank``, so both 2.23+ spellings occur.
+* Eras "2.26" and "2.27" create the world communicator with ``ncclCommInitRankConfig`` (as
+  PyTorch does) and the host communicators with ``ncclCommInitRank``, so both 2.23+
+  spellings occur.
 * Time: collective slot ``k`` (any comm) has a base time ``base_k``; each rank enqueues it at
   ``base_k + U(0, 2 ms) + lateness(rank)``, and because every collective waits for its
   slowest member, ``base`` advances by ``step_time_s / calls_per_step + max(lateness)``.
@@ -141,7 +142,7 @@ __all__ = [
 
 Json: TypeAlias = str | int | float | bool | list["Json"] | dict[str, "Json"] | None
 
-Era = Literal["2.7", "2.18", "2.21", "2.27"]
+Era = Literal["2.7", "2.18", "2.21", "2.26", "2.27"]
 Layout = Literal["combined", "per-rank"]
 Launcher = Literal["none", "torchrun", "rank", "srun", "pdsh"]
 MismatchField = Literal["op", "count", "dtype"]
@@ -264,12 +265,13 @@ class SynthSpec:
             layer (forward), one AllGather + ReduceScatter per layer (backward, reverse
             order), then one AllReduce of the grad norm (count 1, fp32).
         era: NCCL release whose line formats are written: "2.7" (2.7.8), "2.18" (2.18.3),
-            "2.21" (2.21.5) or "2.27" (2.27.3).
+            "2.21" (2.21.5), "2.26" (2.26.2) or "2.27" (2.27.3). "2.26" prints its
+            sub-second timestamp digits wrong, as 2.26.x does (see ``_subsec_226``).
         timestamps: Prefix INFO and WARN lines with ``[%F %T.%6f] `` as NCCL does with
             ``NCCL_DEBUG_TIMESTAMP_LEVELS=INFO,WARN`` and
             ``NCCL_DEBUG_TIMESTAMP_FORMAT="[%F %T.%6f] "``. Needs an era >= 2.26 (raises
-            ``ValueError`` otherwise). Without it, era "2.27" still stamps WARN lines with
-            the default ``[%F %T] ``, as real 2.26+ does.
+            ``ValueError`` otherwise). Without it, eras "2.26" and "2.27" still stamp WARN
+            lines with the default ``[%F %T] ``, as real 2.26+ does.
         layout: ``"combined"``: one ``job.log`` with all processes' stdout interleaved (what
             a launcher or ``kubectl logs`` captures); ``"per-rank"``: one ``<host>.<pid>.log``
             per process, as ``NCCL_DEBUG_FILE=%h.%p.log`` writes (NCCL output only: no
@@ -741,6 +743,9 @@ class _EraFormat:
     timestamps_supported: bool
     warn_default_ts: bool
     opcount_zero_single_node: bool
+    # 2.26.x: the %Nf sub-second digits come from tv_nsec / (1000000 / 10^N) (2.27 divides
+    # 1000000000): with N = 6 that is the nanosecond count, printed into N characters.
+    subsec_bug: bool = False
 
 
 _INIT_218 = (
@@ -923,6 +928,64 @@ _ERA_FORMATS: dict[str, _EraFormat] = {
         warn_default_ts=False,
         opcount_zero_single_node=False,
     ),
+    # 2.26.2 (what PyTorch 2.7 wheels ship). Against 2.27: no "Initialized/Assigned NET
+    # plugin" lines (2.27+), the plugin fallback line that 2.26.2 prints instead (2.25.1
+    # still said "internal network plugin", nccl.md's 2.22-2.25 wording), opCount = sequence
+    # on single-node comms too (0 from 2.27), and the sub-second timestamp bug. The same
+    # 2.23+ Init/timings lines, 2.24+ RAS and "use ring PXN", 2.26+ "/GDRDMA(PCI)" and
+    # WARN timestamps. Bootstrap: formats/nccl.md puts "Bootstrap : Using" up to 2.26, but
+    # real 2.25.1 and 2.26.2 logs print "Bootstrap: Using" (no space): we follow the logs.
+    "2.26": _EraFormat(
+        nccl_version="2.26.2",
+        cuda_version="12.8",
+        driver_version=12080,
+        bootstrap="Bootstrap: Using {ifc}:{ip}<0>",
+        net_plugin=("NET/Plugin: Could not find: libnccl-net.so. Using internal net plugin.",),
+        net_initialized=False,
+        net_assigned=False,
+        net_in_ncclinit=False,
+        ib_ro=" [RO]",
+        banner_bare=False,
+        init_start=_INIT_223,
+        init_complete=_INIT_223,
+        has_commid=True,
+        world_func="ncclCommInitRankConfig",
+        host_func="ncclCommInitRank",
+        nnodes_line=True,
+        nvls_line=True,
+        ring_list_wide=True,
+        trees_double=False,
+        conn_busid=False,
+        p2p="P2P/CUMEM/read",
+        gdr="/GDRDMA(PCI)",
+        chunksize=True,
+        connected_rings="Connected all rings, use ring PXN 0 GDR 1",
+        thread_thresholds=_TT_NEW,
+        channels=(
+            "{c} coll channels, 0 collnet channels, 0 nvls channels, {p} p2p channels, "
+            "{pp} p2p channels per peer"
+        ),
+        launch_mode=False,
+        bootstrap_timings=True,
+        init_timings=True,
+        ras_line=True,
+        end_line=_END,
+        ib_error=(
+            "NET/IB: Got completion from peer {peer} with status={status} opcode={opcode} "
+            "len=0 vendor err {vendor} ({req}){gids} hca {hca}"
+        ),
+        ib_file="transport/net_ib.cc",
+        ib_line=2203,
+        ib_code=6,
+        chain=("transport/net_ib.cc:2206", "transport/net.cc:1367", "proxy.cc:742", "proxy.cc:951"),
+        chain_last_suffix=" [Progress Thread]",
+        async_warn="NET/IB : {hca}:{port} Got async error event: {event}",
+        async_src="transport/net_ib.cc:194",
+        timestamps_supported=True,
+        warn_default_ts=True,
+        opcount_zero_single_node=False,
+        subsec_bug=True,
+    ),
     "2.27": _EraFormat(
         nccl_version="2.27.3",
         cuda_version="12.9",
@@ -1007,6 +1070,24 @@ class _SecondCache:
             text = time.strftime(self._fmt, time.gmtime(sec))
             self._cache[sec] = text
         return text
+
+
+def _subsec_226(frac: float) -> str:
+    """The six sub-second digits NCCL 2.26.x prints for ``%6f`` (``frac`` in [0, 1)).
+
+    2.26 divides ``tv_nsec`` by ``1000000 / 10^6`` instead of ``1000000000 / 10^6`` and
+    prints the result into six characters: the first six digits of the zero-padded
+    nanosecond count. That is the microsecond value when the fraction is >= 0.1 s, and wrong
+    below (0.012345678 s prints ``123456``, not ``012345``).
+
+    >>> _subsec_226(0.5), _subsec_226(0.012345678), _subsec_226(0.0000543)
+    ('500000', '123456', '054300')
+    """
+    us = int(frac * 1e6)
+    # The nanoseconds below the microsecond, kept consistent with ``us`` so that the bug is
+    # the only difference from the microseconds 2.27 prints at the same instant.
+    sub = min(max(int(frac * 1e9) - us * 1000, 0), 999)
+    return f"{us * 1000 + sub:06d}"[:6]
 
 
 def _iso(t: float) -> str:
@@ -2941,6 +3022,8 @@ class _Job:
         if not self.spec.timestamps:
             return ""
         sec = int(t)
+        if self.era.subsec_bug:
+            return f"{self.info_sec.get(sec)}.{_subsec_226(t - sec)}] "
         return f"{self.info_sec.get(sec)}.{int((t - sec) * 1e6):06d}] "
 
     def _warn_ts(self, t: float) -> str:
@@ -3390,6 +3473,7 @@ class _Job:
         befores = [[p[0] for p in row] for row in parts]
         afters = [[p[1] for p in row] for row in parts]
         ts_on = spec.timestamps
+        subsec_bug = self.era.subsec_bug
         late = self.late
         any_late = any(late)
         gap = spec.step_time_s / len(prog) + max(late)  # everyone waits for the straggler
@@ -3465,7 +3549,13 @@ class _Job:
                         if sec != last_sec:
                             last_sec = sec
                             sec_str = sec_cache.get(sec)
-                        line = f"{heads[r]}{sec_str}.{int((t - sec) * 1e6):06d}] {bj[r]}{oc}{aj[r]}"
+                        if subsec_bug:
+                            line = f"{heads[r]}{sec_str}.{_subsec_226(t - sec)}] {bj[r]}{oc}{aj[r]}"
+                        else:
+                            line = (
+                                f"{heads[r]}{sec_str}.{int((t - sec) * 1e6):06d}] "
+                                f"{bj[r]}{oc}{aj[r]}"
+                            )
                     else:
                         line = f"{heads[r]}{bj[r]}{oc}{aj[r]}"
                     if combined:

