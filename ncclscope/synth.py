@@ -325,6 +325,12 @@ class SynthSpec:
             normally.
         desync_report: ``TORCH_NCCL_DESYNC_DEBUG=1``: on a hang, each waiting rank also
             prints the desync report naming the lagging ranks.
+        clock_offset_max_s: Hosts' clocks disagree: every time a process prints (NCCL
+            timestamps, framework and agent lines) is shifted by its host's offset, drawn
+            uniformly in ``[-max, +max]`` (a millisecond is typical of NTP-synchronised
+            nodes). Only printed times change: the order of the combined layout stays the
+            true order, and truth.json's times are true times; it records each host's
+            offset (``clock_offsets``). 0 (the default) = one true clock.
     """
 
     ranks: int = 16
@@ -353,6 +359,7 @@ class SynthSpec:
     steps_per_print: int = 10
     comms_summary: bool = False
     desync_report: bool = False
+    clock_offset_max_s: float = 0.0
 
     def __post_init__(self) -> None:
         """Validate the spec; raise ``ValueError`` with a user-facing message."""
@@ -416,6 +423,10 @@ class SynthSpec:
             )
         if self.benign_warns and self.target_size_bytes is None and self.steps == 0:
             raise ValueError("benign_warns need at least one step to be spread over")
+        if not (0.0 <= self.clock_offset_max_s <= 1.0):
+            raise ValueError(
+                f"clock_offset_max_s must be in [0, 1] seconds, got {self.clock_offset_max_s}"
+            )
         self._validate_framework()
         self._validate_faults()
 
@@ -554,10 +565,17 @@ _FRAMEWORK_FIELDS = frozenset(
 )
 
 
+# Spec fields added for the detector benchmark, with their defaults: left out of truth.json
+# while at the default, so that a spec without them writes the truth.json it always wrote.
+_BENCH_DEFAULTS: dict[str, Json] = {"clock_offset_max_s": 0.0}
+
+
 def _spec_json(spec: SynthSpec) -> dict[str, Json]:
     out: dict[str, Json] = {}
     for key, value in asdict(spec).items():
         if key in _FRAMEWORK_FIELDS and spec.framework == "none":
+            continue
+        if key in _BENCH_DEFAULTS and value == _BENCH_DEFAULTS[key]:
             continue
         if key == "faults":
             out[key] = [_fault_json(f) for f in spec.faults]
@@ -680,12 +698,16 @@ class Truth:
     # What the framework wrote (see ``_Framework.truth``); None (and absent from the
     # JSON) without a framework.
     framework: dict[str, Json] | None = None
+    # Each host's clock offset: {host_index, host, offset_s}, offset_s = printed - true
+    # time. None (absent from the JSON) when the spec has no clock offsets.
+    clock_offsets: list[dict[str, Json]] | None = None
 
     def to_dict(self) -> dict[str, Json]:
-        """Plain JSON-compatible dict."""
+        """Plain JSON-compatible dict; optional parts that are None are left out."""
         out: dict[str, Json] = asdict(self)
-        if self.framework is None:
-            del out["framework"]
+        for key in ("framework", "clock_offsets"):
+            if out[key] is None:
+                del out[key]
         return out
 
     def to_json(self, *, indent: int | None = 1) -> str:
@@ -1252,6 +1274,8 @@ class _Noise:
         self._ds_sec = _SecondCache("%Y-%m-%d %H:%M:%S")
         self._total = max(total_steps, 1)
         self.count = 0
+        # Rank 0's host clock offset: the DeepSpeed lines below are rank 0's.
+        self.offset0 = 0.0
         kinds: list[tuple[float, Callable[[int, float, int], str]]] = [
             (0.15, self._blank),
             (0.20, self._print),
@@ -1313,8 +1337,8 @@ class _Noise:
         lr = 3e-4 * min(1.0, (step + 1) / 100)
         return self.emit(
             0,
-            f"{self.ds_ts(t)} [INFO] [logging.py:128:log_dist] [Rank 0] step={step}, "
-            f"skipped=0, lr=[{lr!r}], mom=[(0.9, 0.95)]",
+            f"{self.ds_ts(t + self.offset0)} [INFO] [logging.py:128:log_dist] [Rank 0] "
+            f"step={step}, skipped=0, lr=[{lr!r}], mom=[(0.9, 0.95)]",
         )
 
     def _ds_timers(self, rank: int, t: float, step: int) -> str:
@@ -1322,7 +1346,7 @@ class _Noise:
         fwd, bwd = r.uniform(80, 160), r.uniform(160, 330)
         return self.emit(
             0,
-            f"{self.ds_ts(t)} [INFO] [logging.py:128:log_dist] [Rank 0] time (ms) | "
+            f"{self.ds_ts(t + self.offset0)} [INFO] [logging.py:128:log_dist] [Rank 0] time (ms) | "
             f"fwd_microstep: {fwd:.2f} | bwd_microstep: {bwd:.2f} | "
             f"bwd_inner_microstep: {bwd * 0.93:.2f} | bwd_allreduce_microstep: "
             f"{r.uniform(0.01, 0.2):.2f} | step_microstep: {r.uniform(10, 40):.2f}",
@@ -1333,7 +1357,7 @@ class _Noise:
         cur = r.uniform(90, 140)
         return self.emit(
             0,
-            f"{self.ds_ts(t)} [INFO] [timer.py:264:stop] epoch=0/micro_step={step}/"
+            f"{self.ds_ts(t + self.offset0)} [INFO] [timer.py:264:stop] epoch=0/micro_step={step}/"
             f"global_step={step}, RunningAvgSamplesPerSec={cur * 0.99!r}, "
             f"CurrSamplesPerSec={cur!r}, MemAllocated={r.uniform(18, 22):.2f}GB, "
             f"MaxMemAllocated={r.uniform(30, 38):.2f}GB",
@@ -1799,7 +1823,7 @@ class _Framework:
 
     def _ds_text(self, rk: _Rank, t: float, src: str, msg: str) -> str:
         """One DeepSpeed logger record: header on its first line only, prefix on each."""
-        lines = f"{self._ds_ts(t)} [INFO] [{src}] {msg}".split("\n")
+        lines = f"{self._ds_ts(t + self.job.rank_off[rk.rank])} [INFO] [{src}] {msg}".split("\n")
         self.lines += len(lines)
         return "".join(f"{rk.head}{line}\n" for line in lines)
 
@@ -2294,7 +2318,7 @@ class _Framework:
     def _c10(self, rk: _Rank, t: float, line: int, msg: str) -> str:
         """A C++ LOG(ERROR) line of ``rk``: launcher prefix, [rankG]:, glog header, message."""
         pre = f"[rank{rk.rank}]:" if self.tf.rank_prefix else ""
-        return f"{rk.head}{pre}{self._glog('E', t, line)} {msg}"
+        return f"{rk.head}{pre}{self._glog('E', t + self.job.rank_off[rk.rank], line)} {msg}"
 
     def _frames(self, rk: _Rank, bases: dict[str, int], where: str, line: int) -> list[str]:
         """``Exception raised from <where> at ...:<line>`` and its stack (c10::Error)."""
@@ -2666,8 +2690,9 @@ class _Framework:
                 sink = _Sink(job.out_dir / rel, rel)
                 job.sinks.append(sink)
                 head = ""
+            off = job.host_off[h]  # the agent prints with its host's clock
             lines = [
-                f"{head}{self._agent_head('W', t_poll, pid, tf.agent_sigterm)}"
+                f"{head}{self._agent_head('W', t_poll + off, pid, tf.agent_sigterm)}"
                 f"Sending process {rk.pid} closing signal SIGTERM"
                 for rk in alive
             ]
@@ -2682,13 +2707,13 @@ class _Framework:
                     len(recs),
                     sink,
                     [
-                        f"{head}{self._agent_head('E', t_fail, pid, tf.agent_failed)}failed "
+                        f"{head}{self._agent_head('E', t_fail + off, pid, tf.agent_failed)}failed "
                         f"(exitcode: -6) local_rank: {root.local} (pid: {root.pid}) of binary: "
                         f"{_PY_BINARY}"
                     ],
                 )
             )
-            block, marks = self._child_failed(failed, root, t_poll)
+            block, marks = self._child_failed(failed, root, t_poll + off)
             t_block = t_fail + 0.002
             recs.append(
                 _Rec(
@@ -2703,9 +2728,10 @@ class _Framework:
         return kills
 
     def _child_failed(
-        self, failed: list[_Rank], root: _Rank, t_poll: float
+        self, failed: list[_Rank], root: _Rank, t_printed: float
     ) -> tuple[list[str], list[tuple[int, dict[str, Json]]]]:
-        """torchrun's traceback and ChildFailedError block (errors/__init__.py templates)."""
+        """torchrun's traceback and ChildFailedError block (errors/__init__.py templates);
+        ``t_printed`` is the agent's poll time on its host's clock."""
         a, b, c, d, e = self.tf.tb_lines
         dist = f"{_PY_SITE}/torch/distributed"
         lines = [
@@ -2725,7 +2751,7 @@ class _Framework:
             # The message starts with "\n": the class name line ends in ": ".
             "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
         ]
-        stamp = time.strftime("%Y-%m-%d_%H:%M:%S", time.gmtime(int(t_poll)))
+        stamp = time.strftime("%Y-%m-%d_%H:%M:%S", time.gmtime(int(t_printed)))
         fmts: dict[int, list[str]] = {}
         for idx, rk in enumerate(failed):  # [idx] is the failure's index, not its rank
             fmts[rk.rank] = [
@@ -2852,6 +2878,12 @@ class _Job:
         self.first_t = math.inf
         self.last_t = self.t0
         self.ranks = self._make_ranks()
+        # Host clock offsets draw from their own generator (every other draw stays as it
+        # was); printed time = true time + offset of the printing process's host.
+        clock_rnd = random.Random(spec.seed * 7919 + 4)
+        m = spec.clock_offset_max_s
+        self.host_off = [clock_rnd.uniform(-m, m) if m > 0 else 0.0 for _ in range(spec.hosts)]
+        self.rank_off = [self.host_off[rk.host_index] for rk in self.ranks]
         self.world, self.host_comms = self._make_comms()
         self.comms = [self.world, *self.host_comms]
         self.prog = self._program()
@@ -2891,6 +2923,7 @@ class _Job:
             spec.framework,
         )
         self.noise_on = noise_on
+        self.noise.offset0 = self.rank_off[0]
         # Benign WARNs draw from their own generator, so that benign_warns=0 leaves every
         # other random choice (and so every byte) as it was.
         self.warn_rnd = random.Random(spec.seed * 7919 + 2)
@@ -3034,7 +3067,8 @@ class _Job:
         return ""
 
     def _info(self, rk: _Rank, t: float, msg: str, *, proxy: bool = False) -> str:
-        return f"{rk.head}{self._ts(t)}{rk.proxy_info if proxy else rk.info}{msg}\n"
+        ts = self._ts(t + self.rank_off[rk.rank])
+        return f"{rk.head}{ts}{rk.proxy_info if proxy else rk.info}{msg}\n"
 
     def _warn(
         self,
@@ -3049,7 +3083,7 @@ class _Job:
         # NCCL writes "\n" + line in one write: an empty line always precedes a WARN, and
         # the launcher prefixes both. Default thread: the proxy thread, on the rank's GPU.
         return (
-            f"{rk.head}\n{rk.head}{self._warn_ts(t)}{rk.host}:{rk.pid}:"
+            f"{rk.head}\n{rk.head}{self._warn_ts(t + self.rank_off[rk.rank])}{rk.host}:{rk.pid}:"
             f"{rk.proxy_tid if tid is None else tid} "
             f"[{rk.local if dev is None else dev}] {src} NCCL WARN {msg}\n"
         )
@@ -3302,7 +3336,8 @@ class _Job:
             )
         return self.noise.emit(
             rank,
-            f"{self.noise.ds_ts(t)} [INFO] [real_accelerator.py:203:get_accelerator] "
+            f"{self.noise.ds_ts(t + self.rank_off[rank])} [INFO] "
+            "[real_accelerator.py:203:get_accelerator] "
             "Setting ds_accelerator to cuda (auto detect)",
         )
 
@@ -3474,6 +3509,8 @@ class _Job:
         afters = [[p[1] for p in row] for row in parts]
         ts_on = spec.timestamps
         subsec_bug = self.era.subsec_bug
+        offs = self.rank_off
+        clocked = any(offs)
         late = self.late
         any_late = any(late)
         gap = spec.step_time_s / len(prog) + max(late)  # everyone waits for the straggler
@@ -3545,15 +3582,18 @@ class _Job:
                         continue
                     t = times[r]
                     if ts_on:
-                        sec = int(t)
+                        pt = t + offs[r] if clocked else t  # printed by the host's clock
+                        sec = int(pt)
                         if sec != last_sec:
                             last_sec = sec
                             sec_str = sec_cache.get(sec)
                         if subsec_bug:
-                            line = f"{heads[r]}{sec_str}.{_subsec_226(t - sec)}] {bj[r]}{oc}{aj[r]}"
+                            line = (
+                                f"{heads[r]}{sec_str}.{_subsec_226(pt - sec)}] {bj[r]}{oc}{aj[r]}"
+                            )
                         else:
                             line = (
-                                f"{heads[r]}{sec_str}.{int((t - sec) * 1e6):06d}] "
+                                f"{heads[r]}{sec_str}.{int((pt - sec) * 1e6):06d}] "
                                 f"{bj[r]}{oc}{aj[r]}"
                             )
                     else:
@@ -3762,7 +3802,16 @@ class _Job:
             faults=[self._outcome(f, last) for f in self.spec.faults],
             benign_warns=list(self.benign),
             framework=self.fw.truth() if self.fw is not None else None,
+            clock_offsets=self._clock_truth(),
         )
+
+    def _clock_truth(self) -> list[dict[str, Json]] | None:
+        if self.spec.clock_offset_max_s <= 0:
+            return None
+        return [
+            {"host_index": h, "host": self.spec.host_name(h), "offset_s": off}
+            for h, off in enumerate(self.host_off)
+        ]
 
     def _world_call(self, instance: int) -> _Call:
         j = instance % self.spec.world_per_step

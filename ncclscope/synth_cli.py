@@ -330,6 +330,17 @@ torchrun agent's SIGTERM / ChildFailedError lines. truth.json gets a "framework"
     help="TORCH_NCCL_DESYNC_DEBUG=1: on a hang, each waiting rank names the lagging ranks.",
 )
 @click.option(
+    "--clock-offset-max",
+    "clock_offset_max",
+    type=float,
+    default=0.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Each host's clock is off by a constant drawn in [-SECONDS, +SECONDS] (e.g. 0.001): "
+    "every printed time of its processes shifts, the true order stays. truth.json: "
+    "clock_offsets.",
+)
+@click.option(
     "--slow-rank",
     multiple=True,
     metavar="RANK:SECONDS",
@@ -379,6 +390,7 @@ def synth(
     steps_per_print: int,
     comms_summary: bool,
     desync_report: bool,
+    clock_offset_max: float,
     slow_rank: tuple[str, ...],
     stop_rank: tuple[str, ...],
     mismatch: tuple[str, ...],
@@ -423,6 +435,7 @@ def synth(
             steps_per_print=steps_per_print,
             comms_summary=comms_summary,
             desync_report=desync_report,
+            clock_offset_max_s=clock_offset_max,
         )
     except (ValueError, TypeError) as exc:
         raise click.UsageError(str(exc)) from None

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from ncclscope import synth
-from ncclscope.synth import SynthSpec, Truth, generate
+from ncclscope.synth import StopRank, SynthSpec, Truth, generate
 
 # --- nccl.md §1.2 / §3.6 --------------------------------------------------------------
 NCCL_TS = r"(?:\[(?P<ts>\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2})(?:\.(?P<frac>\d{1,9}))?\] )?"
@@ -169,3 +169,105 @@ def test_timestamps_need_era_226_or_later() -> None:
     SynthSpec(era="2.26", timestamps=True)
     with pytest.raises(ValueError, match=r"era >= 2\.26"):
         SynthSpec(era="2.21", timestamps=True)
+
+
+# --- host clock offsets ---------------------------------------------------------------
+
+# Any printed time of day: NCCL "[%F %T.%6f]", DeepSpeed "[%F %T,mmm]", c10 glog
+# "E314 09:41:52.117183842", torchelastic "E0314 09:41:52.117000".
+CLOCK_RE = re.compile(r"(?<!\d)(\d\d):(\d\d):(\d\d)[.,](\d+)")
+CHILD_TIME_RE = re.compile(r"^(?P<head>.*  time      : \d{4}-\d\d-\d\d_)(\d\d):(\d\d):(\d\d)$")
+
+
+def _clocks(line: str) -> tuple[str, list[float]]:
+    """The line with its times of day cut out, and those times (seconds since midnight)."""
+    times = [
+        int(h) * 3600 + int(m) * 60 + int(s) + int(f) / 10 ** len(f)
+        for h, m, s, f in CLOCK_RE.findall(line)
+    ]
+    if c := CHILD_TIME_RE.match(line):
+        times.append(int(c[2]) * 3600 + int(c[3]) * 60 + int(c[4]))
+        line = c["head"]
+    return CLOCK_RE.sub("T", line), times
+
+
+@pytest.mark.parametrize("framework", ["none", "deepspeed", "torch"])
+def test_clock_offsets_shift_printed_times_only(tmp_path: Path, framework: str) -> None:
+    kw: dict[str, Any] = {
+        **SMALL,
+        "hosts": 4,
+        "steps": 3,
+        "timestamps": True,
+        "launcher": "pdsh",  # every line, agents' included, says which host printed it
+        "seed": 3,
+        "benign_warns": 2,
+        "faults": (StopRank(5, 9),) if framework != "none" else (),
+    }
+    if framework != "none":
+        kw["framework"] = framework
+    plain, _, p_doc = _gen(tmp_path, "plain", **kw)
+    off, truth, o_doc = _gen(tmp_path, "off", clock_offset_max_s=0.2, **kw)
+    assert o_doc["spec"]["clock_offset_max_s"] == 0.2
+    assert "clock_offset_max_s" not in p_doc["spec"]
+    assert "clock_offsets" not in p_doc
+    offsets = o_doc["clock_offsets"]
+    assert [o["host_index"] for o in offsets] == [0, 1, 2, 3]
+    assert [o["host"] for o in offsets] == [f"node-{h}" for h in range(4)]
+    assert all(-0.2 <= o["offset_s"] <= 0.2 for o in offsets)
+    assert len({o["offset_s"] for o in offsets}) == 4
+    shift = {o["host"]: o["offset_s"] for o in offsets}
+    a_lines = _lines(plain / "job.log")
+    b_lines = _lines(off / "job.log")
+    assert len(a_lines) == len(b_lines)  # the same lines, in the same (true) order
+    seen: set[str] = set()
+    n_times = 0
+    for a, b in zip(a_lines, b_lines, strict=True):
+        a_text, a_times = _clocks(a)
+        b_text, b_times = _clocks(b)
+        assert a_text == b_text
+        assert len(a_times) == len(b_times)
+        if not a_times:
+            continue
+        host = a.split(": ", 1)[0]
+        seen.add(host)
+        for ta, tb in zip(a_times, b_times, strict=True):
+            n_times += 1
+            m = INFO_RE.search(a) or WARN_RE.search(a)
+            if m and m["frac"]:  # NCCL's own microseconds: exact
+                assert abs(tb - ta - shift[host]) <= 1.01e-6
+            elif CHILD_TIME_RE.match(a):  # whole seconds
+                assert abs(tb - ta - shift[host]) < 1.0
+            else:  # milliseconds
+                assert abs(tb - ta - shift[host]) <= 1.01e-3
+    assert seen == set(shift)
+    assert n_times > 100
+    # truth.json keeps true times.
+    assert o_doc["first_ts"] == p_doc["first_ts"]
+    assert o_doc["last_ts"] == p_doc["last_ts"]
+    assert truth.clock_offsets == offsets
+
+
+def test_clock_offsets_per_rank_files(tmp_path: Path) -> None:
+    kw: dict[str, Any] = {**SMALL, "layout": "per-rank", "timestamps": True}
+    plain, _, doc = _gen(tmp_path, "plain", **kw)
+    off, _, o_doc = _gen(tmp_path, "off", clock_offset_max_s=0.001, **kw)
+    shift = {o["host"]: o["offset_s"] for o in o_doc["clock_offsets"]}
+    assert all(0 < abs(v) <= 0.001 for v in shift.values())
+    for f in doc["files"]:
+        for a, b in zip(_lines(plain / f["path"]), _lines(off / f["path"]), strict=True):
+            ma, mb = INFO_RE.search(a), INFO_RE.search(b)
+            if not ma:
+                assert a == b
+                continue
+            assert mb
+            assert ma["msg"] == mb["msg"]
+            ta = _epoch(ma["ts"], ma["frac"])
+            tb = _epoch(mb["ts"], mb["frac"])
+            assert abs(tb - ta - shift[ma["host"]]) <= 1.01e-6
+
+
+def test_clock_offset_validation() -> None:
+    with pytest.raises(ValueError, match="clock_offset_max_s"):
+        SynthSpec(clock_offset_max_s=-0.001)
+    with pytest.raises(ValueError, match="clock_offset_max_s"):
+        SynthSpec(clock_offset_max_s=float("nan"))
