@@ -237,6 +237,13 @@ class IbError:
 Fault: TypeAlias = SlowRank | StopRank | Mismatch | IbError
 
 
+def _is_terminal(fault: Fault) -> bool:
+    """Does the fault end the job at its instance (a hang or an error)?"""
+    if isinstance(fault, Mismatch):
+        return fault.hang
+    return isinstance(fault, StopRank | IbError)
+
+
 # --------------------------------------------------------------------------------------
 # Spec
 # --------------------------------------------------------------------------------------
@@ -331,6 +338,13 @@ class SynthSpec:
             nodes). Only printed times change: the order of the combined layout stays the
             true order, and truth.json's times are true times; it records each host's
             offset (``clock_offsets``). 0 (the default) = one true clock.
+        jitter_events: One-off delays, which are not faults: this many distinct random
+            (world instance, rank) pairs where that rank enqueues that collective late by a
+            random 5-50 ms. Like a straggler's lateness, the delay holds the collective up for
+            everyone, so every later collective starts that much later (and the framework's
+            timer for that step grows by it). Drawn over the world instances before the
+            terminal fault, if any; needs ``steps`` (not ``target_size_bytes``).
+            truth.json lists them under ``noise``.
     """
 
     ranks: int = 16
@@ -360,6 +374,7 @@ class SynthSpec:
     comms_summary: bool = False
     desync_report: bool = False
     clock_offset_max_s: float = 0.0
+    jitter_events: int = 0
 
     def __post_init__(self) -> None:
         """Validate the spec; raise ``ValueError`` with a user-facing message."""
@@ -423,12 +438,24 @@ class SynthSpec:
             )
         if self.benign_warns and self.target_size_bytes is None and self.steps == 0:
             raise ValueError("benign_warns need at least one step to be spread over")
+        if self.jitter_events < 0:
+            raise ValueError(f"jitter_events must be >= 0, got {self.jitter_events}")
+        if self.jitter_events and self.target_size_bytes is not None:
+            raise ValueError(
+                "jitter_events are drawn over the steps' world instances: they need steps, "
+                "not target_size_bytes"
+            )
         if not (0.0 <= self.clock_offset_max_s <= 1.0):
             raise ValueError(
                 f"clock_offset_max_s must be in [0, 1] seconds, got {self.clock_offset_max_s}"
             )
         self._validate_framework()
         self._validate_faults()
+        if self.jitter_events > self.ranks * self.jitter_instances:
+            raise ValueError(
+                f"jitter_events ({self.jitter_events}) exceeds the {self.jitter_instances} "
+                f"world instances x {self.ranks} ranks they are drawn from"
+            )
 
     def _validate_framework(self) -> None:
         if self.framework not in FRAMEWORKS:
@@ -503,6 +530,21 @@ class SynthSpec:
         """World-communicator collectives per step: 3 x layers + 1 (2 x layers + 1 ZeRO-1/2)."""
         return (2 if self.zero12 else 3) * self.layers + 1
 
+    @property
+    def halt_instance(self) -> int:
+        """World instance of the earliest terminal fault (-1: none; the job runs to the end)."""
+        return min(
+            (f.at_instance for f in self.faults if not isinstance(f, SlowRank) and _is_terminal(f)),
+            default=-1,
+        )
+
+    @property
+    def jitter_instances(self) -> int:
+        """World instances one-off delays are drawn from: all that complete normally."""
+        if self.halt_instance >= 0:
+            return self.halt_instance
+        return self.steps * self.world_per_step
+
     def host_name(self, index: int) -> str:
         """Name of host ``index``."""
         return self.host_names[index] if self.host_names else f"node-{index}"
@@ -567,7 +609,7 @@ _FRAMEWORK_FIELDS = frozenset(
 
 # Spec fields added for the detector benchmark, with their defaults: left out of truth.json
 # while at the default, so that a spec without them writes the truth.json it always wrote.
-_BENCH_DEFAULTS: dict[str, Json] = {"clock_offset_max_s": 0.0}
+_BENCH_DEFAULTS: dict[str, Json] = {"clock_offset_max_s": 0.0, "jitter_events": 0}
 
 
 def _spec_json(spec: SynthSpec) -> dict[str, Json]:
@@ -701,11 +743,14 @@ class Truth:
     # Each host's clock offset: {host_index, host, offset_s}, offset_s = printed - true
     # time. None (absent from the JSON) when the spec has no clock offsets.
     clock_offsets: list[dict[str, Json]] | None = None
+    # One-off delays (not faults): {kind: "delay", rank, host, pid, instance, step, op,
+    # count, delay_s}, by instance. None (absent) when the spec has no jitter_events.
+    noise: list[dict[str, Json]] | None = None
 
     def to_dict(self) -> dict[str, Json]:
         """Plain JSON-compatible dict; optional parts that are None are left out."""
         out: dict[str, Json] = asdict(self)
-        for key in ("framework", "clock_offsets"):
+        for key in ("framework", "clock_offsets", "noise"):
             if out[key] is None:
                 del out[key]
         return out
@@ -1752,6 +1797,9 @@ class _Framework:
             "step": step_share,
         }
         self.step_wall_s = spec.step_time_s + len(job.prog) * self.lateness
+        # One-off delays in the current step: seconds added to each timer, and in all.
+        self.step_extra: dict[str, float] = {}
+        self.step_push = 0.0
         self._tput_sum = 0.0
         self._tput_n = 0
         self.mem_final = 0.0  # bytes allocated when the engine is ready
@@ -2164,14 +2212,21 @@ class _Framework:
                 t += dt
         evs.sort(key=lambda e: e[0])  # stable: NCCL lines keep their order
 
+    def delayed(self, phase: str, push: float) -> None:
+        """A one-off delay held the current step's slot of this phase up by ``push`` s."""
+        for name in self._timers_of(phase):
+            self.step_extra[name] = self.step_extra.get(name, 0.0) + push
+        self.step_push += push
+
     def _timer_values(self) -> dict[str, float]:
         """Milliseconds of one step's timers (>= 0.10.1 names; micro and global)."""
         r = self.rnd
         st = self.spec.step_time_s
         late = self.lateness
+        extra = self.step_extra
 
         def ms(name: str) -> float:
-            wall = st * self.share[name] + self.wait_slots[name] * late
+            wall = st * self.share[name] + self.wait_slots[name] * late + extra.get(name, 0.0)
             return wall * 1000.0 * r.uniform(0.97, 1.03)
 
         fwd, bi, ba, stp = ms("fwd"), ms("bwd_inner"), ms("bwd_allreduce"), ms("step")
@@ -2188,10 +2243,14 @@ class _Framework:
         step_c = st * self.share["step"] * 1000.0
         if self.spec.zero12:
             out["optimizer_allgather"] = (
-                step_c * 0.2 + self.wait_slots["optimizer_allgather"] * late * 1000.0
+                step_c * 0.2
+                + self.wait_slots["optimizer_allgather"] * late * 1000.0
+                + extra.get("optimizer_allgather", 0.0) * 1000.0
             ) * r.uniform(0.97, 1.03)
             out["optimizer_gradients"] = (
-                step_c * 0.15 + self.wait_slots["optimizer_gradients"] * late * 1000.0
+                step_c * 0.15
+                + self.wait_slots["optimizer_gradients"] * late * 1000.0
+                + extra.get("optimizer_gradients", 0.0) * 1000.0
             ) * r.uniform(0.97, 1.03)
             out["optimizer_step"] = step_c * 0.6 * r.uniform(0.97, 1.03)
         else:
@@ -2209,6 +2268,13 @@ class _Framework:
 
     def step_done(self, gstep: int, t: float) -> int:
         """Rank 0's lines at the end of global step ``gstep``; return the characters added."""
+        try:
+            return self._step_lines(gstep, t)
+        finally:
+            self.step_extra = {}
+            self.step_push = 0.0
+
+    def _step_lines(self, gstep: int, t: float) -> int:
         if not self.ds:
             return 0
         job = self.job
@@ -2222,7 +2288,7 @@ class _Framework:
         if self.spec.zero12:
             opt = ("optimizer_allgather", "optimizer_gradients", "optimizer_step")
         msgs.append((df.log_dist, self._timer_msg(opt, values)))
-        cur = self.batch / (self.step_wall_s * r.uniform(0.98, 1.02))
+        cur = self.batch / ((self.step_wall_s + self.step_push) * r.uniform(0.98, 1.02))
         if gstep >= 2:  # ThroughputTimer starts counting at start_step=2
             self._tput_sum += cur
             self._tput_n += 1
@@ -2891,13 +2957,8 @@ class _Job:
         for f in spec.faults:
             if isinstance(f, SlowRank):
                 self.late[f.rank] = f.lateness_s
-        terminal = [
-            f
-            for f in spec.faults
-            if isinstance(f, StopRank | IbError) or (isinstance(f, Mismatch) and f.hang)
-        ]
         # World instance at which the job ends (-1: it does not end early).
-        self.halt_at = min((f.at_instance for f in terminal), default=-1)
+        self.halt_at = spec.halt_instance
         self.stops_at_halt = frozenset(
             f.rank for f in spec.faults if isinstance(f, StopRank) and f.at_instance == self.halt_at
         )
@@ -2928,6 +2989,10 @@ class _Job:
         # other random choice (and so every byte) as it was.
         self.warn_rnd = random.Random(spec.seed * 7919 + 2)
         self.benign: list[BenignWarnRecord] = []
+        # One-off delays (jitter_events) draw from their own generator as well.
+        self.delays: dict[int, list[tuple[int, float]]] = {}  # world seq -> [(rank, s)]
+        self.noise_events: list[dict[str, Json]] = []
+        self._draw_delays()
         self.t_world_init = self.t0  # when the world communicator's init starts
         self.halt_times: list[float] = []  # per rank: when it entered halt_at (if it did)
         # Framework lines draw from their own generator too (see _Framework).
@@ -3455,6 +3520,57 @@ class _Job:
             t += 0.0001
         return added
 
+    # ---- one-off delays ---------------------------------------------------------------
+
+    def _draw_delays(self) -> None:
+        """Pick ``jitter_events`` distinct (world instance, rank) pairs and their delays."""
+        count = self.spec.jitter_events
+        if not count:
+            return
+        rnd = random.Random(self.spec.seed * 7919 + 5)
+        span = self.spec.jitter_instances
+        picked: dict[tuple[int, int], float] = {}
+        while len(picked) < count:
+            key = (rnd.randrange(span), rnd.randrange(self.n))
+            if key not in picked:
+                picked[key] = rnd.uniform(0.005, 0.05)
+        wps = self.spec.world_per_step
+        for (instance, r), delay in sorted(picked.items()):
+            self.delays.setdefault(instance, []).append((r, delay))
+            rk = self.ranks[r]
+            call = self._world_call(instance)
+            self.noise_events.append(
+                {
+                    "kind": "delay",
+                    "rank": r,
+                    "host": rk.host,
+                    "pid": rk.pid,
+                    "instance": instance,
+                    "step": instance // wps,
+                    "op": call.op,
+                    "count": call.count_of(self.n),
+                    "delay_s": delay,
+                }
+            )
+
+    def _delay_slot(
+        self, times: list[float], delayed: list[tuple[int, float]], call: _Call
+    ) -> float:
+        """Delay these ranks' enqueue times; return how much later everything after starts.
+
+        The collective completes when its last member arrives: a delayed rank that arrives
+        after where the slowest straggler would have been holds everyone up by the excess.
+        """
+        late = self.late
+        max_late = max(late)
+        push = 0.0
+        for r, delay in delayed:
+            times[r] += delay
+            push = max(push, late[r] + delay - max_late)
+        if self.fw is not None:
+            self.fw.delayed(call.phase, push)
+        return push
+
     # ---- steps (the hot loop) --------------------------------------------------------
 
     def _coll_parts(
@@ -3542,6 +3658,7 @@ class _Job:
         warn_offset = _JITTER_S + max(late)
         warn_room = max(gap - warn_offset, 0.0)
         fw = self.fw
+        delays = self.delays
         step = 0
         while max_steps is None or step < max_steps:
             for j, call in enumerate(prog):
@@ -3576,6 +3693,8 @@ class _Job:
                     times = [base + rnd() * _JITTER_S + late[r] for r in rr]
                 else:
                     times = [base + rnd() * _JITTER_S for _ in rr]
+                if delays and call.world and seq in delays:
+                    base += self._delay_slot(times, delays[seq], call)
                 out: list[str] = []
                 for r in sorted(rr, key=times.__getitem__) if combined else rr:
                     if skip and r in skip:
@@ -3803,6 +3922,7 @@ class _Job:
             benign_warns=list(self.benign),
             framework=self.fw.truth() if self.fw is not None else None,
             clock_offsets=self._clock_truth(),
+            noise=list(self.noise_events) if self.spec.jitter_events else None,
         )
 
     def _clock_truth(self) -> list[dict[str, Json]] | None:

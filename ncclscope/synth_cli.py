@@ -341,6 +341,15 @@ torchrun agent's SIGTERM / ChildFailedError lines. truth.json gets a "framework"
     "clock_offsets.",
 )
 @click.option(
+    "--jitter-events",
+    "jitter_events",
+    default=0,
+    show_default=True,
+    metavar="N",
+    help="N one-off delays (not faults): a random rank enqueues a random world collective "
+    "5-50 ms late, holding everyone up. truth.json: noise.",
+)
+@click.option(
     "--slow-rank",
     multiple=True,
     metavar="RANK:SECONDS",
@@ -391,6 +400,7 @@ def synth(
     comms_summary: bool,
     desync_report: bool,
     clock_offset_max: float,
+    jitter_events: int,
     slow_rank: tuple[str, ...],
     stop_rank: tuple[str, ...],
     mismatch: tuple[str, ...],
@@ -436,6 +446,7 @@ def synth(
             comms_summary=comms_summary,
             desync_report=desync_report,
             clock_offset_max_s=clock_offset_max,
+            jitter_events=jitter_events,
         )
     except (ValueError, TypeError) as exc:
         raise click.UsageError(str(exc)) from None

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from ncclscope import synth
-from ncclscope.synth import StopRank, SynthSpec, Truth, generate
+from ncclscope.synth import SlowRank, StopRank, SynthSpec, Truth, generate
 
 # --- nccl.md §1.2 / §3.6 --------------------------------------------------------------
 NCCL_TS = r"(?:\[(?P<ts>\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2})(?:\.(?P<frac>\d{1,9}))?\] )?"
@@ -271,3 +271,120 @@ def test_clock_offset_validation() -> None:
         SynthSpec(clock_offset_max_s=-0.001)
     with pytest.raises(ValueError, match="clock_offset_max_s"):
         SynthSpec(clock_offset_max_s=float("nan"))
+
+
+# --- one-off delays (jitter_events) --------------------------------------------------
+
+
+def _world_times(out: Path, doc: dict[str, Any]) -> dict[tuple[int, int], float]:
+    """(rank, opCount) -> printed time of every world COLL line."""
+    return {
+        (c["rank"], c["opcount"]): _epoch(c["ts"], c["frac"])
+        for c in _colls(out, doc)
+        if c["comm"] == "world"
+    }
+
+
+@pytest.mark.parametrize("slow", [(), (SlowRank(2, 0.02),)])
+def test_delays_hold_everyone_up(tmp_path: Path, slow: tuple[SlowRank, ...]) -> None:
+    kw: dict[str, Any] = {
+        **SMALL,
+        "steps": 4,
+        "timestamps": True,
+        "layout": "per-rank",
+        "seed": 8,
+        "faults": slow,
+    }
+    plain, _, p_doc = _gen(tmp_path, "plain", **kw)
+    jit, truth, doc = _gen(tmp_path, "jit", jitter_events=6, **kw)
+    assert doc["spec"]["jitter_events"] == 6
+    assert "jitter_events" not in p_doc["spec"]
+    assert "noise" not in p_doc
+    events = doc["noise"]
+    assert truth.noise == events
+    assert len(events) == 6
+    assert len({(e["instance"], e["rank"]) for e in events}) == 6
+    wps = 3 * SMALL["layers"] + 1
+    late = {f.rank: f.lateness_s for f in slow}
+    max_late = max(late.values(), default=0.0)
+    push: dict[int, float] = {}  # world instance -> how much later everything after starts
+    delay: dict[tuple[int, int], float] = {}
+    for e in events:
+        assert e["kind"] == "delay"
+        assert 0.005 <= e["delay_s"] <= 0.05
+        assert 0 <= e["instance"] < 4 * wps
+        assert e["step"] == e["instance"] // wps
+        assert e["host"] == doc["ranks"][e["rank"]]["host"]
+        assert e["pid"] == doc["ranks"][e["rank"]]["pid"]
+        delay[(e["rank"], e["instance"])] = e["delay_s"]
+        extra = late.get(e["rank"], 0.0) + e["delay_s"] - max_late
+        push[e["instance"]] = max(push.get(e["instance"], 0.0), extra)
+    a = _world_times(plain, p_doc)
+    b = _world_times(jit, doc)
+    assert a.keys() == b.keys()
+    for (rank, k), ta in a.items():
+        want = sum(p for i, p in push.items() if i < k) + delay.get((rank, k), 0.0)
+        assert abs(b[(rank, k)] - ta - want) <= 2.1e-6
+    # The delayed rank logged the op truth names, at that instance.
+    ops = {(c["rank"], c["opcount"]): c for c in _colls(jit, doc) if c["comm"] == "world"}
+    for e in events:
+        c = ops[(e["rank"], e["instance"])]
+        assert (c["op"], c["count"]) == (e["op"], e["count"])
+    # Not faults: the faults list only has what the spec asked for.
+    assert [f["kind"] for f in doc["faults"]] == ["SlowRank"] * len(slow)
+
+
+def test_delayed_rank_is_last_in_the_combined_log(tmp_path: Path) -> None:
+    out, _, doc = _gen(tmp_path, jitter_events=5, seed=4, **{**SMALL, "steps": 4})
+    by_instance: dict[int, list[int]] = {}
+    for e in doc["noise"]:
+        by_instance.setdefault(e["instance"], []).append(e["rank"])
+    order: dict[int, list[int]] = {}
+    for c in _colls(out, doc):
+        if c["comm"] == "world":
+            order.setdefault(c["opcount"], []).append(c["rank"])
+    for k, ranks in by_instance.items():
+        # A delay of >= 5 ms beats the 2 ms enqueue jitter: the delayed ranks come last.
+        assert set(order[k][-len(ranks) :]) == set(ranks)
+
+
+def test_delays_grow_the_deepspeed_timers(tmp_path: Path) -> None:
+    kw: dict[str, Any] = {**SMALL, "steps": 4, "seed": 6, "framework": "deepspeed"}
+    plain, _, _ = _gen(tmp_path, "plain", **kw)
+    jit, _, doc = _gen(tmp_path, "jit", jitter_events=4, **kw)
+    names = ("fwd_microstep", "bwd_inner_microstep", "step_microstep")
+
+    def timers(out: Path) -> list[dict[str, float]]:
+        rows = []
+        for x in _lines(out / "job.log"):
+            if "time (ms) | fwd_microstep:" in x:
+                pairs = re.findall(r"\| (\w+): (-?\d+\.\d+)", x)
+                rows.append({k: float(v) for k, v in pairs})
+        return rows
+
+    a, b = timers(plain), timers(jit)
+    assert len(a) == len(b) == 4
+    per_step: dict[int, float] = {}
+    for e in doc["noise"]:  # no stragglers: the whole delay holds the step up
+        per_step[e["step"]] = per_step.get(e["step"], 0.0)
+    for e in doc["noise"]:
+        same = [x["delay_s"] for x in doc["noise"] if x["instance"] == e["instance"]]
+        if e["delay_s"] == max(same):
+            per_step[e["step"]] += e["delay_s"]
+    for step, (ra, rb) in enumerate(zip(a, b, strict=True)):
+        grown = sum(rb[n] - ra[n] for n in names)
+        want = per_step.get(step, 0.0) * 1000.0
+        assert want * 0.97 - 0.03 <= grown <= want * 1.03 + 0.03
+
+
+def test_jitter_validation() -> None:
+    with pytest.raises(ValueError, match="jitter_events must be >= 0"):
+        SynthSpec(jitter_events=-1)
+    with pytest.raises(ValueError, match="not target_size_bytes"):
+        SynthSpec(jitter_events=1, target_size_bytes=10_000)
+    with pytest.raises(ValueError, match="exceeds"):
+        SynthSpec(ranks=2, hosts=1, steps=1, layers=1, jitter_events=9)
+    # Drawn before the terminal fault: StopRank at instance 2 leaves 2 x 2 pairs.
+    SynthSpec(ranks=2, hosts=1, steps=1, layers=1, jitter_events=4, faults=(StopRank(0, 2),))
+    with pytest.raises(ValueError, match="exceeds"):
+        SynthSpec(ranks=2, hosts=1, steps=1, layers=1, jitter_events=5, faults=(StopRank(0, 2),))
