@@ -94,9 +94,11 @@ Framework lines (``framework="deepspeed"`` or ``"torch"``, ``formats/deepspeed-t
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
+import statistics
 import time
 import zlib
 from collections.abc import Callable
@@ -345,6 +347,11 @@ class SynthSpec:
             timer for that step grows by it). Drawn over the world instances before the
             terminal fault, if any; needs ``steps`` (not ``target_size_bytes``).
             truth.json lists them under ``noise``.
+        truth_format: ``truth.json``'s ``format_version``. 1 (the default) writes what it
+            always wrote, plus the keys of the options above when they are set. 2 always
+            writes ``clock_offsets`` and ``noise`` (empty when off) and adds to each SlowRank
+            outcome its ``slowdown`` (lateness / median gap between consecutive world
+            collectives as generated) and that ``median_world_gap_s``.
     """
 
     ranks: int = 16
@@ -375,6 +382,7 @@ class SynthSpec:
     desync_report: bool = False
     clock_offset_max_s: float = 0.0
     jitter_events: int = 0
+    truth_format: int = 1
 
     def __post_init__(self) -> None:
         """Validate the spec; raise ``ValueError`` with a user-facing message."""
@@ -438,6 +446,8 @@ class SynthSpec:
             )
         if self.benign_warns and self.target_size_bytes is None and self.steps == 0:
             raise ValueError("benign_warns need at least one step to be spread over")
+        if self.truth_format not in (1, 2):
+            raise ValueError(f"truth_format must be 1 or 2, got {self.truth_format}")
         if self.jitter_events < 0:
             raise ValueError(f"jitter_events must be >= 0, got {self.jitter_events}")
         if self.jitter_events and self.target_size_bytes is not None:
@@ -609,7 +619,11 @@ _FRAMEWORK_FIELDS = frozenset(
 
 # Spec fields added for the detector benchmark, with their defaults: left out of truth.json
 # while at the default, so that a spec without them writes the truth.json it always wrote.
-_BENCH_DEFAULTS: dict[str, Json] = {"clock_offset_max_s": 0.0, "jitter_events": 0}
+_BENCH_DEFAULTS: dict[str, Json] = {
+    "clock_offset_max_s": 0.0,
+    "jitter_events": 0,
+    "truth_format": 1,
+}
 
 
 def _spec_json(spec: SynthSpec) -> dict[str, Json]:
@@ -2993,6 +3007,11 @@ class _Job:
         self.delays: dict[int, list[tuple[int, float]]] = {}  # world seq -> [(rank, s)]
         self.noise_events: list[dict[str, Json]] = []
         self._draw_delays()
+        # Where each world collective started, for the median gap (truth_format 2 only: a
+        # multi-GB job has millions): (slot index, delays' push so far). Kept as slots, not
+        # absolute times, whose differences would lose digits.
+        self.world_slots: list[tuple[int, float]] | None = [] if spec.truth_format >= 2 else None
+        self.pushed = 0.0
         self.t_world_init = self.t0  # when the world communicator's init starts
         self.halt_times: list[float] = []  # per rank: when it entered halt_at (if it did)
         # Framework lines draw from their own generator too (see _Framework).
@@ -3567,6 +3586,7 @@ class _Job:
         for r, delay in delayed:
             times[r] += delay
             push = max(push, late[r] + delay - max_late)
+        self.pushed += push
         if self.fw is not None:
             self.fw.delayed(call.phase, push)
         return push
@@ -3659,6 +3679,7 @@ class _Job:
         warn_room = max(gap - warn_offset, 0.0)
         fw = self.fw
         delays = self.delays
+        world_slots = self.world_slots
         step = 0
         while max_steps is None or step < max_steps:
             for j, call in enumerate(prog):
@@ -3693,6 +3714,8 @@ class _Job:
                     times = [base + rnd() * _JITTER_S + late[r] for r in rr]
                 else:
                     times = [base + rnd() * _JITTER_S for _ in rr]
+                if call.world and world_slots is not None:
+                    world_slots.append((step * n_prog + j, self.pushed))
                 if delays and call.world and seq in delays:
                     base += self._delay_slot(times, delays[seq], call)
                 out: list[str] = []
@@ -3922,16 +3945,31 @@ class _Job:
             benign_warns=list(self.benign),
             framework=self.fw.truth() if self.fw is not None else None,
             clock_offsets=self._clock_truth(),
-            noise=list(self.noise_events) if self.spec.jitter_events else None,
+            noise=(
+                list(self.noise_events)
+                if self.spec.jitter_events or self.spec.truth_format >= 2
+                else None
+            ),
+            format_version=self.spec.truth_format,
         )
 
     def _clock_truth(self) -> list[dict[str, Json]] | None:
-        if self.spec.clock_offset_max_s <= 0:
+        if self.spec.clock_offset_max_s <= 0 and self.spec.truth_format < 2:
             return None
         return [
             {"host_index": h, "host": self.spec.host_name(h), "offset_s": off}
             for h, off in enumerate(self.host_off)
         ]
+
+    def _median_world_gap(self) -> float:
+        """Median time between consecutive world collectives, as the time model made them."""
+        slot = self.spec.step_time_s / len(self.prog) + max(self.late)
+        marks = self.world_slots or []
+        if len(marks) < 2:  # no two world collectives: one slot of the time model
+            return slot
+        return statistics.median(
+            (k2 - k1) * slot + (p2 - p1) for (k1, p1), (k2, p2) in itertools.pairwise(marks)
+        )
 
     def _world_call(self, instance: int) -> _Call:
         j = instance % self.spec.world_per_step
@@ -3949,6 +3987,10 @@ class _Job:
                 "lateness_s": f.lateness_s,
                 "visible_in_timestamps": self.spec.timestamps,
             }
+            if self.world_slots is not None:
+                gap = self._median_world_gap()
+                details["slowdown"] = f.lateness_s / gap
+                details["median_world_gap_s"] = gap
             return FaultOutcome(kind, _fault_json(f), f.lateness_s > 0, details)
         reached = f.at_instance < self.world.seq
         if isinstance(f, Mismatch) and not f.hang:

@@ -350,10 +350,19 @@ torchrun agent's SIGTERM / ChildFailedError lines. truth.json gets a "framework"
     "5-50 ms late, holding everyone up. truth.json: noise.",
 )
 @click.option(
+    "--truth-format",
+    "truth_format",
+    type=click.Choice(["1", "2"]),
+    default="1",
+    show_default=True,
+    help="truth.json format_version: 2 always writes clock_offsets and noise, and each "
+    "slow rank's slowdown (lateness / median gap between world collectives).",
+)
+@click.option(
     "--slow-rank",
     multiple=True,
     metavar="RANK:SECONDS",
-    help="RANK enqueues every collective SECONDS late. Repeatable.",
+    help="RANK enqueues every collective SECONDS late. Repeatable (one per rank).",
 )
 @click.option(
     "--stop-rank",
@@ -401,6 +410,7 @@ def synth(
     desync_report: bool,
     clock_offset_max: float,
     jitter_events: int,
+    truth_format: str,
     slow_rank: tuple[str, ...],
     stop_rank: tuple[str, ...],
     mismatch: tuple[str, ...],
@@ -447,6 +457,7 @@ def synth(
             desync_report=desync_report,
             clock_offset_max_s=clock_offset_max,
             jitter_events=jitter_events,
+            truth_format=int(truth_format),
         )
     except (ValueError, TypeError) as exc:
         raise click.UsageError(str(exc)) from None

@@ -8,6 +8,7 @@ deepspeed-torch.md, and compares them with truth.json; never with ncclscope's pa
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import re
 from datetime import UTC, datetime
@@ -388,3 +389,68 @@ def test_jitter_validation() -> None:
     SynthSpec(ranks=2, hosts=1, steps=1, layers=1, jitter_events=4, faults=(StopRank(0, 2),))
     with pytest.raises(ValueError, match="exceeds"):
         SynthSpec(ranks=2, hosts=1, steps=1, layers=1, jitter_events=5, faults=(StopRank(0, 2),))
+
+
+# --- several slow ranks, slowdown ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "slow",
+    [
+        (SlowRank(3, 0.03),),
+        (SlowRank(1, 0.01), SlowRank(6, 0.04)),
+        (SlowRank(1, 0.01), SlowRank(4, 0.02), SlowRank(6, 0.04)),
+    ],
+)
+def test_several_slow_ranks(tmp_path: Path, slow: tuple[SlowRank, ...]) -> None:
+    kw: dict[str, Any] = {**SMALL, "steps": 4, "timestamps": True, "seed": 2, "faults": slow}
+    out, _, doc = _gen(tmp_path, truth_format=2, **kw)
+    assert doc["format_version"] == 2
+    assert doc["spec"]["truth_format"] == 2
+    n_prog = 3 * SMALL["layers"] + 1
+    max_late = max(f.lateness_s for f in slow)
+    gap = 0.5 / n_prog + max_late  # no tp_traffic: consecutive world collectives are slots
+    times: dict[int, dict[int, float]] = {}  # instance -> rank -> printed enqueue time
+    for c in _colls(out, doc):
+        times.setdefault(c["opcount"], {})[c["rank"]] = _epoch(c["ts"], c["frac"])
+    assert len(times) == 4 * n_prog
+    slow_ranks = {f.rank for f in slow}
+    starts = [
+        min(t for r, t in per.items() if r not in slow_ranks) for _, per in sorted(times.items())
+    ]
+    gaps = sorted(b - a for a, b in itertools.pairwise(starts))
+    measured_gap = gaps[len(gaps) // 2]
+    assert abs(measured_gap - gap) < 0.0021  # the others' 2 ms enqueue jitter
+    outcomes = [o for o in doc["faults"] if o["kind"] == "SlowRank"]
+    assert [o["details"]["rank"] for o in outcomes] == [f.rank for f in slow]
+    for f, o in zip(slow, outcomes, strict=True):
+        d = o["details"]
+        assert o["effective"]
+        assert d["lateness_s"] == f.lateness_s
+        assert d["median_world_gap_s"] == pytest.approx(gap, abs=1e-9)
+        assert d["slowdown"] == pytest.approx(f.lateness_s / gap, rel=1e-9)
+        # What the lines show: this rank's enqueue minus the earliest of the others'.
+        late = sorted(per[f.rank] - min(per.values()) for per in times.values())
+        assert abs(late[len(late) // 2] - f.lateness_s) < 0.0021
+        assert abs(late[len(late) // 2] / measured_gap - d["slowdown"]) < 0.05
+
+
+def test_truth_format_1_keeps_the_old_slow_rank_record(tmp_path: Path) -> None:
+    _, _, doc = _gen(tmp_path, faults=(SlowRank(1, 0.01), SlowRank(2, 0.02)), **SMALL)
+    assert doc["format_version"] == 1
+    assert "truth_format" not in doc["spec"]
+    for o in doc["faults"]:
+        assert set(o["details"]) == {"rank", "host", "pid", "lateness_s", "visible_in_timestamps"}
+    assert "clock_offsets" not in doc
+    assert "noise" not in doc
+
+
+def test_truth_format_2_always_has_the_benchmark_keys(tmp_path: Path) -> None:
+    _, truth, doc = _gen(tmp_path, truth_format=2, **SMALL)
+    assert doc["noise"] == []
+    assert doc["clock_offsets"] == [
+        {"host_index": h, "host": f"node-{h}", "offset_s": 0.0} for h in range(2)
+    ]
+    assert truth.format_version == 2
+    with pytest.raises(ValueError, match="truth_format"):
+        SynthSpec(truth_format=3)
