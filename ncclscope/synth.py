@@ -109,6 +109,7 @@ from pathlib import Path
 from typing import BinaryIO, Literal, TypeAlias, get_args
 
 __all__ = [
+    "DEAD_SIGNALS",
     "DS_ERAS",
     "ERAS",
     "FRAMEWORKS",
@@ -120,8 +121,11 @@ __all__ = [
     "ZERO_STAGES",
     "BenignWarnRecord",
     "CommRecord",
+    "DeadProcess",
+    "DeadSignal",
     "DsEra",
     "Era",
+    "ExtraCollective",
     "Fault",
     "FaultOutcome",
     "FileRecord",
@@ -236,14 +240,64 @@ class IbError:
     at_instance: int
 
 
-Fault: TypeAlias = SlowRank | StopRank | Mismatch | IbError
+@dataclass(frozen=True)
+class ExtraCollective:
+    """A rank calls one collective too many: just before world instance ``at_instance``,
+    ``rank`` issues an extra AllReduce (count 1, fp32: a stray ``all_reduce`` of a scalar,
+    a metric reduced on one code path only) on the world communicator.
+
+    From there on its sequence numbers are one ahead of everyone's. NCCL numbers calls per
+    communicator, so the extra call gets opCount ``at_instance``, the opCount of the others'
+    real call: at that sequence the culprit shows a different op/count/dtype, which is what
+    a detector sees as a mismatch (at the step's grad-norm AllReduce only the buffers
+    differ: truth's ``differs`` is then empty). The rank's real call follows with opCount
+    ``at_instance + 1`` (on a 2.27 single-host job every opCount prints 0, so only the
+    extra line tells). Nothing can match: the job hangs there. Every rank logs that
+    instance, the culprit both its lines, then nothing more; with a framework every rank
+    times out, the culprit on its extra ``ALLREDUCE`` (NumelIn=1), one more enqueued.
+    """
+
+    rank: int
+    at_instance: int
+
+
+DeadSignal = Literal["SIGKILL", "SIGSEGV", "SIGBUS", "SIGABRT"]
+DEAD_SIGNALS: tuple[str, ...] = get_args(DeadSignal)
+_SIGNUM = {"SIGKILL": 9, "SIGSEGV": 11, "SIGBUS": 7, "SIGABRT": 6}
+_SIGNAME = {num: name for name, num in _SIGNUM.items()}
+
+
+@dataclass(frozen=True)
+class DeadProcess:
+    """``rank``'s process dies just before world instance ``at_instance``, by ``signal``
+    (SIGKILL, exit code -9: the OOM killer; SIGSEGV -11; SIGBUS -7, e.g. /dev/shm full).
+
+    NCCL-side it looks like StopRank: the rank logs nothing from then on, the others log
+    that instance and wait (NCCL itself prints nothing about it here). With a framework,
+    the torchrun agent of its host sees the exit at its next poll, long before any
+    timeout: it SIGTERMs the host's other workers (they print nothing more) and its
+    ChildFailedError names the rank as root cause with that exit code and signal. Ranks on
+    other hosts keep waiting and time out as in a hang.
+    """
+
+    rank: int
+    at_instance: int
+    signal: DeadSignal = "SIGKILL"
+
+    @property
+    def exit_code(self) -> int:
+        """What torchelastic reports: minus the signal number."""
+        return -_SIGNUM[self.signal]
+
+
+Fault: TypeAlias = SlowRank | StopRank | Mismatch | IbError | ExtraCollective | DeadProcess
 
 
 def _is_terminal(fault: Fault) -> bool:
-    """Does the fault end the job at its instance (a hang or an error)?"""
+    """Does the fault end the job at its instance (a hang, an error or a death)?"""
     if isinstance(fault, Mismatch):
         return fault.hang
-    return isinstance(fault, StopRank | IbError)
+    return isinstance(fault, StopRank | IbError | ExtraCollective | DeadProcess)
 
 
 # --------------------------------------------------------------------------------------
@@ -563,11 +617,27 @@ class SynthSpec:
         limit = self.steps * self.world_per_step if self.target_size_bytes is None else None
         slow_seen: set[int] = set()
         names = [self.host_name(h) for h in range(self.hosts)]
+        # (rank, instance) of the faults that say what one rank does at one instance.
+        placed: dict[tuple[int, int], Fault] = {}
         for fault in self.faults:
-            if isinstance(fault, SlowRank | StopRank | Mismatch) and not (
-                0 <= fault.rank < self.ranks
-            ):
+            if isinstance(
+                fault, SlowRank | StopRank | Mismatch | ExtraCollective | DeadProcess
+            ) and not (0 <= fault.rank < self.ranks):
                 raise ValueError(f"{fault}: rank must be in [0, {self.ranks - 1}]")
+            if isinstance(fault, DeadProcess) and fault.signal not in _SIGNUM:
+                raise ValueError(f"{fault}: signal must be one of {', '.join(DEAD_SIGNALS)}")
+            if isinstance(fault, StopRank | Mismatch | ExtraCollective | DeadProcess):
+                other = placed.get((fault.rank, fault.at_instance))
+                # StopRank + Mismatch on one rank was always accepted; the
+                # newer faults each describe the whole of what the rank does there.
+                new_kinds = ExtraCollective | DeadProcess
+                if other is not None and (
+                    isinstance(fault, new_kinds) or isinstance(other, new_kinds)
+                ):
+                    raise ValueError(
+                        f"{fault}: rank {fault.rank} already has {other} at that instance"
+                    )
+                placed.setdefault((fault.rank, fault.at_instance), fault)
             if isinstance(fault, SlowRank):
                 if not (fault.lateness_s >= 0 and math.isfinite(fault.lateness_s)):
                     raise ValueError(f"{fault}: lateness_s must be a finite number >= 0")
@@ -582,7 +652,7 @@ class SynthSpec:
                     raise ValueError(f"{fault}: an IB error needs >= 2 hosts (1 host uses no NIC)")
                 if fault.host not in names:
                     raise ValueError(f"{fault}: unknown host {fault.host!r}")
-            if isinstance(fault, StopRank | Mismatch | IbError):
+            if isinstance(fault, StopRank | Mismatch | IbError | ExtraCollective | DeadProcess):
                 if fault.at_instance < 0:
                     raise ValueError(f"{fault}: at_instance must be >= 0")
                 if limit is not None and fault.at_instance >= limit:
@@ -1335,6 +1405,8 @@ class _Noise:
         self.count = 0
         # Rank 0's host clock offset: the DeepSpeed lines below are rank 0's.
         self.offset0 = 0.0
+        # Ranks whose process is dead: nothing is printed in their name.
+        self.silent: frozenset[int] = frozenset()
         kinds: list[tuple[float, Callable[[int, float, int], str]]] = [
             (0.15, self._blank),
             (0.20, self._print),
@@ -1369,6 +1441,8 @@ class _Noise:
 
     def emit(self, rank: int, *lines: str) -> str:
         """Format physical lines of ``rank``'s stdout (launcher prefix added) and count them."""
+        if rank in self.silent:
+            return ""
         self.count += len(lines)
         head = self._heads[rank]
         return "".join(f"{head}{text}\n" for text in lines)
@@ -2452,10 +2526,19 @@ class _Framework:
         )
 
     def _desync(
-        self, me: int, seq: int, ops: dict[int, str], prev_ops: dict[int, str]
+        self,
+        me: int,
+        seq: int,
+        ops: dict[int, str],
+        prev_ops: dict[int, str],
+        ahead: dict[int, str],
     ) -> tuple[list[str], list[int]]:
         """TraceUtils.h ``retrieveDesyncReport`` as ``me`` sees it: its lines after the
-        header line, and the ranks it names as lagging."""
+        header line, and the ranks it names as lagging.
+
+        ``ahead``: ranks whose last started collective is one further (an extra call), with
+        its op. The report then names the others, who are behind them, as lagging.
+        """
         job = self.job
         skipped = sorted(job.skipped)
         lines = [f"\t - [{me}] Timeout at collective: {ops[me]}, #{seq}"]
@@ -2470,6 +2553,8 @@ class _Framework:
         for r in range(job.n):
             if r in job.skipped:
                 trace.setdefault(seq - 1, {})[r] = (prev_ops[r], True)
+            elif r in ahead:
+                trace.setdefault(seq + 1, {})[r] = (ahead[r], False)
             else:
                 trace.setdefault(seq, {})[r] = (ops[r], False)
         lag = min(trace)
@@ -2512,6 +2597,8 @@ class _Framework:
                     op = _OTHER_OP[op]
                 elif f.field == "count":
                     count *= 2
+            if isinstance(f, ExtraCollective) and f.rank == rank and f.at_instance == instance:
+                return "AllReduce", 1  # its work at this sequence is the extra call
         return op, count
 
     def hang(self) -> None:
@@ -2522,19 +2609,23 @@ class _Framework:
         halt = job.halt_at
         seq = halt + 1  # SeqNum: collectives this rank issued on the world PG, from 1
         waiting = [r for r in range(n) if r not in job.skipped]
-        if not waiting:
+        if not waiting and not job.dead_at_halt:
             return
         tf = self.tf
         r_ = self.rnd
         ops = {r: _OP_TYPE[self._rank_op(halt, r)[0]] for r in waiting}
         prev_ops = {r: _OP_TYPE[self._rank_op(halt - 1, r)[0]] for r in job.skipped if halt >= 1}
-        enq, comp = seq, (seq - 1 if seq > 1 else -1)
+        # An extra-calling rank has enqueued its real call too: one work further.
+        ahead = {r: _OP_TYPE[job._world_call(halt).op] for r in job.extra_at_halt}
+        comp = seq - 1 if seq > 1 else -1
         recs: list[_Rec] = []
         exits: dict[int, float] = {}
+        codes: dict[int, int] = {}  # exit code of each exit other than the watchdog's -6
         lagging: list[int] = []  # the ranks every desync report names
         for r in waiting:
             rk = job.ranks[r]
             sink = job.rank_sink[r]
+            enq = seq + 1 if r in ahead else seq
             op, count = self._rank_op(halt, r)
             nin, nout = _numel(op, count, n)
             ran = round(self.timeout_s * 1000) + r_.randint(3, 99)
@@ -2602,7 +2693,7 @@ class _Framework:
             recs.append(_Rec(t, len(recs), sink, watchdog, [(0, self.timeouts, entry)], r))
             t_next = t + 0.0005
             if self.spec.desync_report:
-                report, lagging = self._desync(r, seq, ops, prev_ops)
+                report, lagging = self._desync(r, seq, ops, prev_ops, ahead)
                 # LOG(ERROR) << [logPrefix() <<] report: the report starts with "\n", so
                 # the header line ends in a space.
                 head = f"{pg} " if tf.desync_prefixed else ""
@@ -2699,7 +2790,10 @@ class _Framework:
             ]
             recs.append(_Rec(t_term, len(recs), sink, lines, owner=r))
             exits[r] = t_term + r_.uniform(0.05, 0.3)  # SIGABRT
-        kills = self._agents(exits, recs)
+        for r, dead in job.dead_at_halt.items():  # died before the collective: no line
+            exits[r] = job.death_times[r]
+            codes[r] = dead.exit_code
+        kills = self._agents(exits, recs, codes)
         # SIGTERM ends a process at once (no handler in the workers): nothing after it.
         recs = [rec for rec in recs if rec.t <= kills.get(rec.owner, math.inf)]
         if any(rec.desync for rec in recs):
@@ -2735,10 +2829,13 @@ class _Framework:
             f"[{level}] "
         )
 
-    def _agents(self, exits: dict[int, float], recs: list[_Rec]) -> dict[int, float]:
+    def _agents(
+        self, exits: dict[int, float], recs: list[_Rec], codes: dict[int, int]
+    ) -> dict[int, float]:
         """Each host's torchrun agent: SIGTERM to what still runs, then ChildFailedError.
 
-        Returns when each SIGTERMed rank was killed.
+        ``exits``: when each exiting rank's process ended; ``codes``: its exit code where it
+        is not the watchdog's SIGABRT (-6). Returns when each SIGTERMed rank was killed.
         """
         kills: dict[int, float] = {}
         job = self.job
@@ -2788,12 +2885,12 @@ class _Framework:
                     sink,
                     [
                         f"{head}{self._agent_head('E', t_fail + off, pid, tf.agent_failed)}failed "
-                        f"(exitcode: -6) local_rank: {root.local} (pid: {root.pid}) of binary: "
-                        f"{_PY_BINARY}"
+                        f"(exitcode: {codes.get(root.rank, -6)}) local_rank: {root.local} "
+                        f"(pid: {root.pid}) of binary: {_PY_BINARY}"
                     ],
                 )
             )
-            block, marks = self._child_failed(failed, root, t_poll + off)
+            block, marks = self._child_failed(failed, root, t_poll + off, codes)
             t_block = t_fail + 0.002
             recs.append(
                 _Rec(
@@ -2808,7 +2905,7 @@ class _Framework:
         return kills
 
     def _child_failed(
-        self, failed: list[_Rank], root: _Rank, t_printed: float
+        self, failed: list[_Rank], root: _Rank, t_printed: float, codes: dict[int, int]
     ) -> tuple[list[str], list[tuple[int, dict[str, Json]]]]:
         """torchrun's traceback and ChildFailedError block (errors/__init__.py templates);
         ``t_printed`` is the agent's poll time on its host's clock."""
@@ -2834,14 +2931,15 @@ class _Framework:
         stamp = time.strftime("%Y-%m-%d_%H:%M:%S", time.gmtime(int(t_printed)))
         fmts: dict[int, list[str]] = {}
         for idx, rk in enumerate(failed):  # [idx] is the failure's index, not its rank
+            code = codes.get(rk.rank, -6)
             fmts[rk.rank] = [
                 f"[{idx}]:",
                 f"  time      : {stamp}",
                 f"  host      : {rk.host}",
                 f"  rank      : {rk.rank} (local_rank: {rk.local})",
-                f"  exitcode  : -6 (pid: {rk.pid})",
+                f"  exitcode  : {code} (pid: {rk.pid})",
                 "  error_file: <N/A>",
-                f"  traceback : Signal 6 (SIGABRT) received by PID {rk.pid}",
+                f"  traceback : Signal {-code} ({_SIGNAME[-code]}) received by PID {rk.pid}",
             ]
         title = f"{_ENTRYPOINT} FAILED"
         width = min(max(len(title), *(len(x) for f in fmts.values() for x in f)), 60)
@@ -2849,13 +2947,14 @@ class _Framework:
         marks: list[tuple[int, dict[str, Json]]] = []
 
         def entry(rk: _Rank) -> dict[str, Json]:
+            code = codes.get(rk.rank, -6)
             return {
                 "rank": rk.rank,
                 "local_rank": rk.local,
                 "host": rk.host,
                 "pid": rk.pid,
-                "exitcode": -6,
-                "signal": "SIGABRT",
+                "exitcode": code,
+                "signal": _SIGNAME[-code],
                 "root_cause": rk is root,
             }
 
@@ -2973,9 +3072,24 @@ class _Job:
                 self.late[f.rank] = f.lateness_s
         # World instance at which the job ends (-1: it does not end early).
         self.halt_at = spec.halt_instance
+        # Ranks that never enter halt_at: stopped (stuck elsewhere) or dead.
         self.stops_at_halt = frozenset(
-            f.rank for f in spec.faults if isinstance(f, StopRank) and f.at_instance == self.halt_at
+            f.rank
+            for f in spec.faults
+            if isinstance(f, StopRank | DeadProcess) and f.at_instance == self.halt_at
         )
+        self.dead_at_halt = {
+            f.rank: f
+            for f in spec.faults
+            if isinstance(f, DeadProcess) and f.at_instance == self.halt_at
+        }
+        self.extra_at_halt = frozenset(
+            f.rank
+            for f in spec.faults
+            if isinstance(f, ExtraCollective) and f.at_instance == self.halt_at
+        )
+        self.death_times: dict[int, float] = {}  # dead rank -> when its process died
+        self.extra_logged = False  # the extra calls at halt_at were written
         self.ib_at_halt = next(
             (f for f in spec.faults if isinstance(f, IbError) and f.at_instance == self.halt_at),
             None,
@@ -3012,6 +3126,9 @@ class _Job:
         # absolute times, whose differences would lose digits.
         self.world_slots: list[tuple[int, float]] | None = [] if spec.truth_format >= 2 else None
         self.pushed = 0.0
+        # The new faults' own random choices (death instants, extra-call gaps).
+        self.fault_rnd = random.Random(spec.seed * 7919 + 6)
+        self.slot_gap = 0.0  # the time model's gap between slots (set by _run_steps)
         self.t_world_init = self.t0  # when the world communicator's init starts
         self.halt_times: list[float] = []  # per rank: when it entered halt_at (if it did)
         # Framework lines draw from their own generator too (see _Framework).
@@ -3650,6 +3767,7 @@ class _Job:
         late = self.late
         any_late = any(late)
         gap = spec.step_time_s / len(prog) + max(late)  # everyone waits for the straggler
+        self.slot_gap = gap
         rnd = self.rnd.random
         p_noise = self.p_noise
         noise = self.noise.line
@@ -3718,6 +3836,11 @@ class _Job:
                     world_slots.append((step * n_prog + j, self.pushed))
                 if delays and call.world and seq in delays:
                     base += self._delay_slot(times, delays[seq], call)
+                if halting and (self.extra_at_halt or self.dead_at_halt):
+                    self._halt_slot(call, seq, oc, bj, aj, times, skip, step)
+                    self._count_slot(call, skip, mms)
+                    self._halt(times)
+                    return
                 out: list[str] = []
                 for r in sorted(rr, key=times.__getitem__) if combined else rr:
                     if skip and r in skip:
@@ -3753,9 +3876,7 @@ class _Job:
                     pending += len(text)
                 self._count_slot(call, skip, mms)
                 if halting:
-                    self._touch(max(times))
-                    self.halt_times = times
-                    self._aftermath(max(times))
+                    self._halt(times)
                     return
                 if pending >= _FLUSH_CHARS:
                     written = self._flush_all()
@@ -3781,22 +3902,87 @@ class _Job:
             self.skipped = skip
         self.world.seq += 1
         by[call.op] = by.get(call.op, 0) + entered
+        if self.extra_logged:  # the extra AllReduces, and the culprits' real calls one later
+            extra = len(self.extra_at_halt)
+            self.world.calls += extra
+            self.world.seq += 1
+            by["AllReduce"] = by.get("AllReduce", 0) + extra
         for mm in mms or ():
             if mm.field == "op" and mm.rank not in skip:
                 other = _OTHER_OP[call.op]
                 by[call.op] -= 1
                 by[other] = by.get(other, 0) + 1
 
+    def _halt_slot(
+        self,
+        call: _Call,
+        seq: int,
+        oc: str,
+        befores: list[str],
+        afters: list[str],
+        times: list[float],
+        skip: frozenset[int],
+        step: int,
+    ) -> None:
+        """Write the halting slot when an ExtraCollective or a DeadProcess is in it.
+
+        The extra-calling ranks log two lines: the extra AllReduce at this opCount, then
+        their real call one later. Dead ranks log nothing, and nothing is printed for them
+        (noise that would carry a dead rank's prefix is dropped). Same layout rules and
+        noise draws as the hot loop.
+        """
+        extra_call = _Call(True, "AllReduce", lambda size: 1, _FP32, 5000, "norm")
+        oc_next = "0" if self.world.zero_opcount else f"{seq + 1:x}"
+        rows = [(times[r], r, 0) for r in range(self.n) if r not in skip]
+        for r in sorted(self.extra_at_halt):
+            # The real call is enqueued right after the extra one (host-side enqueue only).
+            rows.append((times[r] + self.fault_rnd.uniform(0.00005, 0.0003), r, 1))
+            self.extra_logged = True
+        if self.combined:
+            rows.sort()
+        else:
+            rows.sort(key=lambda row: (row[1], row[0]))
+        self.noise.silent = frozenset(self.dead_at_halt)
+        gap = max(self.slot_gap - _JITTER_S, 0.0)
+        for r in sorted(self.dead_at_halt):
+            # Dead "just before" it would have enqueued, after its previous collective.
+            self.death_times[r] = times[r] - self.fault_rnd.random() * 0.5 * gap
+        out: list[str] = []
+        for t, r, second in rows:
+            rk = self.ranks[r]
+            before, opc, after = befores[r], oc, afters[r]
+            if second:
+                opc = oc_next
+            elif r in self.extra_at_halt:
+                before, after = self._coll_parts(extra_call, rk)
+            line = f"{rk.head}{self._ts(t + self.rank_off[r])}{before}{opc}{after}"
+            if self.combined:
+                out.append(line)
+                if self.p_noise and self.rnd.random() < self.p_noise:
+                    out.append(self.noise.line(r, t, step))
+            else:
+                self.rank_sink[r].add(line)
+            self._touch(t)
+        if self.combined:
+            self.rank_sink[0].add("".join(out))
+
     # ---- fault aftermath -------------------------------------------------------------
+
+    def _halt(self, times: list[float]) -> None:
+        """The job stops in this slot: what follows a terminal fault."""
+        self._touch(max(times))
+        self.halt_times = times
+        self._aftermath(max(times))
 
     def _aftermath(self, t_last: float) -> None:
         if self.ib_at_halt is not None:
             self.end_reason = "error"
             self._ib_error(self.ib_at_halt, t_last)
-        else:
-            self.end_reason = "hang"
-            if self.fw is not None:
-                self.fw.hang()
+            return
+        # A death is what ends the job (torchrun sees it); NCCL-side it is still a hang.
+        self.end_reason = "died" if self.dead_at_halt else "hang"
+        if self.fw is not None:
+            self.fw.hang()
 
     def _ib_error(self, fault: IbError, t_last: float) -> None:
         era = self.era
@@ -3888,6 +4074,10 @@ class _Job:
             out[c.name] = {str(g): last for g in c.members}
         for r in self.skipped:
             out["world"][str(r)] = self.halt_at - 1 if self.halt_at > 0 else None
+        if self.extra_logged:  # the culprits are one ahead: everyone else stopped at halt_at
+            for r in range(self.n):
+                if r not in self.skipped and r not in self.extra_at_halt:
+                    out["world"][str(r)] = self.halt_at
         return out
 
     def _truth(self) -> Truth:
@@ -3992,7 +4182,8 @@ class _Job:
                 details["slowdown"] = f.lateness_s / gap
                 details["median_world_gap_s"] = gap
             return FaultOutcome(kind, _fault_json(f), f.lateness_s > 0, details)
-        reached = f.at_instance < self.world.seq
+        # Instances every rank got to (the culprits of an ExtraCollective went one further).
+        reached = f.at_instance < self.world.seq - (1 if self.extra_logged else 0)
         if isinstance(f, Mismatch) and not f.hang:
             effective = reached and not (f.at_instance == self.halt_at and f.rank in self.skipped)
         elif isinstance(f, Mismatch):
@@ -4000,11 +4191,49 @@ class _Job:
         else:
             effective = reached and f.at_instance == self.halt_at
         details = {"at_instance": f.at_instance, "reached": reached}
+        last_json: dict[str, Json] = {name: dict(per) for name, per in last.items()}
         if isinstance(f, StopRank):
             rk = self.ranks[f.rank]
             details.update({"rank": f.rank, "host": rk.host, "pid": rk.pid})
-            last_json: dict[str, Json] = {name: dict(per) for name, per in last.items()}
             details["last_seq"] = last_json
+        elif isinstance(f, ExtraCollective):
+            rk = self.ranks[f.rank]
+            call = self._world_call(f.at_instance)
+            others: dict[str, Json] = {
+                "op": call.op,
+                "count": call.count_of(self.n),
+                "datatype": call.dtype,
+            }
+            extra: dict[str, Json] = {"op": "AllReduce", "count": 1, "datatype": _FP32}
+            details.update(
+                {
+                    "rank": f.rank,
+                    "host": rk.host,
+                    "pid": rk.pid,
+                    "seq": f.at_instance,
+                    "opcount": "0" if self.world.zero_opcount else f"{f.at_instance:x}",
+                    "op": "AllReduce",
+                    "extra": extra,
+                    "expected": others,
+                    "differs": [k for k in ("op", "count", "datatype") if extra[k] != others[k]],
+                    "real_call_seq": f.at_instance + 1,
+                    "last_seq": last_json,
+                }
+            )
+        elif isinstance(f, DeadProcess):
+            rk = self.ranks[f.rank]
+            died = self.death_times.get(f.rank)
+            details.update(
+                {
+                    "rank": f.rank,
+                    "host": rk.host,
+                    "pid": rk.pid,
+                    "signal": f.signal,
+                    "exit_code": f.exit_code,
+                    "died_at": _iso(died) if died is not None and effective else None,
+                    "last_seq": last_json,
+                }
+            )
         elif isinstance(f, Mismatch):
             rk = self.ranks[f.rank]
             call = self._world_call(f.at_instance)

@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 
 from ncclscope.synth import (
+    DEAD_SIGNALS,
     DS_ERAS,
     ERAS,
     FRAMEWORKS,
@@ -22,6 +23,8 @@ from ncclscope.synth import (
     OFFLOADS,
     TORCH_ERAS,
     ZERO_STAGES,
+    DeadProcess,
+    ExtraCollective,
     Fault,
     IbError,
     Mismatch,
@@ -86,6 +89,8 @@ def _faults(
     stop: tuple[str, ...],
     mismatch: tuple[str, ...],
     ib: tuple[str, ...],
+    extra: tuple[str, ...] = (),
+    dead: tuple[str, ...] = (),
 ) -> tuple[Fault, ...]:
     out: list[Fault] = []
     for v in slow:
@@ -116,6 +121,31 @@ def _faults(
     for v in ib:
         host, inst = _split(v, 2, "--ib-error", "HOST:INSTANCE")
         out.append(IbError(host, _int(inst, "--ib-error", "INSTANCE")))
+    for v in extra:
+        rank, inst = _split(v, 2, "--extra-collective", "RANK:INSTANCE")
+        out.append(
+            ExtraCollective(
+                _int(rank, "--extra-collective", "RANK"),
+                _int(inst, "--extra-collective", "INSTANCE"),
+            )
+        )
+    for v in dead:
+        shape = "RANK:INSTANCE[:SIGNAL]"
+        parts = _split(v, v.count(":") + 1, "--dead-process", shape)
+        if len(parts) not in (2, 3):
+            raise click.UsageError(f"--dead-process expects {shape}, got {v!r}")
+        sig = parts[2] if len(parts) == 3 else "SIGKILL"
+        if sig not in DEAD_SIGNALS:
+            raise click.UsageError(
+                f"--dead-process: SIGNAL must be one of {', '.join(DEAD_SIGNALS)}, got {sig!r}"
+            )
+        out.append(
+            DeadProcess(
+                _int(parts[0], "--dead-process", "RANK"),
+                _int(parts[1], "--dead-process", "INSTANCE"),
+                sig,  # type: ignore[arg-type]  # checked against DEAD_SIGNALS above
+            )
+        )
     return tuple(out)
 
 
@@ -382,6 +412,21 @@ torchrun agent's SIGTERM / ChildFailedError lines. truth.json gets a "framework"
     metavar="HOST:INSTANCE",
     help="IB completion error on HOST during INSTANCE; the job dies. Repeatable.",
 )
+@click.option(
+    "--extra-collective",
+    multiple=True,
+    metavar="RANK:INSTANCE",
+    help="RANK calls an extra AllReduce (count 1, fp32) before INSTANCE: at that opCount it "
+    "differs from the others, its real call comes one later; the job hangs. Repeatable.",
+)
+@click.option(
+    "--dead-process",
+    multiple=True,
+    metavar="RANK:INSTANCE[:SIGNAL]",
+    help="RANK's process dies just before INSTANCE (SIGKILL by default, exit code -9; "
+    f"or {', '.join(s for s in DEAD_SIGNALS if s != 'SIGKILL')}). With a framework its "
+    "torchrun agent reports it at once. Repeatable.",
+)
 def synth(
     out_dir: Path,
     ranks: int,
@@ -415,6 +460,8 @@ def synth(
     stop_rank: tuple[str, ...],
     mismatch: tuple[str, ...],
     ib_error: tuple[str, ...],
+    extra_collective: tuple[str, ...],
+    dead_process: tuple[str, ...],
 ) -> None:
     """Write a synthetic multi-rank NCCL_DEBUG=INFO job log with known ground truth.
 
@@ -441,7 +488,9 @@ def synth(
             seed=seed,
             non_nccl_frac=non_nccl_frac,
             target_size_bytes=target,
-            faults=_faults(slow_rank, stop_rank, mismatch, ib_error),
+            faults=_faults(
+                slow_rank, stop_rank, mismatch, ib_error, extra_collective, dead_process
+            ),
             host_names=names,
             step_time_s=step_time,
             tp_traffic=tp_traffic,

@@ -18,7 +18,15 @@ from typing import Any
 import pytest
 
 from ncclscope import synth
-from ncclscope.synth import SlowRank, StopRank, SynthSpec, Truth, generate
+from ncclscope.synth import (
+    DeadProcess,
+    ExtraCollective,
+    SlowRank,
+    StopRank,
+    SynthSpec,
+    Truth,
+    generate,
+)
 
 # --- nccl.md §1.2 / §3.6 --------------------------------------------------------------
 NCCL_TS = r"(?:\[(?P<ts>\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2})(?:\.(?P<frac>\d{1,9}))?\] )?"
@@ -454,3 +462,322 @@ def test_truth_format_2_always_has_the_benchmark_keys(tmp_path: Path) -> None:
     assert truth.format_version == 2
     with pytest.raises(ValueError, match="truth_format"):
         SynthSpec(truth_format=3)
+
+
+# --- deepspeed-torch.md T2, T4, T6 ----------------------------------------------------
+WD = re.compile(
+    r"\[Rank (?P<rank>\d+)\] Watchdog caught collective operation timeout: "
+    r"WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)(?:, NumelIn=(?P<nin>-?\d+), "
+    r"NumelOut=(?P<nout>-?\d+))?, Timeout\(ms\)=(?P<timeout_ms>\d+)\) ran for\s+(?P<ran_ms>\d+)\s+"
+    r"milliseconds before timing out\."
+)
+EXC_DET = re.compile(
+    r"\[PG 0 \(default_pg\) Rank (?P<rank>\d+)\] Exception \(either an error or timeout\) "
+    r"detected by watchdog at work: (?P<seq>\d+), last enqueued NCCL work: (?P<enq>-?\d+), "
+    r"last completed NCCL work: (?P<comp>-?\d+)\."
+)
+WD_TERM = re.compile(r"(?:NCCL|Process group) watchdog thread terminated with exception: ")
+DESYNC_TO = re.compile(r"- \[(?P<rank>\d+)\] Timeout at collective: (?P<op>\w+), #(?P<seq>\d+)")
+DESYNC_LAG = re.compile(r"\[(?P<ranks>[\d, ]+)\] joined but didn't finish collective #(?P<s>\d+)")
+RANKPFX = re.compile(r"^\[rank(?P<grank>\d+)\]:")
+EL_FAILED = re.compile(
+    r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<lr>\d+) \(pid: (?P<pid>\d+)\) "
+    r"of binary: (?P<bin>\S+)"
+)
+EL_RANK = re.compile(r"^\s+rank\s+: (?P<rank>\d+) \(local_rank: (?P<lr>\d+)\)")
+EL_EXIT = re.compile(r"^\s+exitcode\s+: (?P<code>-?\d+) \(pid: (?P<pid>\d+)\)")
+SIGTERM = re.compile(r"Sending process (?P<pid>\d+) closing signal SIGTERM")
+PYGLOG = re.compile(
+    r"^(?P<sev>[IWEF])(?P<mmdd>\d{3,4}) (?P<time>\d{2}:\d{2}:\d{2}\.\d+) (?P<pid>\d+) "
+    r"(?P<src>[\w./-]+\.py):(?P<line>\d+)\] (?P<msg>.*)$"
+)
+AGENT_OLD = re.compile(
+    r"^\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(?P<ms>\d{3})\] "
+    r"torch\.distributed\.elastic\.multiprocessing\.api: \[(?P<lvl>[A-Z]+)\] (?P<msg>.*)$"
+)
+
+
+# --- ExtraCollective -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("layout", "launcher"), [("combined", "torchrun"), ("per-rank", "none")])
+def test_extra_collective_lines(tmp_path: Path, layout: str, launcher: str) -> None:
+    rank, at = 3, 9  # instance 9 = step 1's third world collective: an AllGather
+    out, truth, doc = _gen(
+        tmp_path,
+        layout=layout,
+        launcher=launcher,
+        timestamps=True,
+        faults=(ExtraCollective(rank, at),),
+        **{**SMALL, "steps": 3},
+    )
+    assert truth.end_reason == "hang"
+    colls = [c for c in _colls(out, doc) if c["comm"] == "world"]
+    mine = [c for c in colls if c["rank"] == rank]
+    others = [c for c in colls if c["rank"] != rank]
+    # The others logged instance `at` (their real call) and nothing after it.
+    assert max(c["opcount"] for c in others) == at
+    real = {(c["op"], c["count"], c["dtype"]) for c in others if c["opcount"] == at}
+    assert len(real) == 1
+    (op, count, dtype) = real.pop()
+    assert op == "AllGather"
+    # The culprit: the extra AllReduce at the same opCount, then its real call one ahead.
+    assert [c["opcount"] for c in mine[-3:]] == [at - 1, at, at + 1]
+    extra, late = mine[-2], mine[-1]
+    assert (extra["op"], extra["count"], extra["dtype"]) == ("AllReduce", 1, 7)
+    assert (late["op"], late["count"], late["dtype"]) == (op, count, dtype)
+    assert extra["line_no"] < late["line_no"] or extra["path"] != late["path"]
+    assert _epoch(extra["ts"], extra["frac"]) < _epoch(late["ts"], late["frac"])
+    if layout == "combined":  # nothing but COLL lines of that slot from there on
+        first = min(c["line_no"] for c in colls if c["opcount"] == at)
+        tail = _lines(out / "job.log")[first - 1 :]
+        assert all(
+            "NCCL INFO" not in x or COLL_RE.search(x.split("NCCL INFO ", 1)[1]) for x in tail
+        )
+        # The combined layout stays in true (here: printed) time order.
+        stamps = [_epoch(m["ts"], m["frac"]) for x in tail if (m := INFO_RE.search(x))]
+        assert stamps == sorted(stamps)
+    # truth.json
+    (outcome,) = doc["faults"]
+    d = outcome["details"]
+    assert outcome["kind"] == "ExtraCollective"
+    assert outcome["effective"]
+    assert (d["rank"], d["seq"], d["opcount"], d["op"]) == (rank, at, f"{at:x}", "AllReduce")
+    assert d["extra"] == {"op": "AllReduce", "count": 1, "datatype": 7}
+    assert d["expected"] == {"op": op, "count": count, "datatype": dtype}
+    assert d["differs"] == ["op", "count", "datatype"]
+    assert d["real_call_seq"] == at + 1
+    want_last = {str(r): at for r in range(SMALL["ranks"])} | {str(rank): at + 1}
+    assert d["last_seq"]["world"] == want_last
+    world = next(c for c in doc["communicators"] if c["name"] == "world")
+    assert world["last_seq"] == want_last
+    assert world["instances"] == doc["world_instances"] == at + 2
+    assert world["calls"] == len(colls)
+    assert doc["calls_by_op"]["AllReduce"] == sum(1 for c in colls if c["op"] == "AllReduce")
+
+
+def test_extra_collective_at_the_grad_norm(tmp_path: Path) -> None:
+    # Instance 6 is step 0's grad-norm AllReduce (count 1, fp32): the extra call looks
+    # the same there, only the sequence shows it.
+    out, _, doc = _gen(tmp_path, faults=(ExtraCollective(5, 6),), **SMALL)
+    colls = [c for c in _colls(out, doc) if c["comm"] == "world"]
+    assert {(c["op"], c["count"], c["dtype"]) for c in colls if c["opcount"] == 6} == {
+        ("AllReduce", 1, 7)
+    }
+    assert [c["rank"] for c in colls if c["opcount"] == 7] == [5]
+    assert doc["faults"][0]["details"]["differs"] == []
+
+
+def test_extra_collective_single_host_227_prints_opcount_0(tmp_path: Path) -> None:
+    out, _, doc = _gen(tmp_path, faults=(ExtraCollective(1, 4),), **{**SMALL, "hosts": 1})
+    assert doc["faults"][0]["details"]["opcount"] == "0"
+    mine = [c for c in _colls(out, doc) if c["comm"] == "world" and c["rank"] == 1]
+    assert {c["opcount"] for c in mine} == {0}
+    assert (mine[-2]["op"], mine[-2]["count"]) == ("AllReduce", 1)
+    assert len(mine) == 4 + 2
+
+
+@pytest.mark.parametrize("desync", [False, True])
+def test_extra_collective_watchdog(tmp_path: Path, desync: bool) -> None:
+    rank, at = 2, 10  # step 1's fourth world collective: a ReduceScatter
+    out, _, doc = _gen(
+        tmp_path,
+        framework="torch",
+        launcher="torchrun",
+        desync_report=desync,
+        faults=(ExtraCollective(rank, at),),
+        **SMALL,
+    )
+    text = _lines(out / "job.log")
+    wd = {int(m["rank"]): m for x in text if (m := WD.search(x)) and not WD_TERM.search(x)}
+    wd = {r: m for r, m in wd.items() if "what():" not in m.string}
+    assert set(wd) == set(range(SMALL["ranks"]))  # everyone waits, the culprit too
+    for r, m in wd.items():
+        assert int(m["seq"]) == at + 1  # SeqNum counts from 1
+        if r == rank:  # stuck on its extra call
+            assert (m["op"], m["nin"], m["nout"]) == ("ALLREDUCE", "1", "1")
+        else:
+            assert m["op"] == "_REDUCE_SCATTER_BASE"
+    exc = {int(m["rank"]): m for x in text if (m := EXC_DET.search(x))}
+    for r, m in exc.items():
+        want_enq = at + 2 if r == rank else at + 1  # the culprit enqueued its real call too
+        assert (int(m["seq"]), int(m["enq"]), int(m["comp"])) == (at + 1, want_enq, at)
+    timeouts = {t["rank"]: t for t in doc["framework"]["timeouts"]}
+    assert timeouts[rank]["op"] == "ALLREDUCE"
+    assert timeouts[rank]["last_enqueued"] == at + 2
+    if desync:
+        joined = "\n".join(text)
+        tos = {int(m["rank"]): m["op"] for m in DESYNC_TO.finditer(joined)}
+        assert tos[rank] == "ALLREDUCE"
+        lags = {m["ranks"] for m in DESYNC_LAG.finditer(joined)}
+        # The report is fooled: it names everyone but the culprit, who is one ahead.
+        others = ", ".join(str(r) for r in range(SMALL["ranks"]) if r != rank)
+        assert lags == {others}
+        assert f"#{at + 2} started ranks:" in joined
+        assert doc["framework"]["desync_lagging"] == [r for r in range(8) if r != rank]
+
+
+# --- DeadProcess ---------------------------------------------------------------------
+
+
+def _iso_epoch(text: str) -> float:
+    return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
+
+
+@pytest.mark.parametrize("layout", ["combined", "per-rank"])
+def test_dead_process_nccl_lines(tmp_path: Path, layout: str) -> None:
+    rank, at = 5, 9
+    out, truth, doc = _gen(
+        tmp_path, layout=layout, timestamps=True, faults=(DeadProcess(rank, at),), **SMALL
+    )
+    assert truth.end_reason == "died"
+    colls = [c for c in _colls(out, doc) if c["comm"] == "world"]
+    assert max(c["opcount"] for c in colls if c["rank"] == rank) == at - 1
+    assert {c["rank"] for c in colls if c["opcount"] == at} == set(range(8)) - {rank}
+    assert max(c["opcount"] for c in colls) == at
+    if layout == "per-rank":  # the dead process's file ends with its last collective
+        mine = _lines(out / doc["ranks"][rank]["file"])
+        last = INFO_RE.search(mine[-1])
+        assert last
+        c = COLL_RE.match(last["msg"])
+        assert c
+        assert int(c["opcount"], 16) == at - 1
+    (outcome,) = doc["faults"]
+    d = outcome["details"]
+    assert outcome["kind"] == "DeadProcess"
+    assert outcome["effective"]
+    assert (d["rank"], d["signal"], d["exit_code"]) == (rank, "SIGKILL", -9)
+    assert d["last_seq"]["world"] == {str(r): at - 1 if r == rank else at for r in range(8)}
+    # Died after its last collective, before the others entered the next one.
+    died = _iso_epoch(d["died_at"])
+    mine_last = max(_epoch(c["ts"], c["frac"]) for c in colls if c["rank"] == rank)
+    others_at = min(_epoch(c["ts"], c["frac"]) for c in colls if c["opcount"] == at)
+    assert mine_last < died < others_at + 0.0021
+
+
+def _agent_time(line: str) -> float | None:
+    """Seconds since midnight of a torchelastic agent line (after the pdsh prefix)."""
+    body = line.split(": ", 1)[1] if ": " in line else line
+    if g := PYGLOG.match(body):
+        hh, mm, ss = g["time"].split(":")
+        return int(hh) * 3600 + int(mm) * 60 + float(ss)
+    if a := AGENT_OLD.match(body):
+        hh, mm, ss = a["ts"].split(" ")[1].split(":")
+        return int(hh) * 3600 + int(mm) * 60 + int(ss) + int(a["ms"]) / 1000
+    return None
+
+
+@pytest.mark.parametrize("torch_era", ["2.1", "2.4", "2.7"])
+@pytest.mark.parametrize("framework", ["torch", "deepspeed"])
+def test_dead_process_torchrun_reports_it(tmp_path: Path, torch_era: str, framework: str) -> None:
+    rank, at = 5, 9  # node-1, local rank 1
+    out, _, doc = _gen(
+        tmp_path,
+        framework=framework,
+        torch_era=torch_era,
+        launcher="pdsh",
+        faults=(DeadProcess(rank, at),),
+        **SMALL,
+    )
+    lines = _lines(out / "job.log")
+    pid = {r["rank"]: r["pid"] for r in doc["ranks"]}
+    host1 = [r for r in range(8) if doc["ranks"][r]["host"] == "node-1"]
+    died = _iso_epoch(doc["faults"][0]["details"]["died_at"]) % 86400
+    monitor = 5.0 if torch_era == "2.1" else 0.1
+    # node-1's agent: SIGTERM to the host's other workers right after the death ...
+    sigterm = [(x, m) for x in lines if x.startswith("node-1: ") and (m := SIGTERM.search(x))]
+    assert sorted(int(m["pid"]) for _, m in sigterm) == sorted(pid[r] for r in host1 if r != rank)
+    for x, _ in sigterm:
+        t = _agent_time(x)
+        assert t is not None
+        assert died - 0.001 <= t <= died + monitor + 0.001  # its next poll, not a timeout
+    # ... then "failed (exitcode: -9)" for the dead rank, and the ChildFailedError summary.
+    failed = [m for x in lines if x.startswith("node-1: ") and (m := EL_FAILED.search(x))]
+    assert [(int(m["code"]), int(m["lr"]), int(m["pid"])) for m in failed] == [(-9, 1, pid[rank])]
+    body = [x.split(": ", 1)[1] for x in lines if x.startswith("node-1: ")]
+    root = body.index("Root Cause (first observed failure):")
+    entry = body[root + 1 : root + 8]
+    rk, ex = EL_RANK.match(entry[3]), EL_EXIT.match(entry[4])
+    assert rk
+    assert ex
+    assert (int(rk["rank"]), int(rk["lr"])) == (rank, 1)
+    assert (int(ex["code"]), int(ex["pid"])) == (-9, pid[rank])
+    assert entry[6] == f"  traceback : Signal 9 (SIGKILL) received by PID {pid[rank]}"
+    assert body[root - 2] == "  <NO_OTHER_FAILURES>"
+    # Nobody on node-1 reaches the watchdog; node-0's ranks wait out the timeout.
+    wd = {int(m["rank"]) for x in lines if (m := WD.search(x)) and not WD_TERM.search(x)}
+    assert wd == {r for r in range(8) if r not in host1}
+    fw = doc["framework"]
+    dead = [f for f in fw["failures"] if f["rank"] == rank]
+    assert dead == [
+        {
+            "rank": rank,
+            "local_rank": 1,
+            "host": "node-1",
+            "pid": pid[rank],
+            "exitcode": -9,
+            "signal": "SIGKILL",
+            "root_cause": True,
+            "path": "job.log",
+            "line_no": dead[0]["line_no"],
+        }
+    ]
+    assert set(host1) - {rank} <= set(fw["terminated"])
+    assert rank not in fw["terminated"]
+    assert {t["rank"] for t in fw["timeouts"]} == {r for r in range(8) if r not in host1}
+
+
+def test_dead_process_other_signal(tmp_path: Path) -> None:
+    out, _, doc = _gen(tmp_path, framework="torch", faults=(DeadProcess(2, 4, "SIGSEGV"),), **SMALL)
+    text = (out / "job.log").read_text()
+    pid = doc["ranks"][2]["pid"]
+    assert f"failed (exitcode: -11) local_rank: 2 (pid: {pid})" in text
+    assert f"  traceback : Signal 11 (SIGSEGV) received by PID {pid}" in text
+    assert doc["faults"][0]["details"]["exit_code"] == -11
+
+
+def test_dead_rank_0_prints_nothing_after_it_died(tmp_path: Path) -> None:
+    # Rank 0 writes most of the noise (tqdm, DeepSpeed): none of it after its death.
+    out, _, doc = _gen(
+        tmp_path,
+        framework="deepspeed",
+        launcher="rank",
+        non_nccl_frac=0.4,
+        seed=5,
+        faults=(DeadProcess(0, 11),),
+        **SMALL,
+    )
+    lines = _lines(out / "job.log")
+    colls = [c for c in _colls(out, doc) if c["comm"] == "world"]
+    assert max(c["opcount"] for c in colls if c["rank"] == 0) == 10
+    # It died after the previous slot's lines (its noise among them is its own doing).
+    first = min(c["line_no"] for c in colls if c["opcount"] == 11)
+    assert not [x for x in lines[first - 1 :] if x.startswith("[rank0]:")]
+    assert sum(x.startswith("[rank0]:") for x in lines[: first - 1]) > 50
+
+
+def test_new_fault_validation() -> None:
+    with pytest.raises(ValueError, match="signal must be one of"):
+        SynthSpec(faults=(DeadProcess(1, 3, "SIGHUP"),))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="rank must be in"):
+        SynthSpec(faults=(ExtraCollective(16, 3),))
+    with pytest.raises(ValueError, match="at_instance must be"):
+        SynthSpec(faults=(DeadProcess(1, 10_000),))
+    with pytest.raises(ValueError, match="already has"):
+        SynthSpec(faults=(StopRank(1, 3), DeadProcess(1, 3)))
+    with pytest.raises(ValueError, match="already has"):
+        SynthSpec(faults=(ExtraCollective(1, 3), DeadProcess(1, 3)))
+    # Different ranks at one instance, or one rank at two instances, are fine.
+    SynthSpec(faults=(ExtraCollective(1, 3), DeadProcess(2, 3), StopRank(1, 5)))
+    assert DeadProcess(0, 1).exit_code == -9
+    assert DeadProcess(0, 1, "SIGBUS").exit_code == -7
+
+
+def test_earliest_terminal_fault_wins(tmp_path: Path) -> None:
+    _, truth, doc = _gen(
+        tmp_path, faults=(DeadProcess(1, 12), ExtraCollective(2, 5), StopRank(3, 8)), **SMALL
+    )
+    assert truth.end_reason == "hang"
+    assert [f["effective"] for f in doc["faults"]] == [False, True, False]
+    assert doc["faults"][0]["details"]["died_at"] is None
+    assert doc["world_instances"] == 7
