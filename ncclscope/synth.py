@@ -39,13 +39,20 @@ Modelling decisions (what a reader of the output can rely on):
 * Time: collective slot ``k`` (any comm) has a base time ``base_k``; each rank enqueues it at
   ``base_k + U(0, 2 ms) + lateness(rank)``, and because every collective waits for its
   slowest member, ``base`` advances by ``step_time_s / calls_per_step + max(lateness)``.
-  The combined layout is ordered by these times whether or not they are printed.
+  A one-off delay ``d`` of rank ``r`` (``jitter_events``) adds ``d`` to its enqueue and
+  ``max(0, lateness(r) + d - max(lateness))`` to every later base. The combined layout is
+  ordered by these true times whether or not they are printed; a host's clock offset
+  (``clock_offset_max_s``) only shifts the times its processes print.
+* Era "2.26" prints the sub-second digits of ``%6f`` as 2.26.x does: the first six digits
+  of the nanosecond count (right from 0.1 s into a second on, wrong below).
 * The job ends at the earliest instance that has a terminal fault (StopRank, IbError,
-  Mismatch with ``hang``); every fault at that instance applies (two StopRanks = two
-  missing ranks), later ones are reported with ``effective=False``. The IB error is raised
-  by the last rank of the host (the one whose ring ``[send]`` crosses the network); its
-  receiver on the next host logs a consequential flush error; PyTorch-style
-  ``Abort COMPLETE`` lines (2.12+) follow.
+  Mismatch with ``hang``, ExtraCollective, DeadProcess); every fault at that instance
+  applies (two StopRanks = two missing ranks), later ones are reported with
+  ``effective=False``. ``end_reason`` is ``"hang"``, ``"error"`` (IbError) or ``"died"``
+  (DeadProcess; NCCL-side that is a hang too). The IB error is raised by the last rank of
+  the host (the one whose ring ``[send]`` crosses the network); its receiver on the next
+  host logs a consequential flush error; PyTorch-style ``Abort COMPLETE`` lines (2.12+)
+  follow.
 * Benign WARNs (``benign_warns``): an InfiniBand async event that NCCL's IB async thread
   only logs (``SM change``: the subnet manager moved; established connections are not
   touched), so no return-code chain follows and the job goes on. Each one is printed by
@@ -54,6 +61,19 @@ Modelling decisions (what a reader of the output can rely on):
   the NIC; one line per event keeps ``N`` = the number of WARN lines.
 * Invented but plausible: pids, pointers, commIds, ``file:line`` numbers of WARN and
   return-code chains, IB GIDs, timings. Everything else follows ``formats/nccl.md``.
+
+For detector benchmarks (each option off by default, drawing from its own random generator
+so that a spec without it writes the same bytes as before):
+
+* ``clock_offset_max_s``: per-host clock offsets; ``truth.json`` key ``clock_offsets``
+  (``[{"host_index": 0, "host": "node-0", "offset_s": -0.00031}, ...]``).
+* ``jitter_events``: one-off delays, not faults; key ``noise`` (``[{"kind": "delay",
+  "rank": 3, "host": ..., "pid": ..., "instance": 17, "step": 1, "op": "AllGather",
+  "count": ..., "delay_s": 0.023}, ...]``).
+* ``truth_format=2``: both keys always, and each SlowRank outcome's ``slowdown`` and
+  ``median_world_gap_s``, to bin stragglers by how much they slow a collective down.
+* ExtraCollective and DeadProcess faults (see their docstrings for what the logs show),
+  with ``details`` naming the culprit, its op and sequence, or its signal and exit code.
 
 Framework lines (``framework="deepspeed"`` or ``"torch"``, ``formats/deepspeed-torch.md``):
 
@@ -74,17 +94,21 @@ Framework lines (``framework="deepspeed"`` or ``"torch"``, ``formats/deepspeed-t
   grad-norm AllReduce, then an all-gather per layer of the updated partitions (the
   optimizer all-gather): ``2 x layers + 1``.
 * Timers come from the same time model as the NCCL lines: a step lasts
-  ``step_time_s + n_slots x max(lateness)``; its compute part is split over
-  fwd/bwd/step, and each collective slot adds ``max(lateness)`` to the timer it runs
-  under (the wait for the straggler, or rank 0's own slowness). ``truth.json`` says how
-  many milliseconds per step that adds to each timer.
-* A hang (StopRank, or a Mismatch with ``hang``) ends as PyTorch ends it: after the
-  process-group timeout every rank that entered the collective prints the watchdog lines
-  of the chosen torch era, aborts (SIGABRT), and each host's torchrun agent SIGTERMs what is
-  still running and prints the ChildFailedError summary. The agent polls: failures are the
-  ranks that had exited by its first poll after the first exit; the rest get SIGTERM. The
-  stopped rank prints nothing (it is stuck outside the collective). IbError keeps its NCCL
-  aftermath only.
+  ``step_time_s + n_slots x max(lateness)`` (plus what one-off delays held it up); its
+  compute part is split over fwd/bwd/step, and each collective slot adds
+  ``max(lateness)`` to the timer it runs under (the wait for the straggler, or rank 0's
+  own slowness). ``truth.json`` says how many milliseconds per step that adds to each
+  timer.
+* A hang (StopRank, a Mismatch with ``hang``, ExtraCollective) ends as PyTorch ends it:
+  after the process-group timeout every rank that entered the collective prints the
+  watchdog lines of the chosen torch era, aborts (SIGABRT), and each host's torchrun agent
+  SIGTERMs what is still running and prints the ChildFailedError summary. The agent polls:
+  failures are the ranks that had exited by its first poll after the first exit; the rest
+  get SIGTERM. The stopped rank prints nothing (it is stuck outside the collective).
+  A DeadProcess is an exit too, just before the collective: its host's agent sees it at
+  its next poll (long before the timeout), SIGTERMs the host's other workers and reports
+  the rank as root cause with the signal's exit code; other hosts' ranks time out as in a
+  hang. IbError keeps its NCCL aftermath only.
 * Agent lines carry the pdsh ``host: `` prefix, never a worker prefix; in the per-rank
   layout they go to ``<host>.<agent pid>.log``, and each rank's framework lines go to its own
   file (as when NCCL_DEBUG_FILE and the process's output share a file). A host whose ranks
@@ -662,6 +686,12 @@ class SynthSpec:
                     )
             elif not isinstance(fault, SlowRank):
                 raise TypeError(f"unknown fault {fault!r}")
+        # An IB error's aftermath is printed by live processes; a death at the same instance
+        # would have one of them print after it died.
+        ib_at = {f.at_instance for f in self.faults if isinstance(f, IbError)}
+        for fault in self.faults:
+            if isinstance(fault, DeadProcess) and fault.at_instance in ib_at:
+                raise ValueError(f"{fault}: an IbError is at the same instance; pick one")
 
 
 def _fault_json(fault: Fault) -> dict[str, Json]:

@@ -164,6 +164,8 @@ def _summary(truth: Truth, out_dir: Path, seconds: float) -> str:
     files = truth.files[0].path if len(truth.files) == 1 else f"{len(truth.files)} per-rank files"
     rate = size / seconds / 1e6 if seconds > 0 else 0.0
     warns = f", {len(truth.benign_warns)} benign WARNs" if truth.benign_warns else ""
+    if truth.noise:
+        warns += f", {len(truth.noise)} one-off delays"
     fw = ""
     if truth.framework is not None:
         timeouts = truth.framework.get("timeouts")
@@ -192,6 +194,10 @@ Examples:
       --stop-rank 5:40 --desync-report
   ncclscope synth --out /tmp/fsdp --framework torch --torch-era 2.1 --layout per-rank \\
       --stop-rank 3:40
+  ncclscope synth --out /tmp/bench --era 2.26 --timestamps --clock-offset-max 0.001 \\
+      --jitter-events 20 --slow-rank 3:0.02 --slow-rank 9:0.05 --truth-format 2
+  ncclscope synth --out /tmp/extra --framework torch --extra-collective 5:40
+  ncclscope synth --out /tmp/oom --framework torch --torch-era 2.7 --dead-process 5:40
 
 \b
 Collective instances are numbered from 0 along the world communicator; one step has

@@ -16,11 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
-from ncclscope import synth
+from ncclscope import synth, synth_cli
 from ncclscope.synth import (
     DeadProcess,
     ExtraCollective,
+    IbError,
     SlowRank,
     StopRank,
     SynthSpec,
@@ -781,3 +783,64 @@ def test_earliest_terminal_fault_wins(tmp_path: Path) -> None:
     assert [f["effective"] for f in doc["faults"]] == [False, True, False]
     assert doc["faults"][0]["details"]["died_at"] is None
     assert doc["world_instances"] == 7
+
+
+def test_death_and_ib_error_at_one_instance_are_refused() -> None:
+    with pytest.raises(ValueError, match="IbError is at the same instance"):
+        SynthSpec(faults=(IbError("node-1", 4), DeadProcess(1, 4)))
+    SynthSpec(faults=(IbError("node-1", 4), DeadProcess(1, 5)))
+
+
+# --- CLI ------------------------------------------------------------------------------
+
+
+def test_cli_benchmark_options(tmp_path: Path) -> None:
+    out = tmp_path / "cli"
+    result = CliRunner().invoke(
+        synth_cli.synth,
+        [
+            "--out", str(out), "--ranks", "8", "--hosts", "2", "--steps", "3", "--layers", "2",
+            "--era", "2.26", "--timestamps", "--clock-offset-max", "0.001",
+            "--jitter-events", "3", "--truth-format", "2",
+            "--slow-rank", "1:0.01", "--slow-rank", "6:0.03",
+            "--framework", "torch", "--dead-process", "5:12:SIGBUS",
+            "--extra-collective", "2:15",
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "3 one-off delays" in result.output
+    assert "end=died" in result.output
+    doc = json.loads((out / "truth.json").read_text())
+    spec = doc["spec"]
+    assert (spec["era"], spec["clock_offset_max_s"], spec["jitter_events"]) == ("2.26", 0.001, 3)
+    assert spec["truth_format"] == doc["format_version"] == 2
+    assert spec["faults"] == [
+        {"kind": "SlowRank", "rank": 1, "lateness_s": 0.01},
+        {"kind": "SlowRank", "rank": 6, "lateness_s": 0.03},
+        {"kind": "ExtraCollective", "rank": 2, "at_instance": 15},
+        {"kind": "DeadProcess", "rank": 5, "at_instance": 12, "signal": "SIGBUS"},
+    ]
+    assert [f["effective"] for f in doc["faults"]] == [True, True, False, True]
+    assert doc["faults"][3]["details"]["exit_code"] == -7
+    assert len(doc["clock_offsets"]) == 2
+    assert len(doc["noise"]) == 3
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--dead-process", "3"], "RANK:INSTANCE[:SIGNAL]"),
+        (["--dead-process", "3:4:5:6"], "RANK:INSTANCE[:SIGNAL]"),
+        (["--dead-process", "3:4:SIGHUP"], "SIGNAL must be one of"),
+        (["--dead-process", "x:4"], "RANK must be an integer"),
+        (["--extra-collective", "3"], "RANK:INSTANCE"),
+        (["--extra-collective", "3:9999"], "at_instance must be <"),
+        (["--truth-format", "3"], "'3' is not one of"),
+        (["--clock-offset-max", "-1"], "clock_offset_max_s"),
+        (["--jitter-events", "1", "--size", "1MB"], "not target_size_bytes"),
+    ],
+)
+def test_cli_benchmark_bad_values(tmp_path: Path, args: list[str], message: str) -> None:
+    result = CliRunner().invoke(synth_cli.synth, ["--out", str(tmp_path / "x"), *args])
+    assert result.exit_code == 2
+    assert message in result.output
