@@ -130,7 +130,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
-from typing import BinaryIO, Literal, TypeAlias, get_args
+from typing import BinaryIO, Literal, TypeAlias, TypeGuard, get_args
 
 __all__ = [
     "DEAD_SIGNALS",
@@ -317,7 +317,9 @@ class DeadProcess:
 Fault: TypeAlias = SlowRank | StopRank | Mismatch | IbError | ExtraCollective | DeadProcess
 
 
-def _is_terminal(fault: Fault) -> bool:
+def _is_terminal(
+    fault: Fault,
+) -> TypeGuard[StopRank | Mismatch | IbError | ExtraCollective | DeadProcess]:
     """Does the fault end the job at its instance (a hang, an error or a death)?"""
     if isinstance(fault, Mismatch):
         return fault.hang
@@ -621,10 +623,7 @@ class SynthSpec:
     @property
     def halt_instance(self) -> int:
         """World instance of the earliest terminal fault (-1: none; the job runs to the end)."""
-        return min(
-            (f.at_instance for f in self.faults if not isinstance(f, SlowRank) and _is_terminal(f)),
-            default=-1,
-        )
+        return min((f.at_instance for f in self.faults if _is_terminal(f)), default=-1)
 
     @property
     def jitter_instances(self) -> int:
@@ -652,8 +651,8 @@ class SynthSpec:
                 raise ValueError(f"{fault}: signal must be one of {', '.join(DEAD_SIGNALS)}")
             if isinstance(fault, StopRank | Mismatch | ExtraCollective | DeadProcess):
                 other = placed.get((fault.rank, fault.at_instance))
-                # StopRank + Mismatch on one rank was always accepted; the
-                # newer faults each describe the whole of what the rank does there.
+                # StopRank + Mismatch on one rank was always accepted; the newer faults
+                # each describe the whole of what the rank does there.
                 new_kinds = ExtraCollective | DeadProcess
                 if other is not None and (
                     isinstance(fault, new_kinds) or isinstance(other, new_kinds)
@@ -855,10 +854,11 @@ class Truth:
     # JSON) without a framework.
     framework: dict[str, Json] | None = None
     # Each host's clock offset: {host_index, host, offset_s}, offset_s = printed - true
-    # time. None (absent from the JSON) when the spec has no clock offsets.
+    # time. None (absent from the JSON) without clock offsets, unless truth_format is 2.
     clock_offsets: list[dict[str, Json]] | None = None
     # One-off delays (not faults): {kind: "delay", rank, host, pid, instance, step, op,
-    # count, delay_s}, by instance. None (absent) when the spec has no jitter_events.
+    # count, delay_s}, by instance. None (absent) without jitter_events, unless
+    # truth_format is 2.
     noise: list[dict[str, Json]] | None = None
 
     def to_dict(self) -> dict[str, Json]:
@@ -3858,6 +3858,7 @@ class _Job:
                     for mm in mms:
                         bj[mm.rank], aj[mm.rank] = self._mismatch_parts(call, mm)
                 skip = self.stops_at_halt if halting else no_skip
+                prev_times = times  # the slot before (any comm: every rank is in one)
                 if any_late:
                     times = [base + rnd() * _JITTER_S + late[r] for r in rr]
                 else:
@@ -3867,7 +3868,7 @@ class _Job:
                 if delays and call.world and seq in delays:
                     base += self._delay_slot(times, delays[seq], call)
                 if halting and (self.extra_at_halt or self.dead_at_halt):
-                    self._halt_slot(call, seq, oc, bj, aj, times, skip, step)
+                    self._halt_slot(call, seq, oc, bj, aj, times, prev_times, skip, step)
                     self._count_slot(call, skip, mms)
                     self._halt(times)
                     return
@@ -3951,6 +3952,7 @@ class _Job:
         befores: list[str],
         afters: list[str],
         times: list[float],
+        prev_times: list[float],
         skip: frozenset[int],
         step: int,
     ) -> None:
@@ -3973,10 +3975,11 @@ class _Job:
         else:
             rows.sort(key=lambda row: (row[1], row[0]))
         self.noise.silent = frozenset(self.dead_at_halt)
-        gap = max(self.slot_gap - _JITTER_S, 0.0)
         for r in sorted(self.dead_at_halt):
-            # Dead "just before" it would have enqueued, after its previous collective.
-            self.death_times[r] = times[r] - self.fault_rnd.random() * 0.5 * gap
+            # Dead "just before" it would have enqueued, in the later half of the time since
+            # its previous enqueue (before the first slot: of one slot's time).
+            since = times[r] - prev_times[r] if prev_times else self.slot_gap
+            self.death_times[r] = times[r] - self.fault_rnd.random() * 0.5 * since
         out: list[str] = []
         for t, r, second in rows:
             rk = self.ranks[r]
