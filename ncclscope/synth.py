@@ -33,18 +33,26 @@ Modelling decisions (what a reader of the output can rely on):
   first rank of every host communicator); 2.23+ prints an INFO line at every such init.
   With ``NCCL_DEBUG_FILE`` (per-rank layout) the bare line goes to stdout and the file gets
   NCCL's INFO copy instead.
-* Era "2.27" creates the world communicator with ``ncclCommInitRankConfig`` (as PyTorch
-  does) and the host communicators with ``ncclCommInitRank``, so both 2.23+ spellings occur.
+* Eras "2.26" and "2.27" create the world communicator with ``ncclCommInitRankConfig`` (as
+  PyTorch does) and the host communicators with ``ncclCommInitRank``, so both 2.23+
+  spellings occur.
 * Time: collective slot ``k`` (any comm) has a base time ``base_k``; each rank enqueues it at
   ``base_k + U(0, 2 ms) + lateness(rank)``, and because every collective waits for its
   slowest member, ``base`` advances by ``step_time_s / calls_per_step + max(lateness)``.
-  The combined layout is ordered by these times whether or not they are printed.
+  A one-off delay ``d`` of rank ``r`` (``jitter_events``) adds ``d`` to its enqueue and
+  ``max(0, lateness(r) + d - max(lateness))`` to every later base. The combined layout is
+  ordered by these true times whether or not they are printed; a host's clock offset
+  (``clock_offset_max_s``) only shifts the times its processes print.
+* Era "2.26" prints the sub-second digits of ``%6f`` as 2.26.x does: the first six digits
+  of the nanosecond count (right from 0.1 s into a second on, wrong below).
 * The job ends at the earliest instance that has a terminal fault (StopRank, IbError,
-  Mismatch with ``hang``); every fault at that instance applies (two StopRanks = two
-  missing ranks), later ones are reported with ``effective=False``. The IB error is raised
-  by the last rank of the host (the one whose ring ``[send]`` crosses the network); its
-  receiver on the next host logs a consequential flush error; PyTorch-style
-  ``Abort COMPLETE`` lines (2.12+) follow.
+  Mismatch with ``hang``, ExtraCollective, DeadProcess); every fault at that instance
+  applies (two StopRanks = two missing ranks), later ones are reported with
+  ``effective=False``. ``end_reason`` is ``"hang"``, ``"error"`` (IbError) or ``"died"``
+  (DeadProcess; NCCL-side that is a hang too). The IB error is raised by the last rank of
+  the host (the one whose ring ``[send]`` crosses the network); its receiver on the next
+  host logs a consequential flush error; PyTorch-style ``Abort COMPLETE`` lines (2.12+)
+  follow.
 * Benign WARNs (``benign_warns``): an InfiniBand async event that NCCL's IB async thread
   only logs (``SM change``: the subnet manager moved; established connections are not
   touched), so no return-code chain follows and the job goes on. Each one is printed by
@@ -53,6 +61,19 @@ Modelling decisions (what a reader of the output can rely on):
   the NIC; one line per event keeps ``N`` = the number of WARN lines.
 * Invented but plausible: pids, pointers, commIds, ``file:line`` numbers of WARN and
   return-code chains, IB GIDs, timings. Everything else follows ``formats/nccl.md``.
+
+For detector benchmarks (each option off by default, drawing from its own random generator
+so that a spec without it writes the same bytes as before):
+
+* ``clock_offset_max_s``: per-host clock offsets; ``truth.json`` key ``clock_offsets``
+  (``[{"host_index": 0, "host": "node-0", "offset_s": -0.00031}, ...]``).
+* ``jitter_events``: one-off delays, not faults; key ``noise`` (``[{"kind": "delay",
+  "rank": 3, "host": ..., "pid": ..., "instance": 17, "step": 1, "op": "AllGather",
+  "count": ..., "delay_s": 0.023}, ...]``).
+* ``truth_format=2``: both keys always, and each SlowRank outcome's ``slowdown`` and
+  ``median_world_gap_s``, to bin stragglers by how much they slow a collective down.
+* ExtraCollective and DeadProcess faults (see their docstrings for what the logs show),
+  with ``details`` naming the culprit, its op and sequence, or its signal and exit code.
 
 Framework lines (``framework="deepspeed"`` or ``"torch"``, ``formats/deepspeed-torch.md``):
 
@@ -73,17 +94,21 @@ Framework lines (``framework="deepspeed"`` or ``"torch"``, ``formats/deepspeed-t
   grad-norm AllReduce, then an all-gather per layer of the updated partitions (the
   optimizer all-gather): ``2 x layers + 1``.
 * Timers come from the same time model as the NCCL lines: a step lasts
-  ``step_time_s + n_slots x max(lateness)``; its compute part is split over
-  fwd/bwd/step, and each collective slot adds ``max(lateness)`` to the timer it runs
-  under (the wait for the straggler, or rank 0's own slowness). ``truth.json`` says how
-  many milliseconds per step that adds to each timer.
-* A hang (StopRank, or a Mismatch with ``hang``) ends as PyTorch ends it: after the
-  process-group timeout every rank that entered the collective prints the watchdog lines
-  of the chosen torch era, aborts (SIGABRT), and each host's torchrun agent SIGTERMs what is
-  still running and prints the ChildFailedError summary. The agent polls: failures are the
-  ranks that had exited by its first poll after the first exit; the rest get SIGTERM. The
-  stopped rank prints nothing (it is stuck outside the collective). IbError keeps its NCCL
-  aftermath only.
+  ``step_time_s + n_slots x max(lateness)`` (plus what one-off delays held it up); its
+  compute part is split over fwd/bwd/step, and each collective slot adds
+  ``max(lateness)`` to the timer it runs under (the wait for the straggler, or rank 0's
+  own slowness). ``truth.json`` says how many milliseconds per step that adds to each
+  timer.
+* A hang (StopRank, a Mismatch with ``hang``, ExtraCollective) ends as PyTorch ends it:
+  after the process-group timeout every rank that entered the collective prints the
+  watchdog lines of the chosen torch era, aborts (SIGABRT), and each host's torchrun agent
+  SIGTERMs what is still running and prints the ChildFailedError summary. The agent polls:
+  failures are the ranks that had exited by its first poll after the first exit; the rest
+  get SIGTERM. The stopped rank prints nothing (it is stuck outside the collective).
+  A DeadProcess is an exit too, just before the collective: its host's agent sees it at
+  its next poll (long before the timeout), SIGTERMs the host's other workers and reports
+  the rank as root cause with the signal's exit code; other hosts' ranks time out as in a
+  hang. IbError keeps its NCCL aftermath only.
 * Agent lines carry the pdsh ``host: `` prefix, never a worker prefix; in the per-rank
   layout they go to ``<host>.<agent pid>.log``, and each rank's framework lines go to its own
   file (as when NCCL_DEBUG_FILE and the process's output share a file). A host whose ranks
@@ -93,9 +118,11 @@ Framework lines (``framework="deepspeed"`` or ``"torch"``, ``formats/deepspeed-t
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
+import statistics
 import time
 import zlib
 from collections.abc import Callable
@@ -103,9 +130,10 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
-from typing import BinaryIO, Literal, TypeAlias, get_args
+from typing import BinaryIO, Literal, TypeAlias, TypeGuard, get_args
 
 __all__ = [
+    "DEAD_SIGNALS",
     "DS_ERAS",
     "ERAS",
     "FRAMEWORKS",
@@ -117,8 +145,11 @@ __all__ = [
     "ZERO_STAGES",
     "BenignWarnRecord",
     "CommRecord",
+    "DeadProcess",
+    "DeadSignal",
     "DsEra",
     "Era",
+    "ExtraCollective",
     "Fault",
     "FaultOutcome",
     "FileRecord",
@@ -141,7 +172,7 @@ __all__ = [
 
 Json: TypeAlias = str | int | float | bool | list["Json"] | dict[str, "Json"] | None
 
-Era = Literal["2.7", "2.18", "2.21", "2.27"]
+Era = Literal["2.7", "2.18", "2.21", "2.26", "2.27"]
 Layout = Literal["combined", "per-rank"]
 Launcher = Literal["none", "torchrun", "rank", "srun", "pdsh"]
 MismatchField = Literal["op", "count", "dtype"]
@@ -233,7 +264,66 @@ class IbError:
     at_instance: int
 
 
-Fault: TypeAlias = SlowRank | StopRank | Mismatch | IbError
+@dataclass(frozen=True)
+class ExtraCollective:
+    """A rank calls one collective too many: just before world instance ``at_instance``,
+    ``rank`` issues an extra AllReduce (count 1, fp32: a stray ``all_reduce`` of a scalar,
+    a metric reduced on one code path only) on the world communicator.
+
+    From there on its sequence numbers are one ahead of everyone's. NCCL numbers calls per
+    communicator, so the extra call gets opCount ``at_instance``, the opCount of the others'
+    real call: at that sequence the culprit shows a different op/count/dtype, which is what
+    a detector sees as a mismatch (at the step's grad-norm AllReduce only the buffers
+    differ: truth's ``differs`` is then empty). The rank's real call follows with opCount
+    ``at_instance + 1`` (on a 2.27 single-host job every opCount prints 0, so only the
+    extra line tells). Nothing can match: the job hangs there. Every rank logs that
+    instance, the culprit both its lines, then nothing more; with a framework every rank
+    times out, the culprit on its extra ``ALLREDUCE`` (NumelIn=1), one more enqueued.
+    """
+
+    rank: int
+    at_instance: int
+
+
+DeadSignal = Literal["SIGKILL", "SIGSEGV", "SIGBUS", "SIGABRT"]
+DEAD_SIGNALS: tuple[str, ...] = get_args(DeadSignal)
+_SIGNUM = {"SIGKILL": 9, "SIGSEGV": 11, "SIGBUS": 7, "SIGABRT": 6}
+_SIGNAME = {num: name for name, num in _SIGNUM.items()}
+
+
+@dataclass(frozen=True)
+class DeadProcess:
+    """``rank``'s process dies just before world instance ``at_instance``, by ``signal``
+    (SIGKILL, exit code -9: the OOM killer; SIGSEGV -11; SIGBUS -7, e.g. /dev/shm full).
+
+    NCCL-side it looks like StopRank: the rank logs nothing from then on, the others log
+    that instance and wait (NCCL itself prints nothing about it here). With a framework,
+    the torchrun agent of its host sees the exit at its next poll, long before any
+    timeout: it SIGTERMs the host's other workers (they print nothing more) and its
+    ChildFailedError names the rank as root cause with that exit code and signal. Ranks on
+    other hosts keep waiting and time out as in a hang.
+    """
+
+    rank: int
+    at_instance: int
+    signal: DeadSignal = "SIGKILL"
+
+    @property
+    def exit_code(self) -> int:
+        """What torchelastic reports: minus the signal number."""
+        return -_SIGNUM[self.signal]
+
+
+Fault: TypeAlias = SlowRank | StopRank | Mismatch | IbError | ExtraCollective | DeadProcess
+
+
+def _is_terminal(
+    fault: Fault,
+) -> TypeGuard[StopRank | Mismatch | IbError | ExtraCollective | DeadProcess]:
+    """Does the fault end the job at its instance (a hang, an error or a death)?"""
+    if isinstance(fault, Mismatch):
+        return fault.hang
+    return isinstance(fault, StopRank | IbError | ExtraCollective | DeadProcess)
 
 
 # --------------------------------------------------------------------------------------
@@ -264,12 +354,13 @@ class SynthSpec:
             layer (forward), one AllGather + ReduceScatter per layer (backward, reverse
             order), then one AllReduce of the grad norm (count 1, fp32).
         era: NCCL release whose line formats are written: "2.7" (2.7.8), "2.18" (2.18.3),
-            "2.21" (2.21.5) or "2.27" (2.27.3).
+            "2.21" (2.21.5), "2.26" (2.26.2) or "2.27" (2.27.3). "2.26" prints its
+            sub-second timestamp digits wrong, as 2.26.x does (see ``_subsec_226``).
         timestamps: Prefix INFO and WARN lines with ``[%F %T.%6f] `` as NCCL does with
             ``NCCL_DEBUG_TIMESTAMP_LEVELS=INFO,WARN`` and
             ``NCCL_DEBUG_TIMESTAMP_FORMAT="[%F %T.%6f] "``. Needs an era >= 2.26 (raises
-            ``ValueError`` otherwise). Without it, era "2.27" still stamps WARN lines with
-            the default ``[%F %T] ``, as real 2.26+ does.
+            ``ValueError`` otherwise). Without it, eras "2.26" and "2.27" still stamp WARN
+            lines with the default ``[%F %T] ``, as real 2.26+ does.
         layout: ``"combined"``: one ``job.log`` with all processes' stdout interleaved (what
             a launcher or ``kubectl logs`` captures); ``"per-rank"``: one ``<host>.<pid>.log``
             per process, as ``NCCL_DEBUG_FILE=%h.%p.log`` writes (NCCL output only: no
@@ -323,6 +414,24 @@ class SynthSpec:
             normally.
         desync_report: ``TORCH_NCCL_DESYNC_DEBUG=1``: on a hang, each waiting rank also
             prints the desync report naming the lagging ranks.
+        clock_offset_max_s: Hosts' clocks disagree: every time a process prints (NCCL
+            timestamps, framework and agent lines) is shifted by its host's offset, drawn
+            uniformly in ``[-max, +max]`` (a millisecond is typical of NTP-synchronised
+            nodes). Only printed times change: the order of the combined layout stays the
+            true order, and truth.json's times are true times; it records each host's
+            offset (``clock_offsets``). 0 (the default) = one true clock.
+        jitter_events: One-off delays, which are not faults: this many distinct random
+            (world instance, rank) pairs where that rank enqueues that collective late by a
+            random 5-50 ms. Like a straggler's lateness, the delay holds the collective up for
+            everyone, so every later collective starts that much later (and the framework's
+            timer for that step grows by it). Drawn over the world instances before the
+            terminal fault, if any; needs ``steps`` (not ``target_size_bytes``).
+            truth.json lists them under ``noise``.
+        truth_format: ``truth.json``'s ``format_version``. 1 (the default) writes what it
+            always wrote, plus the keys of the options above when they are set. 2 always
+            writes ``clock_offsets`` and ``noise`` (empty when off) and adds to each SlowRank
+            outcome its ``slowdown`` (lateness / median gap between consecutive world
+            collectives as generated) and that ``median_world_gap_s``.
     """
 
     ranks: int = 16
@@ -351,6 +460,9 @@ class SynthSpec:
     steps_per_print: int = 10
     comms_summary: bool = False
     desync_report: bool = False
+    clock_offset_max_s: float = 0.0
+    jitter_events: int = 0
+    truth_format: int = 1
 
     def __post_init__(self) -> None:
         """Validate the spec; raise ``ValueError`` with a user-facing message."""
@@ -414,8 +526,26 @@ class SynthSpec:
             )
         if self.benign_warns and self.target_size_bytes is None and self.steps == 0:
             raise ValueError("benign_warns need at least one step to be spread over")
+        if self.truth_format not in (1, 2):
+            raise ValueError(f"truth_format must be 1 or 2, got {self.truth_format}")
+        if self.jitter_events < 0:
+            raise ValueError(f"jitter_events must be >= 0, got {self.jitter_events}")
+        if self.jitter_events and self.target_size_bytes is not None:
+            raise ValueError(
+                "jitter_events are drawn over the steps' world instances: they need steps, "
+                "not target_size_bytes"
+            )
+        if not (0.0 <= self.clock_offset_max_s <= 1.0):
+            raise ValueError(
+                f"clock_offset_max_s must be in [0, 1] seconds, got {self.clock_offset_max_s}"
+            )
         self._validate_framework()
         self._validate_faults()
+        if self.jitter_events > self.ranks * self.jitter_instances:
+            raise ValueError(
+                f"jitter_events ({self.jitter_events}) exceeds the {self.jitter_instances} "
+                f"world instances x {self.ranks} ranks they are drawn from"
+            )
 
     def _validate_framework(self) -> None:
         if self.framework not in FRAMEWORKS:
@@ -490,6 +620,18 @@ class SynthSpec:
         """World-communicator collectives per step: 3 x layers + 1 (2 x layers + 1 ZeRO-1/2)."""
         return (2 if self.zero12 else 3) * self.layers + 1
 
+    @property
+    def halt_instance(self) -> int:
+        """World instance of the earliest terminal fault (-1: none; the job runs to the end)."""
+        return min((f.at_instance for f in self.faults if _is_terminal(f)), default=-1)
+
+    @property
+    def jitter_instances(self) -> int:
+        """World instances one-off delays are drawn from: all that complete normally."""
+        if self.halt_instance >= 0:
+            return self.halt_instance
+        return self.steps * self.world_per_step
+
     def host_name(self, index: int) -> str:
         """Name of host ``index``."""
         return self.host_names[index] if self.host_names else f"node-{index}"
@@ -498,11 +640,27 @@ class SynthSpec:
         limit = self.steps * self.world_per_step if self.target_size_bytes is None else None
         slow_seen: set[int] = set()
         names = [self.host_name(h) for h in range(self.hosts)]
+        # (rank, instance) of the faults that say what one rank does at one instance.
+        placed: dict[tuple[int, int], Fault] = {}
         for fault in self.faults:
-            if isinstance(fault, SlowRank | StopRank | Mismatch) and not (
-                0 <= fault.rank < self.ranks
-            ):
+            if isinstance(
+                fault, SlowRank | StopRank | Mismatch | ExtraCollective | DeadProcess
+            ) and not (0 <= fault.rank < self.ranks):
                 raise ValueError(f"{fault}: rank must be in [0, {self.ranks - 1}]")
+            if isinstance(fault, DeadProcess) and fault.signal not in _SIGNUM:
+                raise ValueError(f"{fault}: signal must be one of {', '.join(DEAD_SIGNALS)}")
+            if isinstance(fault, StopRank | Mismatch | ExtraCollective | DeadProcess):
+                other = placed.get((fault.rank, fault.at_instance))
+                # StopRank + Mismatch on one rank was always accepted; the newer faults
+                # each describe the whole of what the rank does there.
+                new_kinds = ExtraCollective | DeadProcess
+                if other is not None and (
+                    isinstance(fault, new_kinds) or isinstance(other, new_kinds)
+                ):
+                    raise ValueError(
+                        f"{fault}: rank {fault.rank} already has {other} at that instance"
+                    )
+                placed.setdefault((fault.rank, fault.at_instance), fault)
             if isinstance(fault, SlowRank):
                 if not (fault.lateness_s >= 0 and math.isfinite(fault.lateness_s)):
                     raise ValueError(f"{fault}: lateness_s must be a finite number >= 0")
@@ -517,7 +675,7 @@ class SynthSpec:
                     raise ValueError(f"{fault}: an IB error needs >= 2 hosts (1 host uses no NIC)")
                 if fault.host not in names:
                     raise ValueError(f"{fault}: unknown host {fault.host!r}")
-            if isinstance(fault, StopRank | Mismatch | IbError):
+            if isinstance(fault, StopRank | Mismatch | IbError | ExtraCollective | DeadProcess):
                 if fault.at_instance < 0:
                     raise ValueError(f"{fault}: at_instance must be >= 0")
                 if limit is not None and fault.at_instance >= limit:
@@ -527,6 +685,12 @@ class SynthSpec:
                     )
             elif not isinstance(fault, SlowRank):
                 raise TypeError(f"unknown fault {fault!r}")
+        # An IB error's aftermath is printed by live processes; a death at the same instance
+        # would have one of them print after it died.
+        ib_at = {f.at_instance for f in self.faults if isinstance(f, IbError)}
+        for fault in self.faults:
+            if isinstance(fault, DeadProcess) and fault.at_instance in ib_at:
+                raise ValueError(f"{fault}: an IbError is at the same instance; pick one")
 
 
 def _fault_json(fault: Fault) -> dict[str, Json]:
@@ -552,10 +716,21 @@ _FRAMEWORK_FIELDS = frozenset(
 )
 
 
+# Spec fields added for the detector benchmark, with their defaults: left out of truth.json
+# while at the default, so that a spec without them writes the truth.json it always wrote.
+_BENCH_DEFAULTS: dict[str, Json] = {
+    "clock_offset_max_s": 0.0,
+    "jitter_events": 0,
+    "truth_format": 1,
+}
+
+
 def _spec_json(spec: SynthSpec) -> dict[str, Json]:
     out: dict[str, Json] = {}
     for key, value in asdict(spec).items():
         if key in _FRAMEWORK_FIELDS and spec.framework == "none":
+            continue
+        if key in _BENCH_DEFAULTS and value == _BENCH_DEFAULTS[key]:
             continue
         if key == "faults":
             out[key] = [_fault_json(f) for f in spec.faults]
@@ -678,12 +853,20 @@ class Truth:
     # What the framework wrote (see ``_Framework.truth``); None (and absent from the
     # JSON) without a framework.
     framework: dict[str, Json] | None = None
+    # Each host's clock offset: {host_index, host, offset_s}, offset_s = printed - true
+    # time. None (absent from the JSON) without clock offsets, unless truth_format is 2.
+    clock_offsets: list[dict[str, Json]] | None = None
+    # One-off delays (not faults): {kind: "delay", rank, host, pid, instance, step, op,
+    # count, delay_s}, by instance. None (absent) without jitter_events, unless
+    # truth_format is 2.
+    noise: list[dict[str, Json]] | None = None
 
     def to_dict(self) -> dict[str, Json]:
-        """Plain JSON-compatible dict."""
+        """Plain JSON-compatible dict; optional parts that are None are left out."""
         out: dict[str, Json] = asdict(self)
-        if self.framework is None:
-            del out["framework"]
+        for key in ("framework", "clock_offsets", "noise"):
+            if out[key] is None:
+                del out[key]
         return out
 
     def to_json(self, *, indent: int | None = 1) -> str:
@@ -741,6 +924,9 @@ class _EraFormat:
     timestamps_supported: bool
     warn_default_ts: bool
     opcount_zero_single_node: bool
+    # 2.26.x: the %Nf sub-second digits come from tv_nsec / (1000000 / 10^N) (2.27 divides
+    # 1000000000): with N = 6 that is the nanosecond count, printed into N characters.
+    subsec_bug: bool = False
 
 
 _INIT_218 = (
@@ -923,6 +1109,64 @@ _ERA_FORMATS: dict[str, _EraFormat] = {
         warn_default_ts=False,
         opcount_zero_single_node=False,
     ),
+    # 2.26.2 (what PyTorch 2.7 wheels ship). Against 2.27: no "Initialized/Assigned NET
+    # plugin" lines (2.27+), the plugin fallback line that 2.26.2 prints instead (2.25.1
+    # still said "internal network plugin", nccl.md's 2.22-2.25 wording), opCount = sequence
+    # on single-node comms too (0 from 2.27), and the sub-second timestamp bug. The same
+    # 2.23+ Init/timings lines, 2.24+ RAS and "use ring PXN", 2.26+ "/GDRDMA(PCI)" and
+    # WARN timestamps. Bootstrap: formats/nccl.md puts "Bootstrap : Using" up to 2.26, but
+    # real 2.25.1 and 2.26.2 logs print "Bootstrap: Using" (no space): we follow the logs.
+    "2.26": _EraFormat(
+        nccl_version="2.26.2",
+        cuda_version="12.8",
+        driver_version=12080,
+        bootstrap="Bootstrap: Using {ifc}:{ip}<0>",
+        net_plugin=("NET/Plugin: Could not find: libnccl-net.so. Using internal net plugin.",),
+        net_initialized=False,
+        net_assigned=False,
+        net_in_ncclinit=False,
+        ib_ro=" [RO]",
+        banner_bare=False,
+        init_start=_INIT_223,
+        init_complete=_INIT_223,
+        has_commid=True,
+        world_func="ncclCommInitRankConfig",
+        host_func="ncclCommInitRank",
+        nnodes_line=True,
+        nvls_line=True,
+        ring_list_wide=True,
+        trees_double=False,
+        conn_busid=False,
+        p2p="P2P/CUMEM/read",
+        gdr="/GDRDMA(PCI)",
+        chunksize=True,
+        connected_rings="Connected all rings, use ring PXN 0 GDR 1",
+        thread_thresholds=_TT_NEW,
+        channels=(
+            "{c} coll channels, 0 collnet channels, 0 nvls channels, {p} p2p channels, "
+            "{pp} p2p channels per peer"
+        ),
+        launch_mode=False,
+        bootstrap_timings=True,
+        init_timings=True,
+        ras_line=True,
+        end_line=_END,
+        ib_error=(
+            "NET/IB: Got completion from peer {peer} with status={status} opcode={opcode} "
+            "len=0 vendor err {vendor} ({req}){gids} hca {hca}"
+        ),
+        ib_file="transport/net_ib.cc",
+        ib_line=2203,
+        ib_code=6,
+        chain=("transport/net_ib.cc:2206", "transport/net.cc:1367", "proxy.cc:742", "proxy.cc:951"),
+        chain_last_suffix=" [Progress Thread]",
+        async_warn="NET/IB : {hca}:{port} Got async error event: {event}",
+        async_src="transport/net_ib.cc:194",
+        timestamps_supported=True,
+        warn_default_ts=True,
+        opcount_zero_single_node=False,
+        subsec_bug=True,
+    ),
     "2.27": _EraFormat(
         nccl_version="2.27.3",
         cuda_version="12.9",
@@ -1007,6 +1251,24 @@ class _SecondCache:
             text = time.strftime(self._fmt, time.gmtime(sec))
             self._cache[sec] = text
         return text
+
+
+def _subsec_226(frac: float) -> str:
+    """The six sub-second digits NCCL 2.26.x prints for ``%6f`` (``frac`` in [0, 1)).
+
+    2.26 divides ``tv_nsec`` by ``1000000 / 10^6`` instead of ``1000000000 / 10^6`` and
+    prints the result into six characters: the first six digits of the zero-padded
+    nanosecond count. That is the microsecond value when the fraction is >= 0.1 s, and wrong
+    below (0.012345678 s prints ``123456``, not ``012345``).
+
+    >>> _subsec_226(0.5), _subsec_226(0.012345678), _subsec_226(0.0000543)
+    ('500000', '123456', '054300')
+    """
+    us = int(frac * 1e6)
+    # The nanoseconds below the microsecond, kept consistent with ``us`` so that the bug is
+    # the only difference from the microseconds 2.27 prints at the same instant.
+    sub = min(max(int(frac * 1e9) - us * 1000, 0), 999)
+    return f"{us * 1000 + sub:06d}"[:6]
 
 
 def _iso(t: float) -> str:
@@ -1171,6 +1433,10 @@ class _Noise:
         self._ds_sec = _SecondCache("%Y-%m-%d %H:%M:%S")
         self._total = max(total_steps, 1)
         self.count = 0
+        # Rank 0's host clock offset: the DeepSpeed lines below are rank 0's.
+        self.offset0 = 0.0
+        # Ranks whose process is dead: nothing is printed in their name.
+        self.silent: frozenset[int] = frozenset()
         kinds: list[tuple[float, Callable[[int, float, int], str]]] = [
             (0.15, self._blank),
             (0.20, self._print),
@@ -1205,6 +1471,8 @@ class _Noise:
 
     def emit(self, rank: int, *lines: str) -> str:
         """Format physical lines of ``rank``'s stdout (launcher prefix added) and count them."""
+        if rank in self.silent:
+            return ""
         self.count += len(lines)
         head = self._heads[rank]
         return "".join(f"{head}{text}\n" for text in lines)
@@ -1232,8 +1500,8 @@ class _Noise:
         lr = 3e-4 * min(1.0, (step + 1) / 100)
         return self.emit(
             0,
-            f"{self.ds_ts(t)} [INFO] [logging.py:128:log_dist] [Rank 0] step={step}, "
-            f"skipped=0, lr=[{lr!r}], mom=[(0.9, 0.95)]",
+            f"{self.ds_ts(t + self.offset0)} [INFO] [logging.py:128:log_dist] [Rank 0] "
+            f"step={step}, skipped=0, lr=[{lr!r}], mom=[(0.9, 0.95)]",
         )
 
     def _ds_timers(self, rank: int, t: float, step: int) -> str:
@@ -1241,7 +1509,7 @@ class _Noise:
         fwd, bwd = r.uniform(80, 160), r.uniform(160, 330)
         return self.emit(
             0,
-            f"{self.ds_ts(t)} [INFO] [logging.py:128:log_dist] [Rank 0] time (ms) | "
+            f"{self.ds_ts(t + self.offset0)} [INFO] [logging.py:128:log_dist] [Rank 0] time (ms) | "
             f"fwd_microstep: {fwd:.2f} | bwd_microstep: {bwd:.2f} | "
             f"bwd_inner_microstep: {bwd * 0.93:.2f} | bwd_allreduce_microstep: "
             f"{r.uniform(0.01, 0.2):.2f} | step_microstep: {r.uniform(10, 40):.2f}",
@@ -1252,7 +1520,7 @@ class _Noise:
         cur = r.uniform(90, 140)
         return self.emit(
             0,
-            f"{self.ds_ts(t)} [INFO] [timer.py:264:stop] epoch=0/micro_step={step}/"
+            f"{self.ds_ts(t + self.offset0)} [INFO] [timer.py:264:stop] epoch=0/micro_step={step}/"
             f"global_step={step}, RunningAvgSamplesPerSec={cur * 0.99!r}, "
             f"CurrSamplesPerSec={cur!r}, MemAllocated={r.uniform(18, 22):.2f}GB, "
             f"MaxMemAllocated={r.uniform(30, 38):.2f}GB",
@@ -1647,6 +1915,9 @@ class _Framework:
             "step": step_share,
         }
         self.step_wall_s = spec.step_time_s + len(job.prog) * self.lateness
+        # One-off delays in the current step: seconds added to each timer, and in all.
+        self.step_extra: dict[str, float] = {}
+        self.step_push = 0.0
         self._tput_sum = 0.0
         self._tput_n = 0
         self.mem_final = 0.0  # bytes allocated when the engine is ready
@@ -1718,7 +1989,7 @@ class _Framework:
 
     def _ds_text(self, rk: _Rank, t: float, src: str, msg: str) -> str:
         """One DeepSpeed logger record: header on its first line only, prefix on each."""
-        lines = f"{self._ds_ts(t)} [INFO] [{src}] {msg}".split("\n")
+        lines = f"{self._ds_ts(t + self.job.rank_off[rk.rank])} [INFO] [{src}] {msg}".split("\n")
         self.lines += len(lines)
         return "".join(f"{rk.head}{line}\n" for line in lines)
 
@@ -2059,14 +2330,21 @@ class _Framework:
                 t += dt
         evs.sort(key=lambda e: e[0])  # stable: NCCL lines keep their order
 
+    def delayed(self, phase: str, push: float) -> None:
+        """A one-off delay held the current step's slot of this phase up by ``push`` s."""
+        for name in self._timers_of(phase):
+            self.step_extra[name] = self.step_extra.get(name, 0.0) + push
+        self.step_push += push
+
     def _timer_values(self) -> dict[str, float]:
         """Milliseconds of one step's timers (>= 0.10.1 names; micro and global)."""
         r = self.rnd
         st = self.spec.step_time_s
         late = self.lateness
+        extra = self.step_extra
 
         def ms(name: str) -> float:
-            wall = st * self.share[name] + self.wait_slots[name] * late
+            wall = st * self.share[name] + self.wait_slots[name] * late + extra.get(name, 0.0)
             return wall * 1000.0 * r.uniform(0.97, 1.03)
 
         fwd, bi, ba, stp = ms("fwd"), ms("bwd_inner"), ms("bwd_allreduce"), ms("step")
@@ -2083,10 +2361,14 @@ class _Framework:
         step_c = st * self.share["step"] * 1000.0
         if self.spec.zero12:
             out["optimizer_allgather"] = (
-                step_c * 0.2 + self.wait_slots["optimizer_allgather"] * late * 1000.0
+                step_c * 0.2
+                + self.wait_slots["optimizer_allgather"] * late * 1000.0
+                + extra.get("optimizer_allgather", 0.0) * 1000.0
             ) * r.uniform(0.97, 1.03)
             out["optimizer_gradients"] = (
-                step_c * 0.15 + self.wait_slots["optimizer_gradients"] * late * 1000.0
+                step_c * 0.15
+                + self.wait_slots["optimizer_gradients"] * late * 1000.0
+                + extra.get("optimizer_gradients", 0.0) * 1000.0
             ) * r.uniform(0.97, 1.03)
             out["optimizer_step"] = step_c * 0.6 * r.uniform(0.97, 1.03)
         else:
@@ -2104,6 +2386,13 @@ class _Framework:
 
     def step_done(self, gstep: int, t: float) -> int:
         """Rank 0's lines at the end of global step ``gstep``; return the characters added."""
+        try:
+            return self._step_lines(gstep, t)
+        finally:
+            self.step_extra = {}
+            self.step_push = 0.0
+
+    def _step_lines(self, gstep: int, t: float) -> int:
         if not self.ds:
             return 0
         job = self.job
@@ -2117,7 +2406,7 @@ class _Framework:
         if self.spec.zero12:
             opt = ("optimizer_allgather", "optimizer_gradients", "optimizer_step")
         msgs.append((df.log_dist, self._timer_msg(opt, values)))
-        cur = self.batch / (self.step_wall_s * r.uniform(0.98, 1.02))
+        cur = self.batch / ((self.step_wall_s + self.step_push) * r.uniform(0.98, 1.02))
         if gstep >= 2:  # ThroughputTimer starts counting at start_step=2
             self._tput_sum += cur
             self._tput_n += 1
@@ -2213,7 +2502,7 @@ class _Framework:
     def _c10(self, rk: _Rank, t: float, line: int, msg: str) -> str:
         """A C++ LOG(ERROR) line of ``rk``: launcher prefix, [rankG]:, glog header, message."""
         pre = f"[rank{rk.rank}]:" if self.tf.rank_prefix else ""
-        return f"{rk.head}{pre}{self._glog('E', t, line)} {msg}"
+        return f"{rk.head}{pre}{self._glog('E', t + self.job.rank_off[rk.rank], line)} {msg}"
 
     def _frames(self, rk: _Rank, bases: dict[str, int], where: str, line: int) -> list[str]:
         """``Exception raised from <where> at ...:<line>`` and its stack (c10::Error)."""
@@ -2267,10 +2556,19 @@ class _Framework:
         )
 
     def _desync(
-        self, me: int, seq: int, ops: dict[int, str], prev_ops: dict[int, str]
+        self,
+        me: int,
+        seq: int,
+        ops: dict[int, str],
+        prev_ops: dict[int, str],
+        ahead: dict[int, str],
     ) -> tuple[list[str], list[int]]:
         """TraceUtils.h ``retrieveDesyncReport`` as ``me`` sees it: its lines after the
-        header line, and the ranks it names as lagging."""
+        header line, and the ranks it names as lagging.
+
+        ``ahead``: ranks whose last started collective is one further (an extra call), with
+        its op. The report then names the others, who are behind them, as lagging.
+        """
         job = self.job
         skipped = sorted(job.skipped)
         lines = [f"\t - [{me}] Timeout at collective: {ops[me]}, #{seq}"]
@@ -2285,6 +2583,8 @@ class _Framework:
         for r in range(job.n):
             if r in job.skipped:
                 trace.setdefault(seq - 1, {})[r] = (prev_ops[r], True)
+            elif r in ahead:
+                trace.setdefault(seq + 1, {})[r] = (ahead[r], False)
             else:
                 trace.setdefault(seq, {})[r] = (ops[r], False)
         lag = min(trace)
@@ -2327,6 +2627,8 @@ class _Framework:
                     op = _OTHER_OP[op]
                 elif f.field == "count":
                     count *= 2
+            if isinstance(f, ExtraCollective) and f.rank == rank and f.at_instance == instance:
+                return "AllReduce", 1  # its work at this sequence is the extra call
         return op, count
 
     def hang(self) -> None:
@@ -2337,19 +2639,23 @@ class _Framework:
         halt = job.halt_at
         seq = halt + 1  # SeqNum: collectives this rank issued on the world PG, from 1
         waiting = [r for r in range(n) if r not in job.skipped]
-        if not waiting:
+        if not waiting and not job.dead_at_halt:
             return
         tf = self.tf
         r_ = self.rnd
         ops = {r: _OP_TYPE[self._rank_op(halt, r)[0]] for r in waiting}
         prev_ops = {r: _OP_TYPE[self._rank_op(halt - 1, r)[0]] for r in job.skipped if halt >= 1}
-        enq, comp = seq, (seq - 1 if seq > 1 else -1)
+        # An extra-calling rank has enqueued its real call too: one work further.
+        ahead = {r: _OP_TYPE[job._world_call(halt).op] for r in job.extra_at_halt}
+        comp = seq - 1 if seq > 1 else -1
         recs: list[_Rec] = []
         exits: dict[int, float] = {}
+        codes: dict[int, int] = {}  # exit code of each exit other than the watchdog's -6
         lagging: list[int] = []  # the ranks every desync report names
         for r in waiting:
             rk = job.ranks[r]
             sink = job.rank_sink[r]
+            enq = seq + 1 if r in ahead else seq
             op, count = self._rank_op(halt, r)
             nin, nout = _numel(op, count, n)
             ran = round(self.timeout_s * 1000) + r_.randint(3, 99)
@@ -2417,7 +2723,7 @@ class _Framework:
             recs.append(_Rec(t, len(recs), sink, watchdog, [(0, self.timeouts, entry)], r))
             t_next = t + 0.0005
             if self.spec.desync_report:
-                report, lagging = self._desync(r, seq, ops, prev_ops)
+                report, lagging = self._desync(r, seq, ops, prev_ops, ahead)
                 # LOG(ERROR) << [logPrefix() <<] report: the report starts with "\n", so
                 # the header line ends in a space.
                 head = f"{pg} " if tf.desync_prefixed else ""
@@ -2514,7 +2820,10 @@ class _Framework:
             ]
             recs.append(_Rec(t_term, len(recs), sink, lines, owner=r))
             exits[r] = t_term + r_.uniform(0.05, 0.3)  # SIGABRT
-        kills = self._agents(exits, recs)
+        for r, dead in job.dead_at_halt.items():  # died before the collective: no line
+            exits[r] = job.death_times[r]
+            codes[r] = dead.exit_code
+        kills = self._agents(exits, recs, codes)
         # SIGTERM ends a process at once (no handler in the workers): nothing after it.
         recs = [rec for rec in recs if rec.t <= kills.get(rec.owner, math.inf)]
         if any(rec.desync for rec in recs):
@@ -2550,10 +2859,13 @@ class _Framework:
             f"[{level}] "
         )
 
-    def _agents(self, exits: dict[int, float], recs: list[_Rec]) -> dict[int, float]:
+    def _agents(
+        self, exits: dict[int, float], recs: list[_Rec], codes: dict[int, int]
+    ) -> dict[int, float]:
         """Each host's torchrun agent: SIGTERM to what still runs, then ChildFailedError.
 
-        Returns when each SIGTERMed rank was killed.
+        ``exits``: when each exiting rank's process ended; ``codes``: its exit code where it
+        is not the watchdog's SIGABRT (-6). Returns when each SIGTERMed rank was killed.
         """
         kills: dict[int, float] = {}
         job = self.job
@@ -2585,8 +2897,9 @@ class _Framework:
                 sink = _Sink(job.out_dir / rel, rel)
                 job.sinks.append(sink)
                 head = ""
+            off = job.host_off[h]  # the agent prints with its host's clock
             lines = [
-                f"{head}{self._agent_head('W', t_poll, pid, tf.agent_sigterm)}"
+                f"{head}{self._agent_head('W', t_poll + off, pid, tf.agent_sigterm)}"
                 f"Sending process {rk.pid} closing signal SIGTERM"
                 for rk in alive
             ]
@@ -2601,13 +2914,13 @@ class _Framework:
                     len(recs),
                     sink,
                     [
-                        f"{head}{self._agent_head('E', t_fail, pid, tf.agent_failed)}failed "
-                        f"(exitcode: -6) local_rank: {root.local} (pid: {root.pid}) of binary: "
-                        f"{_PY_BINARY}"
+                        f"{head}{self._agent_head('E', t_fail + off, pid, tf.agent_failed)}failed "
+                        f"(exitcode: {codes.get(root.rank, -6)}) local_rank: {root.local} "
+                        f"(pid: {root.pid}) of binary: {_PY_BINARY}"
                     ],
                 )
             )
-            block, marks = self._child_failed(failed, root, t_poll)
+            block, marks = self._child_failed(failed, root, t_poll + off, codes)
             t_block = t_fail + 0.002
             recs.append(
                 _Rec(
@@ -2622,9 +2935,10 @@ class _Framework:
         return kills
 
     def _child_failed(
-        self, failed: list[_Rank], root: _Rank, t_poll: float
+        self, failed: list[_Rank], root: _Rank, t_printed: float, codes: dict[int, int]
     ) -> tuple[list[str], list[tuple[int, dict[str, Json]]]]:
-        """torchrun's traceback and ChildFailedError block (errors/__init__.py templates)."""
+        """torchrun's traceback and ChildFailedError block (errors/__init__.py templates);
+        ``t_printed`` is the agent's poll time on its host's clock."""
         a, b, c, d, e = self.tf.tb_lines
         dist = f"{_PY_SITE}/torch/distributed"
         lines = [
@@ -2644,17 +2958,18 @@ class _Framework:
             # The message starts with "\n": the class name line ends in ": ".
             "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
         ]
-        stamp = time.strftime("%Y-%m-%d_%H:%M:%S", time.gmtime(int(t_poll)))
+        stamp = time.strftime("%Y-%m-%d_%H:%M:%S", time.gmtime(int(t_printed)))
         fmts: dict[int, list[str]] = {}
         for idx, rk in enumerate(failed):  # [idx] is the failure's index, not its rank
+            code = codes.get(rk.rank, -6)
             fmts[rk.rank] = [
                 f"[{idx}]:",
                 f"  time      : {stamp}",
                 f"  host      : {rk.host}",
                 f"  rank      : {rk.rank} (local_rank: {rk.local})",
-                f"  exitcode  : -6 (pid: {rk.pid})",
+                f"  exitcode  : {code} (pid: {rk.pid})",
                 "  error_file: <N/A>",
-                f"  traceback : Signal 6 (SIGABRT) received by PID {rk.pid}",
+                f"  traceback : Signal {-code} ({_SIGNAME[-code]}) received by PID {rk.pid}",
             ]
         title = f"{_ENTRYPOINT} FAILED"
         width = min(max(len(title), *(len(x) for f in fmts.values() for x in f)), 60)
@@ -2662,13 +2977,14 @@ class _Framework:
         marks: list[tuple[int, dict[str, Json]]] = []
 
         def entry(rk: _Rank) -> dict[str, Json]:
+            code = codes.get(rk.rank, -6)
             return {
                 "rank": rk.rank,
                 "local_rank": rk.local,
                 "host": rk.host,
                 "pid": rk.pid,
-                "exitcode": -6,
-                "signal": "SIGABRT",
+                "exitcode": code,
+                "signal": _SIGNAME[-code],
                 "root_cause": rk is root,
             }
 
@@ -2771,6 +3087,12 @@ class _Job:
         self.first_t = math.inf
         self.last_t = self.t0
         self.ranks = self._make_ranks()
+        # Host clock offsets draw from their own generator (every other draw stays as it
+        # was); printed time = true time + offset of the printing process's host.
+        clock_rnd = random.Random(spec.seed * 7919 + 4)
+        m = spec.clock_offset_max_s
+        self.host_off = [clock_rnd.uniform(-m, m) if m > 0 else 0.0 for _ in range(spec.hosts)]
+        self.rank_off = [self.host_off[rk.host_index] for rk in self.ranks]
         self.world, self.host_comms = self._make_comms()
         self.comms = [self.world, *self.host_comms]
         self.prog = self._program()
@@ -2778,16 +3100,26 @@ class _Job:
         for f in spec.faults:
             if isinstance(f, SlowRank):
                 self.late[f.rank] = f.lateness_s
-        terminal = [
-            f
-            for f in spec.faults
-            if isinstance(f, StopRank | IbError) or (isinstance(f, Mismatch) and f.hang)
-        ]
         # World instance at which the job ends (-1: it does not end early).
-        self.halt_at = min((f.at_instance for f in terminal), default=-1)
+        self.halt_at = spec.halt_instance
+        # Ranks that never enter halt_at: stopped (stuck elsewhere) or dead.
         self.stops_at_halt = frozenset(
-            f.rank for f in spec.faults if isinstance(f, StopRank) and f.at_instance == self.halt_at
+            f.rank
+            for f in spec.faults
+            if isinstance(f, StopRank | DeadProcess) and f.at_instance == self.halt_at
         )
+        self.dead_at_halt = {
+            f.rank: f
+            for f in spec.faults
+            if isinstance(f, DeadProcess) and f.at_instance == self.halt_at
+        }
+        self.extra_at_halt = frozenset(
+            f.rank
+            for f in spec.faults
+            if isinstance(f, ExtraCollective) and f.at_instance == self.halt_at
+        )
+        self.death_times: dict[int, float] = {}  # dead rank -> when its process died
+        self.extra_logged = False  # the extra calls at halt_at were written
         self.ib_at_halt = next(
             (f for f in spec.faults if isinstance(f, IbError) and f.at_instance == self.halt_at),
             None,
@@ -2810,10 +3142,23 @@ class _Job:
             spec.framework,
         )
         self.noise_on = noise_on
+        self.noise.offset0 = self.rank_off[0]
         # Benign WARNs draw from their own generator, so that benign_warns=0 leaves every
         # other random choice (and so every byte) as it was.
         self.warn_rnd = random.Random(spec.seed * 7919 + 2)
         self.benign: list[BenignWarnRecord] = []
+        # One-off delays (jitter_events) draw from their own generator as well.
+        self.delays: dict[int, list[tuple[int, float]]] = {}  # world seq -> [(rank, s)]
+        self.noise_events: list[dict[str, Json]] = []
+        self._draw_delays()
+        # Where each world collective started, for the median gap (truth_format 2 only: a
+        # multi-GB job has millions): (slot index, delays' push so far). Kept as slots, not
+        # absolute times, whose differences would lose digits.
+        self.world_slots: list[tuple[int, float]] | None = [] if spec.truth_format >= 2 else None
+        self.pushed = 0.0
+        # The new faults' own random choices (death instants, extra-call gaps).
+        self.fault_rnd = random.Random(spec.seed * 7919 + 6)
+        self.slot_gap = 0.0  # the time model's gap between slots (set by _run_steps)
         self.t_world_init = self.t0  # when the world communicator's init starts
         self.halt_times: list[float] = []  # per rank: when it entered halt_at (if it did)
         # Framework lines draw from their own generator too (see _Framework).
@@ -2941,6 +3286,8 @@ class _Job:
         if not self.spec.timestamps:
             return ""
         sec = int(t)
+        if self.era.subsec_bug:
+            return f"{self.info_sec.get(sec)}.{_subsec_226(t - sec)}] "
         return f"{self.info_sec.get(sec)}.{int((t - sec) * 1e6):06d}] "
 
     def _warn_ts(self, t: float) -> str:
@@ -2951,7 +3298,8 @@ class _Job:
         return ""
 
     def _info(self, rk: _Rank, t: float, msg: str, *, proxy: bool = False) -> str:
-        return f"{rk.head}{self._ts(t)}{rk.proxy_info if proxy else rk.info}{msg}\n"
+        ts = self._ts(t + self.rank_off[rk.rank])
+        return f"{rk.head}{ts}{rk.proxy_info if proxy else rk.info}{msg}\n"
 
     def _warn(
         self,
@@ -2966,7 +3314,7 @@ class _Job:
         # NCCL writes "\n" + line in one write: an empty line always precedes a WARN, and
         # the launcher prefixes both. Default thread: the proxy thread, on the rank's GPU.
         return (
-            f"{rk.head}\n{rk.head}{self._warn_ts(t)}{rk.host}:{rk.pid}:"
+            f"{rk.head}\n{rk.head}{self._warn_ts(t + self.rank_off[rk.rank])}{rk.host}:{rk.pid}:"
             f"{rk.proxy_tid if tid is None else tid} "
             f"[{rk.local if dev is None else dev}] {src} NCCL WARN {msg}\n"
         )
@@ -3219,7 +3567,8 @@ class _Job:
             )
         return self.noise.emit(
             rank,
-            f"{self.noise.ds_ts(t)} [INFO] [real_accelerator.py:203:get_accelerator] "
+            f"{self.noise.ds_ts(t + self.rank_off[rank])} [INFO] "
+            "[real_accelerator.py:203:get_accelerator] "
             "Setting ds_accelerator to cuda (auto detect)",
         )
 
@@ -3337,6 +3686,58 @@ class _Job:
             t += 0.0001
         return added
 
+    # ---- one-off delays ---------------------------------------------------------------
+
+    def _draw_delays(self) -> None:
+        """Pick ``jitter_events`` distinct (world instance, rank) pairs and their delays."""
+        count = self.spec.jitter_events
+        if not count:
+            return
+        rnd = random.Random(self.spec.seed * 7919 + 5)
+        span = self.spec.jitter_instances
+        picked: dict[tuple[int, int], float] = {}
+        while len(picked) < count:
+            key = (rnd.randrange(span), rnd.randrange(self.n))
+            if key not in picked:
+                picked[key] = rnd.uniform(0.005, 0.05)
+        wps = self.spec.world_per_step
+        for (instance, r), delay in sorted(picked.items()):
+            self.delays.setdefault(instance, []).append((r, delay))
+            rk = self.ranks[r]
+            call = self._world_call(instance)
+            self.noise_events.append(
+                {
+                    "kind": "delay",
+                    "rank": r,
+                    "host": rk.host,
+                    "pid": rk.pid,
+                    "instance": instance,
+                    "step": instance // wps,
+                    "op": call.op,
+                    "count": call.count_of(self.n),
+                    "delay_s": delay,
+                }
+            )
+
+    def _delay_slot(
+        self, times: list[float], delayed: list[tuple[int, float]], call: _Call
+    ) -> float:
+        """Delay these ranks' enqueue times; return how much later everything after starts.
+
+        The collective completes when its last member arrives: a delayed rank that arrives
+        after where the slowest straggler would have been holds everyone up by the excess.
+        """
+        late = self.late
+        max_late = max(late)
+        push = 0.0
+        for r, delay in delayed:
+            times[r] += delay
+            push = max(push, late[r] + delay - max_late)
+        self.pushed += push
+        if self.fw is not None:
+            self.fw.delayed(call.phase, push)
+        return push
+
     # ---- steps (the hot loop) --------------------------------------------------------
 
     def _coll_parts(
@@ -3390,9 +3791,13 @@ class _Job:
         befores = [[p[0] for p in row] for row in parts]
         afters = [[p[1] for p in row] for row in parts]
         ts_on = spec.timestamps
+        subsec_bug = self.era.subsec_bug
+        offs = self.rank_off
+        clocked = any(offs)
         late = self.late
         any_late = any(late)
         gap = spec.step_time_s / len(prog) + max(late)  # everyone waits for the straggler
+        self.slot_gap = gap
         rnd = self.rnd.random
         p_noise = self.p_noise
         noise = self.noise.line
@@ -3421,6 +3826,8 @@ class _Job:
         warn_offset = _JITTER_S + max(late)
         warn_room = max(gap - warn_offset, 0.0)
         fw = self.fw
+        delays = self.delays
+        world_slots = self.world_slots
         step = 0
         while max_steps is None or step < max_steps:
             for j, call in enumerate(prog):
@@ -3451,21 +3858,40 @@ class _Job:
                     for mm in mms:
                         bj[mm.rank], aj[mm.rank] = self._mismatch_parts(call, mm)
                 skip = self.stops_at_halt if halting else no_skip
+                prev_times = times  # the slot before (any comm: every rank is in one)
                 if any_late:
                     times = [base + rnd() * _JITTER_S + late[r] for r in rr]
                 else:
                     times = [base + rnd() * _JITTER_S for _ in rr]
+                if call.world and world_slots is not None:
+                    world_slots.append((step * n_prog + j, self.pushed))
+                if delays and call.world and seq in delays:
+                    base += self._delay_slot(times, delays[seq], call)
+                if halting and (self.extra_at_halt or self.dead_at_halt):
+                    self._halt_slot(call, seq, oc, bj, aj, times, prev_times, skip, step)
+                    self._count_slot(call, skip, mms)
+                    self._halt(times)
+                    return
                 out: list[str] = []
                 for r in sorted(rr, key=times.__getitem__) if combined else rr:
                     if skip and r in skip:
                         continue
                     t = times[r]
                     if ts_on:
-                        sec = int(t)
+                        pt = t + offs[r] if clocked else t  # printed by the host's clock
+                        sec = int(pt)
                         if sec != last_sec:
                             last_sec = sec
                             sec_str = sec_cache.get(sec)
-                        line = f"{heads[r]}{sec_str}.{int((t - sec) * 1e6):06d}] {bj[r]}{oc}{aj[r]}"
+                        if subsec_bug:
+                            line = (
+                                f"{heads[r]}{sec_str}.{_subsec_226(pt - sec)}] {bj[r]}{oc}{aj[r]}"
+                            )
+                        else:
+                            line = (
+                                f"{heads[r]}{sec_str}.{int((pt - sec) * 1e6):06d}] "
+                                f"{bj[r]}{oc}{aj[r]}"
+                            )
                     else:
                         line = f"{heads[r]}{bj[r]}{oc}{aj[r]}"
                     if combined:
@@ -3481,9 +3907,7 @@ class _Job:
                     pending += len(text)
                 self._count_slot(call, skip, mms)
                 if halting:
-                    self._touch(max(times))
-                    self.halt_times = times
-                    self._aftermath(max(times))
+                    self._halt(times)
                     return
                 if pending >= _FLUSH_CHARS:
                     written = self._flush_all()
@@ -3509,22 +3933,89 @@ class _Job:
             self.skipped = skip
         self.world.seq += 1
         by[call.op] = by.get(call.op, 0) + entered
+        if self.extra_logged:  # the extra AllReduces, and the culprits' real calls one later
+            extra = len(self.extra_at_halt)
+            self.world.calls += extra
+            self.world.seq += 1
+            by["AllReduce"] = by.get("AllReduce", 0) + extra
         for mm in mms or ():
             if mm.field == "op" and mm.rank not in skip:
                 other = _OTHER_OP[call.op]
                 by[call.op] -= 1
                 by[other] = by.get(other, 0) + 1
 
+    def _halt_slot(
+        self,
+        call: _Call,
+        seq: int,
+        oc: str,
+        befores: list[str],
+        afters: list[str],
+        times: list[float],
+        prev_times: list[float],
+        skip: frozenset[int],
+        step: int,
+    ) -> None:
+        """Write the halting slot when an ExtraCollective or a DeadProcess is in it.
+
+        The extra-calling ranks log two lines: the extra AllReduce at this opCount, then
+        their real call one later. Dead ranks log nothing, and nothing is printed for them
+        (noise that would carry a dead rank's prefix is dropped). Same layout rules and
+        noise draws as the hot loop.
+        """
+        extra_call = _Call(True, "AllReduce", lambda size: 1, _FP32, 5000, "norm")
+        oc_next = "0" if self.world.zero_opcount else f"{seq + 1:x}"
+        rows = [(times[r], r, 0) for r in range(self.n) if r not in skip]
+        for r in sorted(self.extra_at_halt):
+            # The real call is enqueued right after the extra one (host-side enqueue only).
+            rows.append((times[r] + self.fault_rnd.uniform(0.00005, 0.0003), r, 1))
+            self.extra_logged = True
+        if self.combined:
+            rows.sort()
+        else:
+            rows.sort(key=lambda row: (row[1], row[0]))
+        self.noise.silent = frozenset(self.dead_at_halt)
+        for r in sorted(self.dead_at_halt):
+            # Dead "just before" it would have enqueued, in the later half of the time since
+            # its previous enqueue (before the first slot: of one slot's time).
+            since = times[r] - prev_times[r] if prev_times else self.slot_gap
+            self.death_times[r] = times[r] - self.fault_rnd.random() * 0.5 * since
+        out: list[str] = []
+        for t, r, second in rows:
+            rk = self.ranks[r]
+            before, opc, after = befores[r], oc, afters[r]
+            if second:
+                opc = oc_next
+            elif r in self.extra_at_halt:
+                before, after = self._coll_parts(extra_call, rk)
+            line = f"{rk.head}{self._ts(t + self.rank_off[r])}{before}{opc}{after}"
+            if self.combined:
+                out.append(line)
+                if self.p_noise and self.rnd.random() < self.p_noise:
+                    out.append(self.noise.line(r, t, step))
+            else:
+                self.rank_sink[r].add(line)
+            self._touch(t)
+        if self.combined:
+            self.rank_sink[0].add("".join(out))
+
     # ---- fault aftermath -------------------------------------------------------------
+
+    def _halt(self, times: list[float]) -> None:
+        """The job stops in this slot: what follows a terminal fault."""
+        self._touch(max(times))
+        self.halt_times = times
+        self._aftermath(max(times))
 
     def _aftermath(self, t_last: float) -> None:
         if self.ib_at_halt is not None:
             self.end_reason = "error"
             self._ib_error(self.ib_at_halt, t_last)
-        else:
-            self.end_reason = "hang"
-            if self.fw is not None:
-                self.fw.hang()
+            return
+        # A death is what ends the job (torchrun sees it); NCCL-side it is still a hang.
+        self.end_reason = "died" if self.dead_at_halt else "hang"
+        if self.fw is not None:
+            self.fw.hang()
 
     def _ib_error(self, fault: IbError, t_last: float) -> None:
         era = self.era
@@ -3616,6 +4107,10 @@ class _Job:
             out[c.name] = {str(g): last for g in c.members}
         for r in self.skipped:
             out["world"][str(r)] = self.halt_at - 1 if self.halt_at > 0 else None
+        if self.extra_logged:  # the culprits are one ahead: everyone else stopped at halt_at
+            for r in range(self.n):
+                if r not in self.skipped and r not in self.extra_at_halt:
+                    out["world"][str(r)] = self.halt_at
         return out
 
     def _truth(self) -> Truth:
@@ -3672,6 +4167,31 @@ class _Job:
             faults=[self._outcome(f, last) for f in self.spec.faults],
             benign_warns=list(self.benign),
             framework=self.fw.truth() if self.fw is not None else None,
+            clock_offsets=self._clock_truth(),
+            noise=(
+                list(self.noise_events)
+                if self.spec.jitter_events or self.spec.truth_format >= 2
+                else None
+            ),
+            format_version=self.spec.truth_format,
+        )
+
+    def _clock_truth(self) -> list[dict[str, Json]] | None:
+        if self.spec.clock_offset_max_s <= 0 and self.spec.truth_format < 2:
+            return None
+        return [
+            {"host_index": h, "host": self.spec.host_name(h), "offset_s": off}
+            for h, off in enumerate(self.host_off)
+        ]
+
+    def _median_world_gap(self) -> float:
+        """Median time between consecutive world collectives, as the time model made them."""
+        slot = self.spec.step_time_s / len(self.prog) + max(self.late)
+        marks = self.world_slots or []
+        if len(marks) < 2:  # no two world collectives: one slot of the time model
+            return slot
+        return statistics.median(
+            (k2 - k1) * slot + (p2 - p1) for (k1, p1), (k2, p2) in itertools.pairwise(marks)
         )
 
     def _world_call(self, instance: int) -> _Call:
@@ -3690,8 +4210,13 @@ class _Job:
                 "lateness_s": f.lateness_s,
                 "visible_in_timestamps": self.spec.timestamps,
             }
+            if self.world_slots is not None:
+                gap = self._median_world_gap()
+                details["slowdown"] = f.lateness_s / gap
+                details["median_world_gap_s"] = gap
             return FaultOutcome(kind, _fault_json(f), f.lateness_s > 0, details)
-        reached = f.at_instance < self.world.seq
+        # Instances every rank got to (the culprits of an ExtraCollective went one further).
+        reached = f.at_instance < self.world.seq - (1 if self.extra_logged else 0)
         if isinstance(f, Mismatch) and not f.hang:
             effective = reached and not (f.at_instance == self.halt_at and f.rank in self.skipped)
         elif isinstance(f, Mismatch):
@@ -3699,11 +4224,49 @@ class _Job:
         else:
             effective = reached and f.at_instance == self.halt_at
         details = {"at_instance": f.at_instance, "reached": reached}
+        last_json: dict[str, Json] = {name: dict(per) for name, per in last.items()}
         if isinstance(f, StopRank):
             rk = self.ranks[f.rank]
             details.update({"rank": f.rank, "host": rk.host, "pid": rk.pid})
-            last_json: dict[str, Json] = {name: dict(per) for name, per in last.items()}
             details["last_seq"] = last_json
+        elif isinstance(f, ExtraCollective):
+            rk = self.ranks[f.rank]
+            call = self._world_call(f.at_instance)
+            others: dict[str, Json] = {
+                "op": call.op,
+                "count": call.count_of(self.n),
+                "datatype": call.dtype,
+            }
+            extra: dict[str, Json] = {"op": "AllReduce", "count": 1, "datatype": _FP32}
+            details.update(
+                {
+                    "rank": f.rank,
+                    "host": rk.host,
+                    "pid": rk.pid,
+                    "seq": f.at_instance,
+                    "opcount": "0" if self.world.zero_opcount else f"{f.at_instance:x}",
+                    "op": "AllReduce",
+                    "extra": extra,
+                    "expected": others,
+                    "differs": [k for k in ("op", "count", "datatype") if extra[k] != others[k]],
+                    "real_call_seq": f.at_instance + 1,
+                    "last_seq": last_json,
+                }
+            )
+        elif isinstance(f, DeadProcess):
+            rk = self.ranks[f.rank]
+            died = self.death_times.get(f.rank)
+            details.update(
+                {
+                    "rank": f.rank,
+                    "host": rk.host,
+                    "pid": rk.pid,
+                    "signal": f.signal,
+                    "exit_code": f.exit_code,
+                    "died_at": _iso(died) if died is not None and effective else None,
+                    "last_seq": last_json,
+                }
+            )
         elif isinstance(f, Mismatch):
             rk = self.ranks[f.rank]
             call = self._world_call(f.at_instance)

@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 
 from ncclscope.synth import (
+    DEAD_SIGNALS,
     DS_ERAS,
     ERAS,
     FRAMEWORKS,
@@ -22,6 +23,8 @@ from ncclscope.synth import (
     OFFLOADS,
     TORCH_ERAS,
     ZERO_STAGES,
+    DeadProcess,
+    ExtraCollective,
     Fault,
     IbError,
     Mismatch,
@@ -86,6 +89,8 @@ def _faults(
     stop: tuple[str, ...],
     mismatch: tuple[str, ...],
     ib: tuple[str, ...],
+    extra: tuple[str, ...] = (),
+    dead: tuple[str, ...] = (),
 ) -> tuple[Fault, ...]:
     out: list[Fault] = []
     for v in slow:
@@ -116,6 +121,31 @@ def _faults(
     for v in ib:
         host, inst = _split(v, 2, "--ib-error", "HOST:INSTANCE")
         out.append(IbError(host, _int(inst, "--ib-error", "INSTANCE")))
+    for v in extra:
+        rank, inst = _split(v, 2, "--extra-collective", "RANK:INSTANCE")
+        out.append(
+            ExtraCollective(
+                _int(rank, "--extra-collective", "RANK"),
+                _int(inst, "--extra-collective", "INSTANCE"),
+            )
+        )
+    for v in dead:
+        shape = "RANK:INSTANCE[:SIGNAL]"
+        parts = _split(v, v.count(":") + 1, "--dead-process", shape)
+        if len(parts) not in (2, 3):
+            raise click.UsageError(f"--dead-process expects {shape}, got {v!r}")
+        sig = parts[2] if len(parts) == 3 else "SIGKILL"
+        if sig not in DEAD_SIGNALS:
+            raise click.UsageError(
+                f"--dead-process: SIGNAL must be one of {', '.join(DEAD_SIGNALS)}, got {sig!r}"
+            )
+        out.append(
+            DeadProcess(
+                _int(parts[0], "--dead-process", "RANK"),
+                _int(parts[1], "--dead-process", "INSTANCE"),
+                sig,  # type: ignore[arg-type]  # checked against DEAD_SIGNALS above
+            )
+        )
     return tuple(out)
 
 
@@ -134,6 +164,8 @@ def _summary(truth: Truth, out_dir: Path, seconds: float) -> str:
     files = truth.files[0].path if len(truth.files) == 1 else f"{len(truth.files)} per-rank files"
     rate = size / seconds / 1e6 if seconds > 0 else 0.0
     warns = f", {len(truth.benign_warns)} benign WARNs" if truth.benign_warns else ""
+    if truth.noise:
+        warns += f", {len(truth.noise)} one-off delays"
     fw = ""
     if truth.framework is not None:
         timeouts = truth.framework.get("timeouts")
@@ -162,6 +194,10 @@ Examples:
       --stop-rank 5:40 --desync-report
   ncclscope synth --out /tmp/fsdp --framework torch --torch-era 2.1 --layout per-rank \\
       --stop-rank 3:40
+  ncclscope synth --out /tmp/bench --era 2.26 --timestamps --clock-offset-max 0.001 \\
+      --jitter-events 20 --slow-rank 3:0.02 --slow-rank 9:0.05 --truth-format 2
+  ncclscope synth --out /tmp/extra --framework torch --extra-collective 5:40
+  ncclscope synth --out /tmp/oom --framework torch --torch-era 2.7 --dead-process 5:40
 
 \b
 Collective instances are numbered from 0 along the world communicator; one step has
@@ -205,7 +241,7 @@ torchrun agent's SIGTERM / ChildFailedError lines. truth.json gets a "framework"
     "--timestamps/--no-timestamps",
     default=False,
     show_default=True,
-    help="NCCL 2.26+ '[%F %T.%6f] ' prefix on INFO and WARN lines (needs --era 2.27).",
+    help="NCCL 2.26+ '[%F %T.%6f] ' prefix on INFO and WARN lines (needs --era 2.26|2.27).",
 )
 @click.option(
     "--layout",
@@ -330,10 +366,39 @@ torchrun agent's SIGTERM / ChildFailedError lines. truth.json gets a "framework"
     help="TORCH_NCCL_DESYNC_DEBUG=1: on a hang, each waiting rank names the lagging ranks.",
 )
 @click.option(
+    "--clock-offset-max",
+    "clock_offset_max",
+    type=float,
+    default=0.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Each host's clock is off by a constant drawn in [-SECONDS, +SECONDS] (e.g. 0.001): "
+    "every printed time of its processes shifts, the true order stays. truth.json: "
+    "clock_offsets.",
+)
+@click.option(
+    "--jitter-events",
+    "jitter_events",
+    default=0,
+    show_default=True,
+    metavar="N",
+    help="N one-off delays (not faults): a random rank enqueues a random world collective "
+    "5-50 ms late, holding everyone up. truth.json: noise.",
+)
+@click.option(
+    "--truth-format",
+    "truth_format",
+    type=click.Choice(["1", "2"]),
+    default="1",
+    show_default=True,
+    help="truth.json format_version: 2 always writes clock_offsets and noise, and each "
+    "slow rank's slowdown (lateness / median gap between world collectives).",
+)
+@click.option(
     "--slow-rank",
     multiple=True,
     metavar="RANK:SECONDS",
-    help="RANK enqueues every collective SECONDS late. Repeatable.",
+    help="RANK enqueues every collective SECONDS late. Repeatable (one per rank).",
 )
 @click.option(
     "--stop-rank",
@@ -352,6 +417,21 @@ torchrun agent's SIGTERM / ChildFailedError lines. truth.json gets a "framework"
     multiple=True,
     metavar="HOST:INSTANCE",
     help="IB completion error on HOST during INSTANCE; the job dies. Repeatable.",
+)
+@click.option(
+    "--extra-collective",
+    multiple=True,
+    metavar="RANK:INSTANCE",
+    help="RANK calls an extra AllReduce (count 1, fp32) before INSTANCE: at that opCount it "
+    "differs from the others, its real call comes one later; the job hangs. Repeatable.",
+)
+@click.option(
+    "--dead-process",
+    multiple=True,
+    metavar="RANK:INSTANCE[:SIGNAL]",
+    help="RANK's process dies just before INSTANCE (SIGKILL by default, exit code -9; "
+    f"or {', '.join(s for s in DEAD_SIGNALS if s != 'SIGKILL')}). With a framework its "
+    "torchrun agent reports it at once. Repeatable.",
 )
 def synth(
     out_dir: Path,
@@ -379,10 +459,15 @@ def synth(
     steps_per_print: int,
     comms_summary: bool,
     desync_report: bool,
+    clock_offset_max: float,
+    jitter_events: int,
+    truth_format: str,
     slow_rank: tuple[str, ...],
     stop_rank: tuple[str, ...],
     mismatch: tuple[str, ...],
     ib_error: tuple[str, ...],
+    extra_collective: tuple[str, ...],
+    dead_process: tuple[str, ...],
 ) -> None:
     """Write a synthetic multi-rank NCCL_DEBUG=INFO job log with known ground truth.
 
@@ -409,7 +494,9 @@ def synth(
             seed=seed,
             non_nccl_frac=non_nccl_frac,
             target_size_bytes=target,
-            faults=_faults(slow_rank, stop_rank, mismatch, ib_error),
+            faults=_faults(
+                slow_rank, stop_rank, mismatch, ib_error, extra_collective, dead_process
+            ),
             host_names=names,
             step_time_s=step_time,
             tp_traffic=tp_traffic,
@@ -423,6 +510,9 @@ def synth(
             steps_per_print=steps_per_print,
             comms_summary=comms_summary,
             desync_report=desync_report,
+            clock_offset_max_s=clock_offset_max,
+            jitter_events=jitter_events,
+            truth_format=int(truth_format),
         )
     except (ValueError, TypeError) as exc:
         raise click.UsageError(str(exc)) from None
