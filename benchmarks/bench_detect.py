@@ -146,7 +146,7 @@ def _spec(job: Job) -> synth.SynthSpec:
         faults.append(synth.ExtraCollective(rank=c, at_instance=at))  # type: ignore[attr-defined]
     elif job.kind == "dead_process":
         faults.append(synth.DeadProcess(rank=c, at_instance=at))  # type: ignore[attr-defined]
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {"truth_format": 2}
     if job.clock_offsets:
         extra["clock_offset_max_s"] = 0.001
     if job.jitter:
@@ -195,10 +195,14 @@ def _run(job: Job) -> dict[str, Any]:
             "bytes": sum(p.stat().st_size for p in (work / "job").glob("*.log")),
             "timing": a.timestamps == "full" and not job.era.startswith("2.26"),
             "slowdowns": {
-                str(s["rank"]): s["slowdown"]
-                for s in truth_doc.get("stragglers", [])
-                if "slowdown" in s
+                str(f["details"]["rank"]): f["details"]["slowdown"]
+                for f in truth_doc["faults"]
+                if f["kind"] == "SlowRank" and "slowdown" in f.get("details", {})
             },
+            "clock_offset_max_s": max(
+                (abs(o["offset_s"]) for o in truth_doc.get("clock_offsets", [])), default=0.0
+            ),
+            "noise": len(truth_doc.get("noise", [])),
             "findings": [
                 {
                     "kind": f.kind,
@@ -279,6 +283,8 @@ def score(results: list[dict[str, Any]]) -> dict[str, Any]:
                 hit = [
                     f for f in serious if f["kind"] == "nccl_error" and f["severity"] == "critical"
                 ]
+            if kind == "dead_process":
+                hit = [f for f in hit if f["hang_class"] == "dead_process"]
             per_kind[kind]["found"] += bool(hit)
             if kind != "ib_error":
                 hang_jobs += 1

@@ -40,8 +40,10 @@ _QUOTE = 3
 class Stall:
     """A communicator whose members did not all reach the same collective.
 
-    ``seq`` is the first collective some member never logged; ``culprits`` are the
-    members that never logged it (global ranks where known), ``waiting`` those that did.
+    ``seq`` is the first collective some member never logged, and ``culprits`` the
+    members that never logged it (global ranks where known); or, when the culprit ran
+    ahead (``ahead``), the collective at which it made a call nobody else made.
+    ``waiting`` are the other members.
     """
 
     comm_key: str
@@ -52,6 +54,9 @@ class Stall:
     waiting: list[int]
     culprit_rows: pl.DataFrame  # progress rows of the culprits
     waiter_rows: pl.DataFrame  # the waiters' calls at ``seq``
+    #: the culprit ran one collective ahead of everyone: an extra call at ``seq``
+    ahead: bool = False
+    extra_op: str | None = None  # what it called there
 
 
 def _ranked(frame: pl.DataFrame) -> pl.Expr:
@@ -100,16 +105,24 @@ def stalls(ctx: Context) -> list[Stall]:
         group = table.filter(pl.col("comm_key") == comm_key).with_columns(
             _ranked(table).alias("who")
         )
-        top = group["last_seq"].max()
-        behind = group.filter(pl.col("last_seq") < top)
-        if behind.is_empty() or not isinstance(top, int):
+        low, high = group["last_seq"].min(), group["last_seq"].max()
+        if not isinstance(low, int) or not isinstance(high, int) or low == high:
             continue
+        # The culprit is the smaller of the two extremes: the rank(s) that stopped first
+        # (others went on: PyTorch enqueues ahead), or the rank(s) that called one more
+        # collective than everyone else (an extra call).
+        at_low = group.filter(pl.col("last_seq") == low)
+        at_high = group.filter(pl.col("last_seq") == high)
+        ahead = len(at_high) < len(at_low)
+        behind = at_high if ahead else at_low
         culprits = sorted(int(x) for x in behind["who"].to_list())
         if tuple(culprits) in seen:
             continue
         seen.add(tuple(culprits))
-        stuck = int(behind["last_seq"].min()) + 1  # type: ignore[arg-type]
-        # The culprits' last calls (their op) and the waiters' calls at the stuck one.
+        # Where the sequences part: the collective the culprit never joined, or the one
+        # at which it made its extra call.
+        stuck = low if ahead else low + 1
+        # The culprits' last calls (their op) and the others' calls at the stuck one.
         seqs = sorted({int(x) for x in behind["last_seq"].to_list() if x >= 0} | {stuck})
         at_seqs = ctx.rows_at(comm_key, seqs)
         if len(at_seqs):
@@ -122,9 +135,11 @@ def stalls(ctx: Context) -> list[Stall]:
         else:
             behind = behind.with_columns(pl.lit(None, dtype=pl.String).alias("op"))
         at = at_seqs.filter(pl.col("seq") == stuck) if len(at_seqs) else at_seqs
-        waiters = at.with_columns(_ranked(at).alias("who")) if len(at) else at
+        at = at.with_columns(_ranked(at).alias("who")) if len(at) else at
+        waiters = at.filter(~pl.col("who").is_in(culprits)) if len(at) else at
         ops = Counter(waiters["op"].to_list()) if len(waiters) else Counter()
-        waiting = sorted(int(x) for x in group.filter(pl.col("last_seq") >= stuck)["who"].to_list())
+        waiting = sorted(int(x) for x in group["who"].to_list() if int(x) not in culprits)
+        extra = at.filter(pl.col("who").is_in(culprits)) if ahead and len(at) else None
         out.append(
             Stall(
                 comm_key=comm_key,
@@ -135,6 +150,8 @@ def stalls(ctx: Context) -> list[Stall]:
                 waiting=waiting,
                 culprit_rows=behind,
                 waiter_rows=waiters,
+                extra_op=extra["op"][0] if extra is not None and len(extra) else None,
+                ahead=ahead,
             )
         )
     return out
@@ -285,11 +302,13 @@ class HangDetector:
         self, stall: Stall, ctx: Context, failures: pl.DataFrame, errors: pl.DataFrame
     ) -> Finding:
         fw = ctx.analysis.frameworks
-        hang_class: HangClass = "missing_rank"
+        hang_class: HangClass = "mismatch" if stall.ahead else "missing_rank"
         why = "never joined"
         died = failures.filter(pl.col("rank").is_in(stall.culprits))
         first_failure = _first_failure(failures)
-        if len(died) and first_failure is not None and first_failure in stall.culprits:
+        if stall.ahead:
+            pass  # the culprit is alive and ahead: an extra call, not a death or an error
+        elif len(died) and first_failure is not None and first_failure in stall.culprits:
             hang_class, why = "dead_process", "died before"
         elif len(errors):
             hang_class, why = "nccl_error", "stopped, after an NCCL error, before"
@@ -334,7 +353,11 @@ class HangDetector:
             kind="hang",
             severity="critical",
             message=(
-                f"rank {culprit} {why} {op} #{stall.seq}; {len(stall.waiting)} rank(s) "
+                f"rank {culprit} called one collective more than the others: at #{stall.seq} "
+                f"it called {stall.extra_op or 'a collective'} where they called {op}, and "
+                f"it went on while {len(stall.waiting)} rank(s) waited"
+                if stall.ahead
+                else f"rank {culprit} {why} {op} #{stall.seq}; {len(stall.waiting)} rank(s) "
                 "entered it and waited"
             ),
             ranks=stall.culprits,
@@ -456,11 +479,13 @@ def _watchdog(timeouts: pl.DataFrame) -> dict[str, Any]:
 
 
 def _first_failure(failures: pl.DataFrame) -> int | None:
-    """The rank torchelastic observed failing first (its root cause, else the earliest)."""
+    """The rank torchelastic observed failing first: the earliest of the agents' root
+    causes, else the earliest failure."""
     if failures.is_empty():
         return None
+    # Each host's torchrun agent names its own root cause: the job's is the earliest.
     root = failures.filter(pl.col("root_cause").fill_null(value=False))
-    pick = root if len(root) else failures.sort("ts", "file_id", "line_no", nulls_last=True)
+    pick = (root if len(root) else failures).sort("ts", "file_id", "line_no", nulls_last=True)
     rank = pick["rank"][0]
     return int(rank) if rank is not None else None
 

@@ -131,17 +131,20 @@ class StragglerDetector:
             .then(pl.col("host_typical"))
             .otherwise(pl.col("comm_typical"))
         )
-        spread = (pl.col("median_s") - pl.col("comm_typical")).abs().median().over(
-            "comm_key"
-        ) * 1.4826
-        flagged = ranked.with_columns(
-            (pl.col("median_s") - typical).alias("excess_s"),
-            (pl.col("mean_s") - typical).clip(lower_bound=0).alias("mean_excess_s"),
-            spread.alias("spread_s"),
-        ).filter(
-            (pl.col("excess_s") >= MIN_SLOWDOWN * pl.col("gap_s"))
-            & (pl.col("excess_s") >= MIN_EXCESS_S)
-            & (pl.col("excess_s") >= _MIN_Z * pl.col("spread_s"))
+        # How far members' medians stray from their own typical one: each host's clock
+        # offset is taken out with the host's typical member.
+        spread = pl.col("excess_s").abs().median().over("comm_key") * 1.4826
+        flagged = (
+            ranked.with_columns(
+                (pl.col("median_s") - typical).alias("excess_s"),
+                (pl.col("mean_s") - typical).clip(lower_bound=0).alias("mean_excess_s"),
+            )
+            .with_columns(spread.alias("spread_s"))
+            .filter(
+                (pl.col("excess_s") >= MIN_SLOWDOWN * pl.col("gap_s"))
+                & (pl.col("excess_s") >= MIN_EXCESS_S)
+                & (pl.col("excess_s") >= _MIN_Z * pl.col("spread_s"))
+            )
         )
         out: list[Finding] = []
         seen: set[int] = set()

@@ -40,6 +40,8 @@ def countdown(ctx: Context, now: datetime, timeout_s: float | None) -> pl.DataFr
     """
     rows = []
     for stall in stalls(ctx):
+        if stall.ahead:
+            continue  # an extra call: nobody is missing from a collective the others began
         times = stall.waiter_rows["ts"].drop_nulls() if len(stall.waiter_rows) else None
         since = times.min() if times is not None and len(times) else None
         age = (now - since).total_seconds() if isinstance(since, datetime) else None
