@@ -177,6 +177,15 @@ def _findings(out: list[str], doc: dict[str, Any]) -> None:
         out.append(
             textwrap.fill(f["message"], 110, initial_indent="      ", subsequent_indent="      ")
         )
+        if f["evidence"].get("hint"):
+            out.append(
+                textwrap.fill(
+                    f["evidence"]["hint"],
+                    110,
+                    initial_indent="      means: ",
+                    subsequent_indent=" " * 13,
+                )
+            )
         for line in f["evidence"]["lines"][:3]:
             out.append(f"      {line['path']}:{line['line_no']}")
             out.append(f"        {_cut((line['text'] or '').strip(), 112)}")
