@@ -126,7 +126,7 @@ import statistics
 import time
 import zlib
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -953,6 +953,60 @@ _NOT_FOUND = "libnccl-net.so: cannot open shared object file: No such file or di
 _ASYNC_OLD = "NET/IB : Got async event : {event}"
 _ASYNC_EVENT = "SM change"
 
+_ERA_227 = _EraFormat(
+    nccl_version="2.27.3",
+    cuda_version="12.9",
+    driver_version=12080,
+    bootstrap="Bootstrap: Using {ifc}:{ip}<0>",
+    net_plugin=(),
+    net_initialized=True,
+    net_assigned=True,
+    net_in_ncclinit=False,
+    ib_ro=" [RO]",
+    banner_bare=False,
+    init_start=_INIT_223,
+    init_complete=_INIT_223,
+    has_commid=True,
+    # PyTorch creates its process groups with ncclCommInitRankConfig; the host-local
+    # groups use plain ncclCommInitRank so that both 2.23+ spellings get exercised.
+    world_func="ncclCommInitRankConfig",
+    host_func="ncclCommInitRank",
+    nnodes_line=True,
+    nvls_line=True,
+    ring_list_wide=True,
+    trees_double=False,
+    conn_busid=False,
+    p2p="P2P/CUMEM/read",
+    gdr="/GDRDMA(PCI)",
+    chunksize=True,
+    connected_rings="Connected all rings, use ring PXN 0 GDR 1",
+    thread_thresholds=_TT_NEW,
+    channels=(
+        "{c} coll channels, 0 collnet channels, 0 nvls channels, {p} p2p channels, "
+        "{pp} p2p channels per peer"
+    ),
+    launch_mode=False,
+    bootstrap_timings=True,
+    init_timings=True,
+    ras_line=True,
+    end_line=_END,
+    ib_error=(
+        "NET/IB: Got completion from peer {peer} with status={status} opcode={opcode} "
+        "len=0 vendor err {vendor} ({req}){gids} hca {hca}"
+    ),
+    ib_file="transport/net_ib.cc",
+    ib_line=2259,
+    ib_code=6,
+    chain=("transport/net_ib.cc:2262", "transport/net.cc:1373", "proxy.cc:746", "proxy.cc:958"),
+    chain_last_suffix=" [Progress Thread]",
+    async_warn="NET/IB : {hca}:{port} Got async error event: {event}",
+    async_src="transport/net_ib.cc:198",
+    timestamps_supported=True,
+    warn_default_ts=True,
+    opcount_zero_single_node=True,
+)
+
+
 _ERA_FORMATS: dict[str, _EraFormat] = {
     "2.7": _EraFormat(
         nccl_version="2.7.8",
@@ -1116,109 +1170,23 @@ _ERA_FORMATS: dict[str, _EraFormat] = {
     # 2.23+ Init/timings lines, 2.24+ RAS and "use ring PXN", 2.26+ "/GDRDMA(PCI)" and
     # WARN timestamps. Bootstrap: formats/nccl.md puts "Bootstrap : Using" up to 2.26, but
     # real 2.25.1 and 2.26.2 logs print "Bootstrap: Using" (no space): we follow the logs.
-    "2.26": _EraFormat(
+    # 2.26 writes 2.27's formats but for the net plugin lines, where NET/IB is set up,
+    # opCount on single-node communicators (2.27 prints 0) and the sub-second digits
+    # of timestamps (nccl.md: 2.26.x prints the leading digits of the nanoseconds).
+    "2.26": replace(
+        _ERA_227,
         nccl_version="2.26.2",
         cuda_version="12.8",
-        driver_version=12080,
-        bootstrap="Bootstrap: Using {ifc}:{ip}<0>",
         net_plugin=("NET/Plugin: Could not find: libnccl-net.so. Using internal net plugin.",),
         net_initialized=False,
         net_assigned=False,
-        net_in_ncclinit=False,
-        ib_ro=" [RO]",
-        banner_bare=False,
-        init_start=_INIT_223,
-        init_complete=_INIT_223,
-        has_commid=True,
-        world_func="ncclCommInitRankConfig",
-        host_func="ncclCommInitRank",
-        nnodes_line=True,
-        nvls_line=True,
-        ring_list_wide=True,
-        trees_double=False,
-        conn_busid=False,
-        p2p="P2P/CUMEM/read",
-        gdr="/GDRDMA(PCI)",
-        chunksize=True,
-        connected_rings="Connected all rings, use ring PXN 0 GDR 1",
-        thread_thresholds=_TT_NEW,
-        channels=(
-            "{c} coll channels, 0 collnet channels, 0 nvls channels, {p} p2p channels, "
-            "{pp} p2p channels per peer"
-        ),
-        launch_mode=False,
-        bootstrap_timings=True,
-        init_timings=True,
-        ras_line=True,
-        end_line=_END,
-        ib_error=(
-            "NET/IB: Got completion from peer {peer} with status={status} opcode={opcode} "
-            "len=0 vendor err {vendor} ({req}){gids} hca {hca}"
-        ),
-        ib_file="transport/net_ib.cc",
         ib_line=2203,
-        ib_code=6,
         chain=("transport/net_ib.cc:2206", "transport/net.cc:1367", "proxy.cc:742", "proxy.cc:951"),
-        chain_last_suffix=" [Progress Thread]",
-        async_warn="NET/IB : {hca}:{port} Got async error event: {event}",
         async_src="transport/net_ib.cc:194",
-        timestamps_supported=True,
-        warn_default_ts=True,
         opcount_zero_single_node=False,
         subsec_bug=True,
     ),
-    "2.27": _EraFormat(
-        nccl_version="2.27.3",
-        cuda_version="12.9",
-        driver_version=12080,
-        bootstrap="Bootstrap: Using {ifc}:{ip}<0>",
-        net_plugin=(),
-        net_initialized=True,
-        net_assigned=True,
-        net_in_ncclinit=False,
-        ib_ro=" [RO]",
-        banner_bare=False,
-        init_start=_INIT_223,
-        init_complete=_INIT_223,
-        has_commid=True,
-        # PyTorch creates its process groups with ncclCommInitRankConfig; the host-local
-        # groups use plain ncclCommInitRank so that both 2.23+ spellings get exercised.
-        world_func="ncclCommInitRankConfig",
-        host_func="ncclCommInitRank",
-        nnodes_line=True,
-        nvls_line=True,
-        ring_list_wide=True,
-        trees_double=False,
-        conn_busid=False,
-        p2p="P2P/CUMEM/read",
-        gdr="/GDRDMA(PCI)",
-        chunksize=True,
-        connected_rings="Connected all rings, use ring PXN 0 GDR 1",
-        thread_thresholds=_TT_NEW,
-        channels=(
-            "{c} coll channels, 0 collnet channels, 0 nvls channels, {p} p2p channels, "
-            "{pp} p2p channels per peer"
-        ),
-        launch_mode=False,
-        bootstrap_timings=True,
-        init_timings=True,
-        ras_line=True,
-        end_line=_END,
-        ib_error=(
-            "NET/IB: Got completion from peer {peer} with status={status} opcode={opcode} "
-            "len=0 vendor err {vendor} ({req}){gids} hca {hca}"
-        ),
-        ib_file="transport/net_ib.cc",
-        ib_line=2259,
-        ib_code=6,
-        chain=("transport/net_ib.cc:2262", "transport/net.cc:1373", "proxy.cc:746", "proxy.cc:958"),
-        chain_last_suffix=" [Progress Thread]",
-        async_warn="NET/IB : {hca}:{port} Got async error event: {event}",
-        async_src="transport/net_ib.cc:198",
-        timestamps_supported=True,
-        warn_default_ts=True,
-        opcount_zero_single_node=True,
-    ),
+    "2.27": _ERA_227,
 }
 
 _BUS_IDS = ("18000", "2a000", "3a000", "5d000", "9a000", "ab000", "ba000", "db000")
