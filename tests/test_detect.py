@@ -19,7 +19,16 @@ from ncclscope.cli import cli
 from ncclscope.detect import Context
 from ncclscope.detect.base import ranks_text, severity_at_least
 from ncclscope.detect.timeout import countdown
-from ncclscope.synth import IbError, Mismatch, SlowRank, StopRank, SynthSpec, generate
+from ncclscope.synth import (
+    DeadProcess,
+    ExtraCollective,
+    IbError,
+    Mismatch,
+    SlowRank,
+    StopRank,
+    SynthSpec,
+    generate,
+)
 
 
 def _analyse(tmp_path: Path, spec: SynthSpec) -> Analysis:
@@ -276,3 +285,38 @@ def test_timeout_shorter_than_a_wait_is_a_hazard(tmp_path: Path) -> None:
     a = _analyse(tmp_path, spec)
     hazards = [f for f in a.findings if f.kind == "config" and f.severity == "warning"]
     assert any("collective timeout" in f.message for f in hazards), [f.message for f in a.findings]
+
+
+def test_extra_collective(tmp_path: Path) -> None:
+    """Rank 3 calls one AllReduce more than everyone: it runs one ahead, the others wait."""
+    spec = SynthSpec(
+        ranks=16, hosts=2, steps=4, era="2.21", seed=3, faults=(ExtraCollective(3, 9),)
+    )
+    a = _analyse(tmp_path, spec)
+    serious = [f for f in a.findings if severity_at_least(f.severity, "warning")]
+    assert [(f.kind, f.ranks, f.seq, f.hang_class) for f in serious] == [
+        ("hang", [3], 9, "mismatch")
+    ]
+    text = a.quoted[(serious[0].lines[0].file_id, serious[0].lines[0].line_no)]
+    assert "[3] NCCL INFO AllReduce: opCount 9 " in text  # the extra call, quoted first
+
+
+@pytest.mark.parametrize("layout", ["combined", "per-rank"])
+def test_dead_process(tmp_path: Path, layout: str) -> None:
+    """Rank 12 is SIGKILLed; each host's torchrun agent names its own root cause, and the
+    job's is the earliest: the dead rank, not the other host's watchdog abort."""
+    spec = SynthSpec(
+        ranks=16,
+        hosts=2,
+        steps=4,
+        era="2.21",
+        seed=3,
+        layout=layout,  # type: ignore[arg-type]
+        framework="torch",
+        faults=(DeadProcess(12, 20),),
+    )
+    a = _analyse(tmp_path, spec)
+    hang = next(f for f in a.findings if f.kind == "hang")
+    assert (hang.ranks, hang.seq, hang.hang_class) == ([12], 20, "dead_process")
+    assert hang.evidence["failure"]["signal"] == "SIGKILL"
+    assert hang.evidence["failure"]["exitcode"] == -9

@@ -56,13 +56,17 @@ class Stall:
     waiter_rows: pl.DataFrame  # the waiters' calls at ``seq``
     #: the culprit ran one collective ahead of everyone: an extra call at ``seq``
     ahead: bool = False
-    extra_op: str | None = None  # what it called there
+    extra_rows: pl.DataFrame | None = None  # its calls at ``seq``
+
+    @property
+    def extra_op(self) -> str | None:
+        """What the culprit called at ``seq`` when it ran ahead."""
+        rows = self.extra_rows
+        return str(rows["op"][0]) if rows is not None and len(rows) else None
 
 
-def _ranked(frame: pl.DataFrame) -> pl.Expr:
-    """Global rank where known, else the communicator rank."""
-    del frame
-    return pl.coalesce("rank", "comm_rank")
+#: Who a row is about: its global rank where known, else its communicator rank.
+_WHO = pl.coalesce("rank", "comm_rank")
 
 
 def stalls(ctx: Context) -> list[Stall]:
@@ -102,9 +106,7 @@ def stalls(ctx: Context) -> list[Stall]:
     for comm_key, size in sizes.iter_rows():
         if size < 2:
             continue
-        group = table.filter(pl.col("comm_key") == comm_key).with_columns(
-            _ranked(table).alias("who")
-        )
+        group = table.filter(pl.col("comm_key") == comm_key).with_columns(_WHO.alias("who"))
         low, high = group["last_seq"].min(), group["last_seq"].max()
         if not isinstance(low, int) or not isinstance(high, int) or low == high:
             continue
@@ -135,7 +137,7 @@ def stalls(ctx: Context) -> list[Stall]:
         else:
             behind = behind.with_columns(pl.lit(None, dtype=pl.String).alias("op"))
         at = at_seqs.filter(pl.col("seq") == stuck) if len(at_seqs) else at_seqs
-        at = at.with_columns(_ranked(at).alias("who")) if len(at) else at
+        at = at.with_columns(_WHO.alias("who")) if len(at) else at
         waiters = at.filter(~pl.col("who").is_in(culprits)) if len(at) else at
         ops = Counter(waiters["op"].to_list()) if len(waiters) else Counter()
         waiting = sorted(int(x) for x in group["who"].to_list() if int(x) not in culprits)
@@ -150,8 +152,8 @@ def stalls(ctx: Context) -> list[Stall]:
                 waiting=waiting,
                 culprit_rows=behind,
                 waiter_rows=waiters,
-                extra_op=extra["op"][0] if extra is not None and len(extra) else None,
                 ahead=ahead,
+                extra_rows=extra,
             )
         )
     return out
@@ -187,7 +189,7 @@ def mismatches(ctx: Context) -> list[Mismatched]:
     for comm_key in dict.fromkeys(suspects["comm_key"].to_list()):
         for seq in ctx.mixed_seqs(comm_key, _MAX_MISMATCHES - len(out)):
             rows = ctx.rows_at(comm_key, [seq])
-            rows = rows.with_columns(_ranked(rows).alias("who"))
+            rows = rows.with_columns(_WHO.alias("who"))
             shapes = Counter(zip(rows["op"], rows["count"], rows["dtype"], strict=True))
             (majority, _n), *_rest = shapes.most_common()
             minority = rows.filter(
@@ -249,8 +251,8 @@ class HangDetector:
         failures = fw.failures
         errors = analysis.errors.filter(pl.col("severity") == "error")
         for stall in stall_list:
-            if (stall.comm_key, stall.seq - 1) in hung_at:
-                continue  # the mismatch one collective earlier is the story
+            if {(stall.comm_key, stall.seq), (stall.comm_key, stall.seq - 1)} & hung_at:
+                continue  # the mismatch there, or one collective earlier, is the story
             findings.append(self._stall(stall, ctx, failures, errors))
         if not stall_list and not findings and len(fw.timeouts):
             findings.append(self._from_torch(ctx, failures, errors))
@@ -325,7 +327,8 @@ class HangDetector:
                 for r in stall.culprit_rows.iter_rows(named=True)
             ],
         }
-        lines = _lines(last_calls) + _lines(stall.waiter_rows, 1)
+        extra = _lines(stall.extra_rows) if stall.extra_rows is not None else []
+        lines = extra + _lines(last_calls) + _lines(stall.waiter_rows, 1)
         if len(timeouts):
             first = timeouts.sort("file_id", "line_no").row(0, named=True)
             evidence["watchdog"] = _watchdog(timeouts)
