@@ -109,8 +109,12 @@ def run_analysis(
     workdir: Path,
     stdin: BinaryIO | None = None,
     progress: Progress | None = None,
+    coll_ts_source: str = "nccl",
 ) -> Analysis:
     """Analyse the logs named by ``names`` (files, directories, globs, ``.gz``, ``-``).
+
+    ``coll_ts_source`` is where COLL lines' times came from: ``nccl`` (NCCL printed
+    them), or ``stamped`` (the agent wrote each line's arrival time in front of it).
 
     ``workdir`` holds the Parquet stores and decompressed copies; the caller owns it
     (and should keep it alive while reading ``Analysis.collectives``).
@@ -153,7 +157,7 @@ def run_analysis(
     collectives = summary = None
     if lines is not None and len(stats):
         collectives = build_collectives(
-            lines, stats, identity.members, procs, workdir / "collectives"
+            lines, stats, identity.members, procs, workdir / "collectives", ts_source=coll_ts_source
         )
         summary = summarise(lines, collectives, stats, identity.members)
     account = _account(inputs, n_lines, records)

@@ -218,8 +218,13 @@ def build_collectives(
     members: pl.DataFrame,
     procs: pl.DataFrame,
     out_dir: Path,
+    *,
+    ts_source: str = "nccl",
 ) -> pl.LazyFrame:
     """The collectives table (``COLLECTIVES_SCHEMA``) as a lazy query over the stores.
+
+    ``ts_source`` names where the lines' times came from (``nccl``, or ``stamped`` by
+    the agent on arrival).
 
     Nothing is materialised here: a large job has tens of millions of rows, and each
     consumer aggregates them in one streaming pass.  Only the calls of communicators
@@ -243,7 +248,7 @@ def build_collectives(
         _nranks().alias("nranks"),
         _size_bytes().alias("size_bytes"),
         pl.when(pl.col("ts").is_not_null())
-        .then(pl.lit("nccl"))
+        .then(pl.lit(ts_source))
         .otherwise(pl.lit("none"))
         .alias("ts_source"),
         pl.col("i").alias("line_no"),

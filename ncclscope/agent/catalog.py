@@ -1,0 +1,120 @@
+# ruff: noqa: E501  (a table: one metric a line reads better than wrapped help texts)
+"""The metric catalog: every metric ncclscope exports, declared once.
+
+The exporter builds its metric families from this table, ``docs/metrics.md`` is
+rendered from it (a test keeps the two in step), and dashboards take their names from
+it.  Names follow Prometheus' naming guide and DESIGN §6: one ``ncclscope_`` prefix,
+base units in the name, ``_total`` on counters, ``_info`` metrics for identity; GPU
+series carry dcgm-exporter's label names (``gpu``, ``UUID``, ``pci_bus_id``) so joins
+need no relabeling; host identity lives in ``ncclscope_node_info{hostname}``.
+Cardinality is bounded: series grow with GPUs, ranks, communicators and processes,
+never with the number of collectives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["CATALOG", "GPU_LABELS", "Metric", "by_name", "render_markdown"]
+
+Kind = Literal["gauge", "counter", "info"]
+
+#: dcgm-exporter's label names for a GPU.
+GPU_LABELS = ("gpu", "UUID", "pci_bus_id")
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric family: its full name, type, unit (in the name), help and labels."""
+
+    name: str
+    kind: Kind
+    unit: str
+    help: str
+    labels: tuple[str, ...] = ()
+    group: str = ""
+
+    @property
+    def exposed(self) -> str:
+        """The sample name as exposed (``_info`` metrics are gauges of value 1)."""
+        return self.name
+
+
+def _m(group: str, name: str, kind: Kind, unit: str, help_: str, *labels: str) -> Metric:
+    return Metric(f"ncclscope_{name}", kind, unit, help_, tuple(labels), group)
+
+
+_GPU = GPU_LABELS
+CATALOG: tuple[Metric, ...] = (
+    # --- identity and health
+    _m("self", "build_info", "info", "", "ncclscope's version and runtime.", "version", "python", "polars"),
+    _m("self", "node_info", "info", "", "The host the agent runs on (join with group_left).", "hostname"),
+    _m("self", "scrape_collector_success", "gauge", "", "1 if the collector's last run succeeded, else 0.", "collector"),
+    _m("self", "scrape_collector_duration_seconds", "gauge", "seconds", "How long the collector's last run took.", "collector"),
+    _m("self", "sample_cpu_seconds_total", "counter", "seconds", "CPU time the agent spent sampling.", "collector"),
+    _m("self", "log_lines_read_total", "counter", "", "Lines read from followed logs."),
+    _m("self", "log_bytes_read_total", "counter", "bytes", "Bytes read from followed logs."),
+    _m("self", "log_window_lines_unparsed", "gauge", "", "Lines of the live window that matched no grammar (blank, other, damaged)."),
+    _m("self", "log_files_followed", "gauge", "", "Log files being followed."),
+    # --- GPU (NVML)
+    _m("gpu", "gpu_info", "info", "", "Static facts of a GPU.", *_GPU, "name"),
+    _m("gpu", "gpu_memory_used_bytes", "gauge", "bytes", "GPU memory in use.", *_GPU),
+    _m("gpu", "gpu_memory_total_bytes", "gauge", "bytes", "GPU memory in all.", *_GPU),
+    _m("gpu", "gpu_utilization_ratio", "gauge", "ratio", "Share of the last sample period a kernel ran (0-1).", *_GPU),
+    _m("gpu", "gpu_pcie_tx_bytes_per_second", "gauge", "bytes_per_second", "PCIe bytes sent by the GPU per second (NVML's 20 ms window).", *_GPU),
+    _m("gpu", "gpu_pcie_rx_bytes_per_second", "gauge", "bytes_per_second", "PCIe bytes received by the GPU per second (NVML's 20 ms window).", *_GPU),
+    _m("gpu", "gpu_pcie_link_max_bytes_per_second", "gauge", "bytes_per_second", "One direction's capacity of the GPU's PCIe link at its maximum generation and width.", *_GPU),
+    _m("gpu", "gpu_pcie_link_generation", "gauge", "", "Current PCIe link generation.", *_GPU),
+    _m("gpu", "gpu_pcie_link_width", "gauge", "", "Current PCIe link width (lanes).", *_GPU),
+    _m("gpu", "gpu_clocks_event_reasons", "gauge", "", "NVML clocks-event (throttle) reasons, as its bitmask.", *_GPU),
+    _m("gpu", "gpu_temperature_celsius", "gauge", "celsius", "GPU temperature.", *_GPU),
+    _m("gpu", "gpu_power_watts", "gauge", "watts", "GPU power draw.", *_GPU),
+    _m("gpu", "gpu_power_limit_watts", "gauge", "watts", "GPU enforced power limit.", *_GPU),
+    _m("gpu", "gpu_ecc_uncorrected_errors_total", "counter", "", "Uncorrected ECC errors since the driver loaded (volatile).", *_GPU),
+    _m("gpu", "gpu_process_memory_used_bytes", "gauge", "bytes", "GPU memory used by a process.", *_GPU, "pid"),
+    # --- host (psutil)
+    _m("host", "host_memory_total_bytes", "gauge", "bytes", "Host memory in all."),
+    _m("host", "host_memory_available_bytes", "gauge", "bytes", "Host memory available without swapping."),
+    _m("host", "host_swap_used_bytes", "gauge", "bytes", "Swap in use."),
+    _m("host", "host_swap_in_bytes_total", "counter", "bytes", "Bytes swapped in since boot."),
+    _m("host", "host_swap_out_bytes_total", "counter", "bytes", "Bytes swapped out since boot."),
+    _m("host", "host_cpu_utilization_ratio", "gauge", "ratio", "Host CPU busy share since the last sample (0-1, all cores)."),
+    _m("host", "process_resident_memory_bytes", "gauge", "bytes", "Resident memory of a job process.", "pid"),
+    _m("host", "process_cpu_seconds_total", "counter", "seconds", "CPU time of a job process.", "pid"),
+    # --- the job, from its logs (the same detectors as analyze)
+    _m("job", "collective_seq", "gauge", "", "Last collective sequence number a rank logged on a communicator.", "comm", "rank"),
+    _m("job", "collective_lateness_seconds", "gauge", "seconds", "A rank's median arrival lateness at collectives (arrival - the first rank's).", "rank"),
+    _m("job", "straggler_score", "gauge", "", "A rank's excess median lateness over the typical rank's, as a share of the gap between collectives.", "rank"),
+    _m("job", "pending_collective_age_seconds", "gauge", "seconds", "Age of the oldest collective some members entered and others did not.", "comm"),
+    _m("job", "timeout_remaining_seconds", "gauge", "seconds", "Seconds before the collective timeout fires on that collective.", "comm"),
+    _m("job", "timeout_culprit_info", "info", "", "The rank the pending collective waits for.", "comm", "rank", "op", "seq"),
+    _m("job", "nccl_errors", "gauge", "", "NCCL WARN root causes in the followed logs, by kind and severity.", "kind", "severity"),
+    _m("job", "findings", "gauge", "", "Current findings by kind and severity.", "kind", "severity"),
+)  # fmt: skip
+
+
+def by_name() -> dict[str, Metric]:
+    """The catalog by metric name."""
+    return {m.name: m for m in CATALOG}
+
+
+_GROUPS = {
+    "self": "The agent itself",
+    "gpu": "GPUs (NVML)",
+    "host": "Host and job processes (psutil)",
+    "job": "The job, from its logs",
+}
+
+
+def render_markdown() -> str:
+    """``docs/metrics.md``'s table section, from the catalog."""
+    out: list[str] = []
+    for group, title in _GROUPS.items():
+        out += [f"### {title}", "", "| metric | type | labels | meaning |", "|---|---|---|---|"]
+        for m in CATALOG:
+            if m.group == group:
+                labels = ", ".join(f"`{x}`" for x in m.labels) or "-"
+                out.append(f"| `{m.name}` | {m.kind} | {labels} | {m.help} |")
+        out.append("")
+    return "\n".join(out)

@@ -1,0 +1,197 @@
+"""The metric catalog, the board and its exposition, and the job's live metric rows."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import urllib.request
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from prometheus_client import generate_latest
+
+from ncclscope.agent.catalog import CATALOG, by_name, render_markdown
+from ncclscope.agent.exporter import Board, identity_rows, new_registry, serve, write_textfile
+from ncclscope.agent.live import LiveWindow, job_rows, stamp
+from ncclscope.analysis import run_analysis
+from ncclscope.detect import Context
+from ncclscope.synth import SlowRank, StopRank, SynthSpec, generate
+
+REPO = Path(__file__).resolve().parent.parent
+DOC = REPO / "docs" / "metrics.md"
+
+
+def test_catalog_names_follow_the_conventions() -> None:
+    names = [m.name for m in CATALOG]
+    assert len(names) == len(set(names))
+    for m in CATALOG:
+        assert m.name.startswith("ncclscope_")
+        assert (m.kind == "counter") == m.name.endswith("_total"), m.name
+        assert (m.kind == "info") == m.name.endswith("_info"), m.name
+        if m.unit:
+            assert m.unit in m.name, m.name
+        if m.name.startswith("ncclscope_gpu_"):
+            assert m.labels[:3] == ("gpu", "UUID", "pci_bus_id"), m.name
+        assert "hostname" not in m.labels or m.name == "ncclscope_node_info"
+    required = {
+        "ncclscope_host_memory_available_bytes",
+        "ncclscope_gpu_memory_used_bytes",
+        "ncclscope_gpu_pcie_tx_bytes_per_second",
+        "ncclscope_gpu_pcie_rx_bytes_per_second",
+        "ncclscope_gpu_pcie_link_max_bytes_per_second",
+        "ncclscope_collective_seq",
+        "ncclscope_pending_collective_age_seconds",
+        "ncclscope_timeout_remaining_seconds",
+        "ncclscope_straggler_score",
+        "ncclscope_scrape_collector_success",
+        "ncclscope_build_info",
+        "ncclscope_node_info",
+    }
+    assert required <= set(names)
+
+
+def test_docs_are_rendered_from_the_catalog() -> None:
+    text = DOC.read_text(encoding="utf-8")
+    head = text[: text.index("### ")]
+    if os.environ.get("NCCLSCOPE_REGENERATE"):
+        DOC.write_text(head + render_markdown(), encoding="utf-8")
+    assert text[len(head) :] == render_markdown(), "run with NCCLSCOPE_REGENERATE=1"
+
+
+def test_board_checks_names_and_labels() -> None:
+    board = Board()
+    with pytest.raises(KeyError):
+        board.set("x", {"ncclscope_no_such_metric": [((), 1.0)]})
+    with pytest.raises(ValueError, match="labels"):
+        board.set("x", {"ncclscope_collective_seq": [(("comm",), 1.0)]})
+
+
+def _render(board: Board) -> str:
+    return generate_latest(new_registry(board)).decode()
+
+
+def test_exposition_and_replacement() -> None:
+    board = Board()
+    board.set("identity", identity_rows("node-7"))
+    board.set("host", {"ncclscope_host_memory_available_bytes": [((), 1.5e9)]})
+    board.set("host", {"ncclscope_process_resident_memory_bytes": [(("41",), 2.0)]})
+    text = _render(board)
+    assert 'ncclscope_node_info{hostname="node-7"} 1.0' in text
+    assert 'ncclscope_process_resident_memory_bytes{pid="41"} 2.0' in text
+    # a collector's rows replace its earlier rows: a series it stops reporting is gone
+    assert "ncclscope_host_memory_available_bytes" not in text
+    assert "# TYPE ncclscope_build_info gauge" in text
+
+
+def test_promtool_accepts_the_exposition(tmp_path: Path) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        if os.environ.get("CI"):
+            pytest.fail("promtool is missing: .ci/run installs the prometheus package")
+        pytest.skip("promtool not installed (apt-get install prometheus)")
+    board = Board()
+    board.set("identity", identity_rows("node-7"))
+    board.set(
+        "gpu",
+        {
+            "ncclscope_gpu_memory_used_bytes": [(("0", "GPU-1", "00000000:3B:00.0"), 1e9)],
+            "ncclscope_gpu_ecc_uncorrected_errors_total": [(("0", "GPU-1", "00000000:3B:00.0"), 0)],
+        },
+    )
+    result = subprocess.run(
+        [promtool, "check", "metrics"], input=_render(board), capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_http_endpoint(tmp_path: Path) -> None:
+    board = Board()
+    board.set("identity", identity_rows("node-7"))
+    host, port = serve(new_registry(board), "127.0.0.1:0")
+    assert host == "127.0.0.1"
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        body = response.read().decode()
+    assert 'ncclscope_node_info{hostname="node-7"} 1.0' in body
+    out = tmp_path / "ncclscope.prom"
+    write_textfile(new_registry(board), out)
+    assert 'ncclscope_node_info{hostname="node-7"}' in out.read_text()
+
+
+def test_stamp() -> None:
+    from datetime import UTC, datetime
+
+    at = datetime(2026, 11, 23, 19, 58, 2, 113402, tzinfo=UTC)
+    line = "[rank3]:node-0:4103:4103 [3] NCCL INFO AllGather: opCount 0"
+    assert stamp(line, at) == (
+        "[rank3]:[2026-11-23 19:58:02.113402] node-0:4103:4103 [3] NCCL INFO AllGather: opCount 0"
+    )
+    assert stamp("plain text", at) is None
+
+
+def _window(job: Path) -> LiveWindow:
+    """The job's lines as if followed: arrival = the NCCL time on the line, else the last."""
+    from datetime import UTC, datetime
+
+    window = LiveWindow()
+    t = datetime(2026, 1, 1, tzinfo=UTC)
+    for path in sorted(job.glob("*.log")):
+        for text in path.read_text().splitlines():
+            window.add([(str(path), text, t)])
+            t += timedelta(microseconds=100)
+    return window
+
+
+def test_job_rows_count_down_and_name_the_culprit(tmp_path: Path) -> None:
+    spec = SynthSpec(
+        ranks=8, hosts=2, steps=3, era="2.27", timestamps=True, seed=6,
+        faults=(StopRank(rank=4, at_instance=11),),
+    )  # fmt: skip
+    generate(spec, tmp_path / "job")
+    a = run_analysis([str(tmp_path / "job")], workdir=tmp_path / "w")
+    ctx = Context(a)
+    assert ctx.last_ts is not None
+    rows = job_rows(a, ctx.last_ts + timedelta(seconds=90))
+    (comm, rank, _op, seq), _one = rows["ncclscope_timeout_culprit_info"][0]
+    assert (rank, seq) == ("4", "11")
+    ((_c,), left) = rows["ncclscope_timeout_remaining_seconds"][0]
+    ((_c2,), age) = rows["ncclscope_pending_collective_age_seconds"][0]
+    timeout_s, _source = a.frameworks.timeout
+    assert timeout_s is not None
+    assert left == pytest.approx(timeout_s - age)
+    assert 90 <= age < 91
+    seqs = {labels: v for labels, v in rows["ncclscope_collective_seq"]}
+    assert seqs[(comm, "4")] == 10
+    assert seqs[(comm, "0")] == 11
+
+
+def test_series_do_not_grow_with_collectives(tmp_path: Path) -> None:
+    counts = []
+    for steps in (3, 12):
+        spec = SynthSpec(
+            ranks=16, hosts=2, steps=steps, era="2.27", timestamps=True, seed=1,
+            faults=(SlowRank(rank=3, lateness_s=0.005),),
+        )  # fmt: skip
+        generate(spec, tmp_path / f"job{steps}")
+        a = run_analysis([str(tmp_path / f"job{steps}")], workdir=tmp_path / f"w{steps}")
+        rows = job_rows(a, a.frameworks.timers["ts"].max() or Context(a).last_ts)  # type: ignore[arg-type]
+        counts.append(sum(len(v) for v in rows.values()))
+        scores = dict(rows["ncclscope_straggler_score"])
+        assert max(scores, key=scores.__getitem__) == ("3",)
+    assert counts[0] == counts[1]
+
+
+def test_window_stamps_arrival_times_when_nccl_prints_none(tmp_path: Path) -> None:
+    generate(SynthSpec(ranks=8, hosts=1, steps=3, era="2.21", seed=2), tmp_path / "job")
+    window = _window(tmp_path / "job")
+    assert window.own_times is False
+    a = window.analyse(tmp_path / "live")
+    assert a is not None
+    assert a.collectives is not None
+    sources = a.collectives.select("ts_source").unique().collect()["ts_source"].to_list()
+    assert sources == ["stamped"]
+    timed = SynthSpec(ranks=8, hosts=1, steps=3, era="2.27", timestamps=True, seed=2)
+    generate(timed, tmp_path / "j2")
+    assert _window(tmp_path / "j2").own_times is True
+    assert len(by_name()) == len(CATALOG)
