@@ -32,6 +32,7 @@ __all__ = [
     "MEMORY_SCHEMA",
     "PROGRESS_SCHEMA",
     "RANKS_SCHEMA",
+    "TELEMETRY_SCHEMA",
     "TEXT_STORE_SCHEMA",
     "THROUGHPUT_SCHEMA",
     "TIMEOUTS_SCHEMA",
@@ -426,6 +427,19 @@ CONFIG_SCHEMA = _schema(
         "what": pl.String,
         "settings": pl.List(pl.String),
         "detail": pl.String,
+    }
+)
+
+
+#: The agent's telemetry parts (one row per time, metric and series; long format, so a
+#: new metric needs no new column).
+TELEMETRY_SCHEMA = _schema(
+    {
+        "ts": TS,
+        "host": pl.String,
+        "metric": pl.String,  # a catalog name, e.g. ncclscope_gpu_memory_used_bytes
+        "labels": pl.String,  # label values joined by ",", in the catalog's label order
+        "value": pl.Float64,
     }
 )
 

@@ -63,6 +63,11 @@ class LiveWindow:
     own_times: bool | None = None
     added: int = 0
 
+    @property
+    def files(self) -> int:
+        """Files with lines in the window."""
+        return len(self._files)
+
     def add(self, lines: Iterable[tuple[str, str, datetime]]) -> int:
         """Add ``(path, text, arrived)`` lines; returns how many."""
         n = 0

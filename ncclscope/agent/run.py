@@ -1,0 +1,284 @@
+"""The agent's loop: sample, follow, detect, export, on a fixed drift-free schedule.
+
+Each tick (default 1 s) samples NVML and the host, polls the followed logs into the live
+window, and replaces the collectors' rows on the board; every ``analyse_s`` the window
+goes through the detectors.  Ticks are scheduled from the start time (tick k at
+start + k x interval), so a slow tick does not shift the ones after it; a tick that
+overran is skipped, not queued.  ``run`` returns when ``stop`` is set (SIGTERM/SIGINT in
+the CLI), within one wait: it then flushes the telemetry and the textfile.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from ncclscope.agent.exporter import Board, Rows, identity_rows, new_registry, serve, write_textfile
+from ncclscope.agent.live import LiveWindow, job_rows
+from ncclscope.agent.telemetry import TelemetryWriter
+
+__all__ = ["Agent", "AgentConfig", "LineSource", "gpu_rows", "host_rows"]
+
+_log = logging.getLogger(__name__)
+
+
+class LineSource(Protocol):
+    """Where followed lines come from: the live follower, or a replay."""
+
+    def poll(self) -> Sequence[Any]: ...
+
+
+@dataclass
+class AgentConfig:
+    """What ``ncclscope agent`` was asked to do."""
+
+    follow: list[str] = field(default_factory=list)
+    listen: str | None = None
+    interval_s: float = 1.0
+    analyse_s: float = 5.0
+    out: Path | None = None
+    textfile: Path | None = None
+    pids: list[int] = field(default_factory=list)
+    match: str | None = None
+    window_lines: int = 200_000
+    hostname: str | None = None
+    from_start: bool = False
+
+
+def gpu_rows(statics: Sequence[Any], samples: Sequence[Any]) -> dict[str, Rows]:
+    """Catalog rows of the GPUs' static facts and latest samples."""
+    rows: dict[str, list[tuple[tuple[str, ...], float]]] = {}
+
+    def put(name: str, labels: tuple[str, ...], value: float | None) -> None:
+        if value is not None:
+            rows.setdefault(name, []).append((labels, float(value)))
+
+    ids = {}
+    for s in statics:
+        key = (str(s.index), str(s.uuid), str(s.pci_bus_id))
+        ids[s.index] = key
+        put("ncclscope_gpu_info", (*key, str(s.name)), 1.0)
+        put("ncclscope_gpu_memory_total_bytes", key, s.memory_total_bytes)
+        put("ncclscope_gpu_pcie_link_max_bytes_per_second", key, s.pcie_link_max_bytes_per_second)
+        put("ncclscope_gpu_power_limit_watts", key, s.power_limit_watts)
+    for g in samples:
+        found = ids.get(g.index)
+        if found is None:
+            continue
+        key = found
+        put("ncclscope_gpu_memory_used_bytes", key, g.memory_used_bytes)
+        put("ncclscope_gpu_utilization_ratio", key, g.utilization_gpu_ratio)
+        put("ncclscope_gpu_pcie_tx_bytes_per_second", key, g.pcie_tx_bytes_per_second)
+        put("ncclscope_gpu_pcie_rx_bytes_per_second", key, g.pcie_rx_bytes_per_second)
+        put("ncclscope_gpu_pcie_link_generation", key, g.pcie_link_gen)
+        put("ncclscope_gpu_pcie_link_width", key, g.pcie_link_width)
+        put("ncclscope_gpu_clocks_event_reasons", key, g.clocks_event_reasons)
+        put("ncclscope_gpu_temperature_celsius", key, g.temperature_celsius)
+        put("ncclscope_gpu_power_watts", key, g.power_watts)
+        put("ncclscope_gpu_ecc_uncorrected_errors_total", key, g.ecc_uncorrected_total)
+        for pid, used in g.processes or ():
+            put("ncclscope_gpu_process_memory_used_bytes", (*key, str(pid)), used)
+    return dict(rows.items())
+
+
+def host_rows(sample: Any) -> dict[str, Rows]:
+    """Catalog rows of a host sample and its job processes."""
+    rows: dict[str, Rows] = {
+        "ncclscope_host_memory_total_bytes": [((), sample.memory_total_bytes)],
+        "ncclscope_host_memory_available_bytes": [((), sample.memory_available_bytes)],
+        "ncclscope_host_swap_used_bytes": [((), sample.swap_used_bytes)],
+        "ncclscope_host_swap_in_bytes_total": [((), sample.swap_in_bytes_total)],
+        "ncclscope_host_swap_out_bytes_total": [((), sample.swap_out_bytes_total)],
+        "ncclscope_host_cpu_utilization_ratio": [((), sample.cpu_ratio)],
+        "ncclscope_process_resident_memory_bytes": [
+            ((str(p.pid),), p.rss_bytes) for p in sample.processes
+        ],
+        "ncclscope_process_cpu_seconds_total": [
+            ((str(p.pid),), p.cpu_seconds_total) for p in sample.processes
+        ],
+    }
+    return {k: [(labels, v) for labels, v in series if v is not None] for k, series in rows.items()}
+
+
+@dataclass
+class _Health:
+    success: dict[str, bool] = field(default_factory=dict)
+    duration: dict[str, float] = field(default_factory=dict)
+    cpu: dict[str, float] = field(default_factory=dict)
+
+    def timed(self, name: str, fn: Callable[[], bool]) -> None:
+        """Run a collector; it returns whether it succeeded."""
+        wall, cpu = time.perf_counter(), time.process_time()
+        try:
+            ok = fn()
+        # A sidecar that runs for days: any collector's failure becomes a metric (and a
+        # log line), never the end of the agent.
+        except Exception:  # noqa: BLE001
+            _log.exception("collector %s failed", name)
+            ok = False
+        self.success[name] = ok
+        self.duration[name] = time.perf_counter() - wall
+        self.cpu[name] = self.cpu.get(name, 0.0) + time.process_time() - cpu
+
+    def rows(self) -> dict[str, Rows]:
+        return {
+            "ncclscope_scrape_collector_success": [
+                ((k,), float(v)) for k, v in self.success.items()
+            ],
+            "ncclscope_scrape_collector_duration_seconds": [
+                ((k,), v) for k, v in self.duration.items()
+            ],
+            "ncclscope_sample_cpu_seconds_total": [((k,), v) for k, v in self.cpu.items()],
+        }
+
+
+class Agent:
+    """One agent: collectors, the live window, the board and its outputs.
+
+    ``nvml`` is the NVML collector (``agent.nvml.NvmlCollector``) or None; ``host`` the
+    psutil collector; ``lines`` where followed lines come from.  All are seams for
+    tests and replay.
+    """
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        nvml: Any = None,
+        host: Any = None,
+        lines: LineSource | None = None,
+        wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.config = config
+        self.nvml = nvml
+        self.host = host
+        self.lines = lines
+        self.wall = wall
+        self.board = Board()
+        self.registry = new_registry(self.board)
+        self.health = _Health()
+        self.window = LiveWindow(max_lines=config.window_lines)
+        self.hostname = config.hostname or socket.gethostname()
+        self.board.set("identity", identity_rows(self.hostname))
+        self.telemetry = (
+            TelemetryWriter(config.out, self.hostname) if config.out is not None else None
+        )
+        self.bound: tuple[str, int] | None = None
+        self.lines_read = 0
+        self.bytes_read = 0
+        self._last_analysis = -math.inf
+        self._new_lines = 0
+        self.nvml_message: str | None = None
+        self._workdir = tempfile.TemporaryDirectory(prefix="ncclscope-agent-")
+
+    # -- collectors ---------------------------------------------------------------------
+
+    def _sample_nvml(self) -> bool:
+        if self.nvml is None:
+            return False  # no driver: said once at start, reported as a failed collector
+        samples = self.nvml.sample()
+        rows = gpu_rows(self.nvml.statics, samples)
+        self.board.set("nvml", rows)
+        self._record(rows)
+        return bool(getattr(self.nvml, "ok", True))
+
+    def _sample_host(self) -> bool:
+        rows = host_rows(self.host.sample())
+        self.board.set("host", rows)
+        self._record(rows)
+        return True
+
+    def _follow(self) -> bool:
+        if self.lines is None:
+            return True
+        got = self.lines.poll()
+        self.window.add((str(x.path), x.text, x.arrived) for x in got)
+        self.lines_read += len(got)
+        self.bytes_read += sum(len(x.text) + 1 for x in got)
+        self._new_lines += len(got)
+        self.board.set(
+            "logs",
+            {
+                "ncclscope_log_lines_read_total": [((), float(self.lines_read))],
+                "ncclscope_log_bytes_read_total": [((), float(self.bytes_read))],
+                "ncclscope_log_files_followed": [((), float(self.window.files))],
+            },
+        )
+        return True
+
+    def _detect(self) -> bool:
+        """The window through the detectors, every ``analyse_s`` (ages and seconds left
+        move with the clock even when no line came)."""
+        now_mono = time.monotonic()
+        if now_mono - self._last_analysis < self.config.analyse_s:
+            return True
+        self._last_analysis = now_mono
+        self._new_lines = 0
+        work = Path(self._workdir.name) / "live"
+        analysis = self.window.analyse(work)
+        if analysis is not None:
+            self.board.set("job", job_rows(analysis, self.wall()))
+        return True
+
+    def _record(self, rows: dict[str, Rows]) -> None:
+        if self.telemetry is not None:
+            self.telemetry.add(self.wall(), rows)
+
+    def tick(self) -> None:
+        """One round of every collector."""
+        if self.nvml is not None or self.nvml_message is not None:
+            self.health.timed("nvml", self._sample_nvml)
+        if self.host is not None:
+            self.health.timed("host", self._sample_host)
+        if self.lines is not None:
+            self.health.timed("logs", self._follow)
+            self.health.timed("detect", self._detect)
+        self.board.set("health", self.health.rows())
+        if self.telemetry is not None:
+            self.telemetry.maybe_flush()
+        if self.config.textfile is not None:
+            write_textfile(self.registry, self.config.textfile)
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start NVML and the HTTP endpoint."""
+        if self.nvml is not None:
+            self.nvml_message = self.nvml.start()
+            if self.nvml_message is not None:
+                _log.warning("%s", self.nvml_message)
+                self.nvml = None
+        if self.config.listen:
+            self.bound = serve(self.registry, self.config.listen)
+
+    def run(self, stop: threading.Event, *, ticks: int | None = None) -> None:
+        """Tick on schedule until ``stop`` is set (or ``ticks`` ticks have run)."""
+        interval = self.config.interval_s
+        start = time.monotonic()
+        k = 0
+        while not stop.is_set() and (ticks is None or k < ticks):
+            self.tick()
+            k += 1
+            # The next tick on the grid; one that is already past is skipped.
+            k = max(k, math.ceil((time.monotonic() - start) / interval))
+            stop.wait(max(0.0, start + k * interval - time.monotonic()))
+        self.finish()
+
+    def finish(self) -> None:
+        """Flush what was sampled: the last textfile and telemetry part."""
+        if self.config.textfile is not None:
+            write_textfile(self.registry, self.config.textfile)
+        if self.telemetry is not None:
+            self.telemetry.flush()
+        if self.nvml is not None:
+            self.nvml.close()
+        self._workdir.cleanup()

@@ -1,0 +1,84 @@
+"""Telemetry on disk: complete Parquet part files that ``analyze --telemetry`` reads.
+
+The agent buffers its samples and writes a part every ``part_s`` seconds and at exit.
+A part is written under a temporary name and renamed into place, so after any crash
+(SIGKILL included) every ``part-*.parquet`` in the folder is complete and readable;
+the oldest parts are deleted once the folder holds more than ``max_bytes``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+
+from ncclscope.schema import TELEMETRY_SCHEMA
+
+__all__ = ["TELEMETRY_SCHEMA", "TelemetryWriter", "read_telemetry"]
+
+
+@dataclass
+class TelemetryWriter:
+    """Buffers samples; writes complete parts to ``folder``."""
+
+    folder: Path
+    host: str
+    part_s: float = 10.0
+    max_bytes: int = 256 << 20
+    _rows: list[tuple[object, ...]] = field(default_factory=list)
+    _last: float = field(default_factory=time.monotonic)
+    parts_written: int = 0
+
+    def __post_init__(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def add(self, ts: object, rows: dict[str, Sequence[tuple[tuple[str, ...], float]]]) -> None:
+        """Buffer one tick's rows (metric -> label values and value)."""
+        for metric, series in rows.items():
+            for labels, value in series:
+                self._rows.append((ts, self.host, metric, ",".join(labels), float(value)))
+
+    def maybe_flush(self) -> Path | None:
+        """Write a part if ``part_s`` has passed since the last one."""
+        if time.monotonic() - self._last < self.part_s:
+            return None
+        return self.flush()
+
+    def flush(self) -> Path | None:
+        """Write what is buffered as one complete part; prune old parts."""
+        self._last = time.monotonic()
+        if not self._rows:
+            return None
+        frame = pl.DataFrame(self._rows, schema=TELEMETRY_SCHEMA, orient="row")
+        self._rows = []
+        name = f"part-{time.time_ns():020d}-{os.getpid()}.parquet"
+        tmp = self.folder / f".{name}.tmp"
+        frame.write_parquet(tmp, compression="zstd")
+        tmp.rename(self.folder / name)  # atomic: a reader never sees half a part
+        self.parts_written += 1
+        self._prune()
+        return self.folder / name
+
+    def _prune(self) -> None:
+        parts = sorted(self.folder.glob("part-*.parquet"))
+        sizes = [p.stat().st_size for p in parts]
+        total = sum(sizes)
+        for part, size in zip(parts, sizes, strict=True):
+            if total <= self.max_bytes:
+                break
+            part.unlink(missing_ok=True)
+            total -= size
+
+
+def read_telemetry(paths: Iterable[Path]) -> pl.DataFrame:
+    """Every part under ``paths`` (files or folders), in time order."""
+    files: list[Path] = []
+    for path in paths:
+        files += sorted(path.glob("part-*.parquet")) if path.is_dir() else [path]
+    if not files:
+        return pl.DataFrame(schema=TELEMETRY_SCHEMA)
+    return pl.concat([pl.read_parquet(f) for f in files]).cast(TELEMETRY_SCHEMA).sort("ts")

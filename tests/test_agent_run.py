@@ -1,0 +1,129 @@
+"""The agent's loop and replay, on the HTTP endpoint, without a GPU."""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from ncclscope.agent.replay import ReplaySource
+from ncclscope.agent.run import Agent, AgentConfig
+from ncclscope.agent.telemetry import read_telemetry
+
+REPO = Path(__file__).resolve().parent.parent
+STALLED = REPO / "fixtures" / "stalled-227-ts" / "job.log"
+
+
+def _scrape(port: int) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        body = response.read().decode()
+    values = {}
+    for line in body.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            values[name] = float(value)
+    return values
+
+
+class _Clock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_replay_of_a_hang_counts_down_to_the_timeout() -> None:
+    clock = _Clock()
+    source = ReplaySource([STALLED], speed=60.0, clock=clock)
+    a = Agent(
+        AgentConfig(listen="127.0.0.1:0", analyse_s=0.0, hostname="replay"),
+        lines=source,
+        wall=source.now,
+    )
+    a.start()
+    assert a.bound is not None
+    port = a.bound[1]
+    clock.t = 5.0  # 5 s real = 300 s of the job at 60x: every line is out
+    a.tick()
+    assert source.done
+    first = _scrape(port)
+    clock.t = 10.0
+    a.tick()
+    second = _scrape(port)
+    left = [k for k in first if k.startswith("ncclscope_timeout_remaining_seconds")]
+    assert len(left) == 1
+    assert second[left[0]] == pytest.approx(first[left[0]] - 300.0, abs=1.0)
+    culprit = [k for k in second if k.startswith("ncclscope_timeout_culprit_info")]
+    assert len(culprit) == 1
+    assert 'rank="6"' in culprit[0]
+    assert 'op="AllGather"' in culprit[0]
+    assert 'seq="30"' in culprit[0]
+    assert second['ncclscope_scrape_collector_success{collector="detect"}'] == 1.0
+    a.finish()
+
+
+@dataclass
+class _Proc:
+    pid: int
+    name: str = "python"
+    rss_bytes: int = 1 << 30
+    cpu_seconds_total: float = 12.5
+
+
+@dataclass
+class _HostSample:
+    memory_total_bytes: int = 64 << 30
+    memory_available_bytes: int = 40 << 30
+    swap_used_bytes: int = 0
+    swap_in_bytes_total: int = 0
+    swap_out_bytes_total: int = 0
+    cpu_ratio: float = 0.25
+    processes: list[_Proc] = field(default_factory=lambda: [_Proc(4242)])
+
+
+class _Host:
+    def sample(self) -> _HostSample:
+        return _HostSample()
+
+
+class _NoDriver:
+    def start(self) -> str:
+        return "no NVIDIA driver found: GPU metrics off; host and log metrics on"
+
+
+def test_agent_without_a_driver_keeps_running(tmp_path: Path) -> None:
+    out = tmp_path / "telemetry"
+    textfile = tmp_path / "ncclscope.prom"
+    a = Agent(
+        AgentConfig(listen="127.0.0.1:0", interval_s=0.05, out=out, textfile=textfile),
+        nvml=_NoDriver(),
+        host=_Host(),
+    )
+    a.start()
+    assert a.nvml_message is not None
+    assert "no NVIDIA driver" in a.nvml_message
+    stop = threading.Event()
+    runner = threading.Thread(target=a.run, args=(stop,))
+    runner.start()
+    time.sleep(0.4)
+    assert a.bound is not None
+    values = _scrape(a.bound[1])
+    stop.set()
+    start = time.monotonic()
+    runner.join(timeout=5)
+    assert time.monotonic() - start < 1.0  # stops within one wait
+    assert values['ncclscope_scrape_collector_success{collector="nvml"}'] == 0.0
+    assert values['ncclscope_scrape_collector_success{collector="host"}'] == 1.0
+    assert values["ncclscope_host_memory_available_bytes"] == float(40 << 30)
+    assert values['ncclscope_process_resident_memory_bytes{pid="4242"}'] == float(1 << 30)
+    telemetry = read_telemetry([out])
+    assert len(telemetry) > 0
+    assert "ncclscope_host_memory_available_bytes" in set(telemetry["metric"].to_list())
+    assert "ncclscope_host_memory_available_bytes" in textfile.read_text()
