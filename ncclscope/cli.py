@@ -129,12 +129,28 @@ def cli(verbose: int) -> None:
     default=None,
     help="Exit 3 when a finding of this severity or worse exists (for CI pipelines).",
 )
+@click.option(
+    "--prom-out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write the job's metrics (as the agent exports them) to this file, "
+    "in Prometheus text format, atomically (for node_exporter's textfile collector).",
+)
+@click.option(
+    "--telemetry",
+    "telemetry",
+    multiple=True,
+    type=click.Path(exists=True, path_type=Path),
+    help="Telemetry written by 'ncclscope agent --out' (a folder or part files; "
+    "repeatable): summarised after the report.",
+)
 def analyze(
     paths: tuple[str, ...],
     fmt: str,
     output: Path | None,
     no_progress: bool,
     fail_on: Severity | None,
+    prom_out: Path | None,
+    telemetry: tuple[Path, ...],
 ) -> None:
     """Analyse NCCL_DEBUG=INFO logs: versions, ranks, communicators, collectives, errors.
 
@@ -163,6 +179,14 @@ def analyze(
             progress.close()
         doc = to_json_dict(analysis)
         text = json.dumps(doc, indent=2) + "\n" if fmt == "json" else render_text(analysis, doc=doc)
+        if prom_out is not None and analysis.paths:
+            from ncclscope.agent.postmortem import write_postmortem
+
+            write_postmortem(analysis, prom_out)
+        if telemetry and fmt == "text":
+            from ncclscope.agent.telemetry import read_telemetry, summary_lines
+
+            text += "\n".join(summary_lines(read_telemetry(telemetry)))
     if not analysis.paths and fmt == "text":
         text = ""  # nothing was read: the messages below say why, an empty report would not
     if output is not None:

@@ -127,3 +127,41 @@ def test_agent_without_a_driver_keeps_running(tmp_path: Path) -> None:
     assert len(telemetry) > 0
     assert "ncclscope_host_memory_available_bytes" in set(telemetry["metric"].to_list())
     assert "ncclscope_host_memory_available_bytes" in textfile.read_text()
+
+
+def test_analyze_prom_out_and_telemetry(tmp_path: Path) -> None:
+    from datetime import UTC, datetime
+
+    from click.testing import CliRunner
+
+    from ncclscope.agent.telemetry import TelemetryWriter
+    from ncclscope.cli import cli
+
+    parts = tmp_path / "telemetry"
+    writer = TelemetryWriter(parts, "node-1")
+    key = ("0", "GPU-aa", "00000000:3B:00.0")
+    for k, tx in enumerate([1e9, 20e9, 5e9]):
+        writer.add(
+            datetime(2025, 3, 14, 9, 0, k, tzinfo=UTC),
+            {
+                "ncclscope_gpu_memory_used_bytes": [(key, (60 + k) * 2**30)],
+                "ncclscope_gpu_memory_total_bytes": [(key, 80 * 2**30)],
+                "ncclscope_gpu_pcie_tx_bytes_per_second": [(key, tx)],
+                "ncclscope_gpu_pcie_link_max_bytes_per_second": [(key, 31.5e9)],
+                "ncclscope_host_memory_available_bytes": [((), (10 - k) * 2**30)],
+            },
+        )
+        writer.flush()
+    assert len(list(parts.glob("part-*.parquet"))) == 3
+    prom = tmp_path / "job.prom"
+    result = CliRunner().invoke(
+        cli,
+        ["analyze", str(STALLED), "--prom-out", str(prom), "--telemetry", str(parts)],
+    )
+    assert result.exit_code == 0, result.output
+    assert "memory peak 62.0 of 80.0 GiB" in result.output
+    assert "PCIe peak 20.0 GB/s (63% of the link)" in result.output
+    assert "host memory available at least 8.0 GiB" in result.output
+    text = prom.read_text()
+    assert 'rank="6"' in text
+    assert "ncclscope_timeout_culprit_info" in text

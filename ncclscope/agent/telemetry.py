@@ -18,7 +18,7 @@ import polars as pl
 
 from ncclscope.schema import TELEMETRY_SCHEMA
 
-__all__ = ["TELEMETRY_SCHEMA", "TelemetryWriter", "read_telemetry"]
+__all__ = ["TelemetryWriter", "read_telemetry", "summary_lines"]
 
 
 @dataclass
@@ -82,3 +82,38 @@ def read_telemetry(paths: Iterable[Path]) -> pl.DataFrame:
     if not files:
         return pl.DataFrame(schema=TELEMETRY_SCHEMA)
     return pl.concat([pl.read_parquet(f) for f in files]).cast(TELEMETRY_SCHEMA).sort("ts")
+
+
+def summary_lines(frame: pl.DataFrame) -> list[str]:
+    """A few lines for people: per GPU the peak memory and PCIe traffic against the
+    link, and the host's lowest available memory, over the telemetry's span."""
+    if frame.is_empty():
+        return ["TELEMETRY", "  no samples in the given telemetry", ""]
+    first, last = frame["ts"].min(), frame["ts"].max()
+    out = ["TELEMETRY", f"  {first!s} .. {last!s}"]
+    per = (
+        frame.filter(pl.col("metric").str.starts_with("ncclscope_gpu_"))
+        .group_by("host", "labels", "metric")
+        .agg(pl.col("value").max())
+    )
+    wide = per.pivot(on="metric", index=["host", "labels"], values="value").sort("host", "labels")
+    for r in wide.iter_rows(named=True):
+        gpu = r["labels"].split(",")[0]
+        used: float | None = r.get("ncclscope_gpu_memory_used_bytes")
+        total: float | None = r.get("ncclscope_gpu_memory_total_bytes")
+        tx: float | None = r.get("ncclscope_gpu_pcie_tx_bytes_per_second")
+        rx: float | None = r.get("ncclscope_gpu_pcie_rx_bytes_per_second")
+        link: float | None = r.get("ncclscope_gpu_pcie_link_max_bytes_per_second")
+        parts = [f"  {r['host']} gpu {gpu}:"]
+        if used is not None and total:
+            parts.append(f"memory peak {used / 2**30:.1f} of {total / 2**30:.1f} GiB")
+        if link and (tx is not None or rx is not None):
+            peak = max(tx or 0.0, rx or 0.0)
+            parts.append(f"PCIe peak {peak / 1e9:.1f} GB/s ({peak / link:.0%} of the link)")
+        out.append(" ".join(parts))
+    avail = frame.filter(pl.col("metric") == "ncclscope_host_memory_available_bytes")
+    lows = avail.group_by("host").agg(pl.col("value").min()).sort("host")
+    for host, low in lows.iter_rows():
+        out.append(f"  {host}: host memory available at least {low / 2**30:.1f} GiB")
+    out.append("")
+    return out

@@ -1,0 +1,23 @@
+"""``analyze --prom-out``: the job's metrics as the agent would export them at the last
+line of the logs, written once in Prometheus text format."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+from ncclscope.agent.exporter import Board, identity_rows, new_registry, write_textfile
+from ncclscope.agent.live import job_rows
+from ncclscope.analysis import Analysis
+from ncclscope.detect.context import Context
+
+__all__ = ["write_postmortem"]
+
+
+def write_postmortem(analysis: Analysis, path: Path) -> None:
+    """Write the job's metrics at the logs' last time (else now) to ``path``."""
+    board = Board()
+    board.set("identity", identity_rows())
+    now = Context(analysis).last_ts or datetime.now(UTC)
+    board.set("job", job_rows(analysis, now))
+    write_textfile(new_registry(board), path)
