@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""The agent's costs: /metrics rendering, CPU and memory while it runs.
+
+Modes:
+
+* ``render``: ``/metrics`` with 1,024 ranks' series (each rank on the world and a
+  host communicator), 8 GPUs and 16 processes; prints the median render time over
+  200 renders (target <= 20 ms) and the number of series.
+* ``idle --seconds 60``: ``ncclscope agent --fake-gpus 8`` at 1 s with 16 job processes
+  (``sleep``), as a subprocess; prints its CPU share of one core over the run, measured
+  on its own pid (target <= 1%), and its peak RSS (target <= 150 MB).
+* ``soak --minutes 30``: the agent at 0.1 s following a log that grows by 1 MB/s of
+  NCCL COLL lines; prints its RSS every minute and the change from minute 5 to the end
+  (target within 10%).
+
+Usage:
+    .venv/bin/python benchmarks/bench_agent.py render
+    .venv/bin/python benchmarks/bench_agent.py idle --seconds 60
+    .venv/bin/python benchmarks/bench_agent.py soak --minutes 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import psutil  # noqa: E402
+from prometheus_client import generate_latest  # noqa: E402
+
+from ncclscope.agent.exporter import Board, identity_rows, new_registry  # noqa: E402
+
+
+def render() -> None:
+    board = Board()
+    board.set("identity", identity_rows("node-0"))
+    ranks = range(1024)
+    board.set(
+        "job",
+        {
+            "ncclscope_collective_seq": [
+                ((comm, str(r)), 123456.0) for r in ranks for comm in ("0xworld", f"0xhost{r // 8}")
+            ],
+            "ncclscope_collective_lateness_seconds": [((str(r),), 0.001) for r in ranks],
+            "ncclscope_straggler_score": [((str(r),), 0.01) for r in ranks],
+            "ncclscope_pending_collective_age_seconds": [(("0xworld",), 12.0)],
+            "ncclscope_timeout_remaining_seconds": [(("0xworld",), 588.0)],
+            "ncclscope_timeout_culprit_info": [(("0xworld", "5", "AllGather", "1842"), 1.0)],
+        },
+    )
+    gpus = [(str(g), f"GPU-{g}", f"00000000:{g:02X}:00.0") for g in range(8)]
+    board.set(
+        "nvml",
+        {
+            "ncclscope_gpu_memory_used_bytes": [(k, 1e9) for k in gpus],
+            "ncclscope_gpu_pcie_tx_bytes_per_second": [(k, 1e9) for k in gpus],
+            "ncclscope_gpu_pcie_rx_bytes_per_second": [(k, 1e9) for k in gpus],
+        },
+    )
+    board.set(
+        "host",
+        {"ncclscope_process_resident_memory_bytes": [((str(p),), 1e9) for p in range(16)]},
+    )
+    registry = new_registry(board)
+    times = []
+    for _ in range(200):
+        start = time.perf_counter()
+        body = generate_latest(registry)
+        times.append(time.perf_counter() - start)
+    series = sum(1 for line in body.decode().splitlines() if line and line[0] != "#")
+    print(f"render: {series} series, median {statistics.median(times) * 1000:.2f} ms, "
+          f"p95 {sorted(times)[189] * 1000:.2f} ms over 200 renders")  # fmt: skip
+
+
+def _agent(args: list[str]) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "ncclscope", "agent", "--listen", "127.0.0.1:0", *args]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def idle(seconds: float) -> None:
+    sleepers = [subprocess.Popen(["sleep", str(seconds + 30)]) for _ in range(16)]
+    try:
+        pids = [a for p in sleepers for a in ("--pid", str(p.pid))]
+        agent = _agent(["--fake-gpus", "8", "--interval", "1", *pids])
+        proc = psutil.Process(agent.pid)
+        time.sleep(5)  # start-up (imports) is not the steady state
+        cpu0, t0 = proc.cpu_times(), time.monotonic()
+        peak = 0
+        while time.monotonic() - t0 < seconds:
+            time.sleep(1)
+            peak = max(peak, proc.memory_info().rss)
+        cpu1, t1 = proc.cpu_times(), time.monotonic()
+        used = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
+        print(f"idle: {used / (t1 - t0):.2%} of one core over {t1 - t0:.0f} s, "
+              f"peak RSS {peak / 1e6:.0f} MB (8 fake GPUs, 16 processes, 1 s)")  # fmt: skip
+        agent.terminate()
+        agent.wait(10)
+    finally:
+        for p in sleepers:
+            p.kill()
+
+
+def soak(minutes: float) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "job.log"
+        log.write_text("")
+        agent = _agent(["--follow", str(log), "--interval", "0.1", "--analyse-every", "5"])
+        proc = psutil.Process(agent.pid)
+        line = (
+            "node-0:{pid}:{pid} [0] NCCL INFO AllGather: opCount {op:x} sendbuff 0x7f00 "
+            "recvbuff 0x7f00 count 4096 datatype 9 op 0 root 0 comm 0x55aa [nranks=8] "
+            "stream 0x55bb\n"
+        )
+        op = 0
+        rss: list[tuple[float, int]] = []
+        start = time.monotonic()
+        with log.open("a") as fh:
+            while time.monotonic() - start < minutes * 60:
+                chunk = []
+                size = 0
+                while size < 100_000:  # 1 MB/s in 0.1 s steps
+                    text = line.format(pid=1000 + op % 8, op=op // 8)
+                    chunk.append(text)
+                    size += len(text)
+                    op += 1
+                fh.write("".join(chunk))
+                fh.flush()
+                time.sleep(0.1)
+                elapsed = time.monotonic() - start
+                if not rss or elapsed - rss[-1][0] >= 60:
+                    rss.append((elapsed, proc.memory_info().rss))
+                    print(f"  {elapsed / 60:5.1f} min  RSS {rss[-1][1] / 1e6:.0f} MB", flush=True)
+        agent.terminate()
+        agent.wait(10)
+        grown = os.path.getsize(log)
+    after5 = [r for t, r in rss if t >= 300] or [r for _t, r in rss]
+    print(f"soak: RSS {after5[0] / 1e6:.0f} MB at 5 min, {after5[-1] / 1e6:.0f} MB at the end "
+          f"({after5[-1] / after5[0] - 1:+.1%}); the log grew to {grown / 1e6:.0f} MB")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("mode", choices=["render", "idle", "soak"])
+    parser.add_argument("--seconds", type=float, default=60)
+    parser.add_argument("--minutes", type=float, default=30)
+    args = parser.parse_args(argv)
+    if args.mode == "render":
+        render()
+    elif args.mode == "idle":
+        idle(args.seconds)
+    else:
+        soak(args.minutes)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
