@@ -525,9 +525,13 @@ class FakeNvml(ModuleType):
             gpu=_at(gpu.utilization_gpu_percent, n), memory=_at(gpu.utilization_memory_percent, n)
         )
 
-    def nvmlDeviceGetPcieThroughput(self, handle: FakeHandle, counter: int) -> int:
-        """KB/s over NVML's 20 ms sampling window; ``n`` counts calls of either counter."""
-        gpu, n = self._device("nvmlDeviceGetPcieThroughput", handle)
+    def nvmlDeviceGetPcieThroughput(self, device: FakeHandle, counter: int) -> int:
+        """KB/s over NVML's 20 ms window; the call number counts TX and RX calls together.
+
+        A ``Dyn`` for TX or RX therefore sees ``n // 2``: the tick number when a sampler
+        reads both counters once per tick.
+        """
+        gpu, n = self._device("nvmlDeviceGetPcieThroughput", device)
         if counter == NVML_PCIE_UTIL_TX_BYTES:
             return _at(gpu.pcie_tx_kb_per_s, n // 2)
         if counter == NVML_PCIE_UTIL_RX_BYTES:
