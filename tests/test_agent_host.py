@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 import psutil
 import pytest
 
-from ncclscope.agent.host import HostCollector, HostSample
+from ncclscope.agent.host import FULL_SCAN_EVERY, HostCollector, HostSample
 
 Spawn = Callable[..., subprocess.Popen[bytes]]
 
@@ -145,6 +145,28 @@ def test_match_rescans_only_on_schedule(spawn: Spawn) -> None:
 
     assert not_yet.processes == ()
     assert pids_in(found) == [child.pid]
+
+
+def test_a_process_that_execs_into_a_match_is_found_by_the_next_full_scan() -> None:
+    marker = f"ncclscope-test-{uuid.uuid4().hex}"
+    script = f'sleep 0.3; exec "{sys.executable}" -c "import time; time.sleep(60)" "$MARK"'
+    child = subprocess.Popen(
+        ["bash", "-c", script], env={**os.environ, "MARK": marker}, stdin=subprocess.DEVNULL
+    )
+    try:
+        now = [0.0]
+        host = HostCollector(match=marker, rescan_interval_s=5.0, clock=lambda: now[0])
+        assert host.sample().processes == ()  # scan 1 (full): bash, no marker yet
+        wait_for_cmdline(child.pid, marker)
+        found = []
+        for _ in range(FULL_SCAN_EVERY):
+            now[0] += 5.0
+            found.append(child.pid in pids_in(host.sample()))
+    finally:
+        child.kill()
+        child.wait()
+
+    assert found == [False] * (FULL_SCAN_EVERY - 1) + [True]
 
 
 def test_vanished_pid_disappears_without_error(spawn: Spawn) -> None:

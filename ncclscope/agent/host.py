@@ -3,7 +3,7 @@
 :class:`HostCollector` reads the host's memory, swap and CPU use and, for each process of
 the job, its name, RSS and CPU time. Processes are found by pid (:meth:`HostCollector.set_pids`,
 as the agent learns them from the logs) and/or by a substring of their command line,
-re-scanned at most every ``rescan_interval_s`` seconds. The same numbers by hand::
+looked for at most every ``rescan_interval_s`` seconds. The same numbers by hand::
 
     free -b; grep -E '^psw(pin|pout)' /proc/vmstat; ps -o pid,comm,rss,cputimes -p PID
 
@@ -25,7 +25,10 @@ from typing import Any
 
 import psutil
 
-__all__ = ["HostCollector", "HostSample", "ProcSample"]
+__all__ = ["FULL_SCAN_EVERY", "HostCollector", "HostSample", "ProcSample"]
+
+#: Every this many ``match`` scans, re-read every process's command line, not only new pids'.
+FULL_SCAN_EVERY = 12
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +116,8 @@ class HostCollector:
         #: Explicit pids -> their process, or None once it is gone (not looked up again).
         self._explicit: dict[int, psutil.Process | None] = {}
         self._matched: dict[int, psutil.Process] = {}
+        self._checked: set[int] = set()  # pids whose command line a scan has read
+        self._scans = 0
         self._next_check = clock()  # due at the first sample
         self._last_cpu = psutil.cpu_times()
         self.set_pids(pids)
@@ -189,15 +194,29 @@ class HostCollector:
             del self._matched[pid]
 
     def _scan(self) -> None:
-        """Find the processes whose command line contains ``match`` (one ``/proc`` walk)."""
-        matched: dict[int, psutil.Process] = {}
-        for proc in psutil.process_iter(["cmdline"], ad_value=None):
-            cmdline = proc.info["cmdline"]
-            if not cmdline or proc.pid == self._own_pid:
+        """Follow new processes whose command line contains ``match``.
+
+        Only pids not seen at an earlier scan have their command line read, so a scan of a
+        busy host costs one ``/proc`` listing plus a read per new process. Every
+        :data:`FULL_SCAN_EVERY`-th scan reads them all again, for a process that exec'd
+        into a matching command line after it was first seen, or a reused pid.
+        """
+        if self._scans % FULL_SCAN_EVERY == 0:
+            self._checked.clear()
+        self._scans += 1
+        current = set(psutil.pids())
+        self._checked &= current
+        for pid in current - self._checked:
+            self._checked.add(pid)
+            if pid == self._own_pid or pid in self._matched:
+                continue
+            try:
+                proc = psutil.Process(pid)
+                cmdline = proc.cmdline()
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
             if self._match is not None and self._match in " ".join(cmdline):
-                matched[proc.pid] = self._matched.get(proc.pid, proc)
-        self._matched = matched
+                self._matched[pid] = proc
 
     def _read_processes(self) -> tuple[ProcSample, ...]:
         followed = {pid: proc for pid, proc in self._explicit.items() if proc is not None}
