@@ -1,0 +1,1 @@
+"""The sidecar that runs beside a training job: follows its logs live (``follow``)."""
