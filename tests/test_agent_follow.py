@@ -546,3 +546,58 @@ def test_any_appends_give_the_lines_of_the_final_content(
     got += follower.close()
     assert texts(got) == expected_lines(content)
     assert [x.line_no for x in got] == list(range(1, len(got) + 1))
+
+
+CHUNKS = st.lists(PIECES, min_size=1, max_size=8).map(b"".join)
+OPS = st.lists(
+    st.one_of(
+        CHUNKS.map(lambda data: ("append", data)),
+        st.sampled_from([("poll", b""), ("rotate", b""), ("truncate", b"")]),
+    ),
+    max_size=40,
+)
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(ops=OPS)
+def test_rotations_and_truncations_lose_and_repeat_nothing(
+    tmp_path_factory: pytest.TempPathFactory, ops: list[tuple[str, bytes]]
+) -> None:
+    """Appends, renames (logrotate ``create``) and copytruncates in any order give every
+    line of every incarnation once, in order, numbered as in its file.  The follower
+    polls just before a rotation or truncation (what is written after that poll and
+    before a copytruncate is lost to every reader, so no claim there)."""
+    log = tmp_path_factory.mktemp("rot") / "train.log"
+    log.write_bytes(b"")
+    follower = Follower([str(log)], rotate_wait=0, clock=Clock())
+    follower.poll()
+    got: list[FollowedLine] = []
+    contents = [b""]  # of each incarnation
+    for op, data in ops:
+        if op == "append":
+            append(log, data)
+            contents[-1] += data
+        elif op == "poll":
+            got += follower.poll()
+        elif op == "rotate":
+            got += follower.poll()
+            log.rename(log.with_name("train.log.1"))
+            log.write_bytes(b"")
+            contents.append(b"")
+        else:
+            got += follower.poll()
+            with log.open("r+b") as fh:
+                fh.truncate(0)
+            if contents[-1]:  # nothing was read of an empty file: no new incarnation
+                contents.append(b"")
+            got += follower.poll()
+    got += follower.poll()
+    got += follower.close()
+    want = [
+        (incarnation, n, text)
+        for incarnation, content in enumerate(contents)
+        for n, text in enumerate(expected_lines(content), 1)
+    ]
+    assert [(x.incarnation, x.line_no, x.text) for x in got] == want
