@@ -528,13 +528,20 @@ def expected_lines(content: bytes) -> list[str]:
     content=st.lists(PIECES, max_size=60).map(b"".join),
     cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=12),
     budget=st.integers(min_value=1, max_value=64),
+    tight=st.booleans(),
 )
 def test_any_appends_give_the_lines_of_the_final_content(
-    tmp_path_factory: pytest.TempPathFactory, content: bytes, cuts: list[int], budget: int
+    tmp_path_factory: pytest.TempPathFactory,
+    content: bytes,
+    cuts: list[int],
+    budget: int,
+    tight: bool,
 ) -> None:
     log = tmp_path_factory.mktemp("prop") / "train.log"
     log.write_bytes(b"")
-    follower = Follower([str(log)], max_bytes_per_poll=budget)
+    # tight: no line is giant, but some are long enough to take the byte-wise path.
+    limit = len(content) + 1 if tight else 1 << 20
+    follower = Follower([str(log)], max_bytes_per_poll=budget, max_line_bytes=limit)
     follower.poll()
     got: list[FollowedLine] = []
     bounds = sorted({min(c, len(content)) for c in cuts} | {0, len(content)})

@@ -51,6 +51,7 @@ import stat
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from itertools import repeat
 
 from ncclscope.sources import _NOT_LOGS  # the suffixes a directory walk skips in analyze
 
@@ -510,32 +511,54 @@ class Follower:
             data = data[nl + 1 :]
         if f.pending:
             data = f.pending + data
-        parts = data.split(b"\n")
-        rest = parts.pop()
+        end = data.rfind(b"\n")
+        rest = data[end + 1 :]
         limit = self._max_line
         path, incarnation, now = f.path, f.incarnation, run.now
         n = f.line_no
-        emit = run.out.append
-        for raw in parts:
-            if raw[-1:] == b"\r":
-                raw = raw[:-1]
-            if len(raw) > limit:
-                raw = _cut(raw, limit)
-                counters.giant_lines += 1
-            n += 1
-            emit(FollowedLine(path, n, incarnation, raw.decode("utf-8", "replace"), now))
-        if len(rest) > limit and not (len(rest) == limit + 1 and rest[-1:] == b"\r"):
-            n += 1
-            emit(
-                FollowedLine(
-                    path, n, incarnation, _cut(rest, limit).decode("utf-8", "replace"), now
+        if end >= 0:
+            # Decoding the complete lines at once and splitting the text gives what line
+            # by line decoding gives ("\n" is never inside a UTF-8 sequence) in 2/3 of
+            # the time.  A character is at most 4 bytes (a U+FFFD stands for 1 to 3), so
+            # lines of at most limit/4 characters are not giant.
+            texts = str(memoryview(data)[:end], "utf-8", "replace").split("\n")
+            if data.find(b"\r", 0, end) >= 0:
+                texts = [t[:-1] if t[-1:] == "\r" else t for t in texts]
+            if max(map(len, texts)) * 4 > limit:
+                texts = self._cut_giants(data[:end].split(b"\n"), counters)
+            run.out.extend(
+                map(
+                    FollowedLine,
+                    repeat(path),
+                    range(n + 1, n + 1 + len(texts)),
+                    repeat(incarnation),
+                    texts,
+                    repeat(now),
                 )
             )
+            n += len(texts)
+        if len(rest) > limit and not (len(rest) == limit + 1 and rest[-1:] == b"\r"):
+            n += 1
+            text = _cut(rest, limit).decode("utf-8", "replace")
+            run.out.append(FollowedLine(path, n, incarnation, text, now))
             counters.giant_lines += 1
             f.skipping, rest = True, b""
         counters.lines_read += n - f.line_no
         f.line_no = n
         f.pending = rest
+
+    def _cut_giants(self, lines: list[bytes], counters: _Counters) -> list[str]:
+        """The texts of complete lines, the giant ones cut."""
+        limit = self._max_line
+        texts = []
+        for raw in lines:
+            if raw[-1:] == b"\r":
+                raw = raw[:-1]
+            if len(raw) > limit:
+                raw = _cut(raw, limit)
+                counters.giant_lines += 1
+            texts.append(raw.decode("utf-8", "replace"))
+        return texts
 
     def _flush_file(self, f: _File, run: _Poll, *, last: bool) -> None:
         """Return the line being written as it is; ``last``: the file will not go on.
