@@ -90,6 +90,18 @@ def test_tail_semantics_start_at_end(tmp_path: Path) -> None:
     assert numbered(follower.poll()) == [("rank0.log", 0, 3, "three"), ("rank0.log", 0, 4, "four")]
 
 
+def test_skipped_start_is_counted_within_the_budget(tmp_path: Path) -> None:
+    log = tmp_path / "rank0.log"
+    log.write_text("".join(f"line {k}\n" for k in range(1, 1001)))  # 9,893 bytes
+    follower = Follower([str(log)], max_bytes_per_poll=1000)
+    got = follower.poll()  # where following starts: the end now
+    append(log, "appended\n")
+    for _ in range(11):
+        got += follower.poll()
+        assert follower.stats.bytes_read <= 1000 * 12
+    assert numbered(got) == [("rank0.log", 0, 1001, "appended")]
+
+
 def test_tail_semantics_from_start(tmp_path: Path) -> None:
     log = tmp_path / "rank0.log"
     log.write_text("one\ntwo\n")

@@ -75,9 +75,11 @@ class FollowedLine:
 
     Attributes:
         path: the file's path as a pattern matched it.
-        line_no: the line's number, from 1, in this incarnation of the file.
+        line_no: the line's number in the file, from 1.  It starts again from 1 with
+            each incarnation; a file renamed to another matched path keeps its numbers.
         incarnation: which file ``path`` named when the line was read: 0 for the first,
-            one more after each rotation, truncation or re-creation.
+            one more each time the path names another file (rotation, re-creation, a
+            file renamed to it) or its file is truncated.
         text: the line without its ``\\n`` (nor a ``\\r`` just before it), decoded as
             UTF-8 with invalid bytes replaced by U+FFFD.
         arrived: when the poll that read it ran (UTC); the same for every line of a poll.
