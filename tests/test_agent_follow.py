@@ -11,6 +11,7 @@ import itertools
 import os
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -40,6 +41,17 @@ def append(path: Path, data: bytes | str) -> None:
         fh.write(data.encode() if isinstance(data, str) else data)
 
 
+def started(
+    tmp_path: Path, name: str = "train.log", pattern: str | None = None, **options: Any
+) -> tuple[Path, Follower]:
+    """An empty log and a follower of it (or of ``pattern``) past its first poll."""
+    log = tmp_path / name
+    log.write_text("")
+    follower = Follower([pattern or str(log)], **options)
+    assert follower.poll() == []
+    return log, follower
+
+
 def texts(lines: list[FollowedLine]) -> list[str]:
     return [x.text for x in lines]
 
@@ -60,10 +72,7 @@ def nccl(k: int) -> str:
 
 
 def test_append_and_poll(tmp_path: Path) -> None:
-    log = tmp_path / "rank0.log"
-    log.write_text("")
-    follower = Follower([str(log)], clock=Clock())
-    assert follower.poll() == []
+    log, follower = started(tmp_path, "rank0.log", clock=Clock())
     append(log, nccl(1) + "\n" + nccl(2) + "\n")
     got = follower.poll()
     assert got == [
@@ -166,10 +175,7 @@ def test_one_file_under_two_patterns_is_followed_once(tmp_path: Path) -> None:
 def test_rename_rotation_loses_nothing(tmp_path: Path) -> None:
     """logrotate ``create``: rename log -> log.1, create a new log."""
     clock = Clock()
-    log = tmp_path / "train.log"
-    log.write_text("")
-    follower = Follower([str(log)], clock=clock, rotate_wait=5)
-    follower.poll()
+    log, follower = started(tmp_path, clock=clock, rotate_wait=5)
     append(log, "a1\na2\n")
     assert texts(follower.poll()) == ["a1", "a2"]
     append(log, "a3\na4\n")  # written just before the rotation, not polled yet
@@ -197,10 +203,7 @@ def test_rename_rotation_loses_nothing(tmp_path: Path) -> None:
 
 def test_rotation_old_file_is_read_to_its_end_before_the_new_one(tmp_path: Path) -> None:
     """A small budget: the old file's rest comes first, over several polls."""
-    log = tmp_path / "train.log"
-    log.write_text("")
-    follower = Follower([str(log)], max_bytes_per_poll=8)
-    follower.poll()
+    log, follower = started(tmp_path, max_bytes_per_poll=8)
     append(log, "".join(f"old{k}\n" for k in range(6)))  # 5 bytes a line
     log.rename(tmp_path / "train.log.1")
     log.write_text("new0\nnew1\n")
@@ -213,10 +216,7 @@ def test_rotation_old_file_is_read_to_its_end_before_the_new_one(tmp_path: Path)
 def test_rotation_to_a_name_the_pattern_also_matches(tmp_path: Path) -> None:
     """With ``train.log*`` the renamed file shows up as train.log.1: followed on there,
     not read again from its start."""
-    log = tmp_path / "train.log"
-    log.write_text("")
-    follower = Follower([str(tmp_path / "train.log*")])
-    follower.poll()
+    log, follower = started(tmp_path, pattern=str(tmp_path / "train.log*"))
     append(log, "a1\n")
     assert numbered(follower.poll()) == [("train.log", 0, 1, "a1")]
     with log.open("ab") as writer:
@@ -233,10 +233,7 @@ def test_rotation_to_a_name_the_pattern_also_matches(tmp_path: Path) -> None:
 
 def test_copytruncate(tmp_path: Path) -> None:
     clock = Clock()
-    log = tmp_path / "train.log"
-    log.write_text("")
-    follower = Follower([str(log)], clock=clock)
-    follower.poll()
+    log, follower = started(tmp_path, clock=clock)
     append(log, "a1\na2\na3\n")
     assert len(follower.poll()) == 3
     with log.open("r+b") as fh:  # what logrotate's copytruncate does after its copy
@@ -252,10 +249,7 @@ def test_copytruncate(tmp_path: Path) -> None:
 def test_truncated_and_rewritten_past_the_old_end(tmp_path: Path) -> None:
     """The new content is already longer than what was read: the bytes before the read
     position changed, so it is a new incarnation all the same."""
-    log = tmp_path / "train.log"
-    log.write_text("")
-    follower = Follower([str(log)])
-    follower.poll()
+    log, follower = started(tmp_path)
     append(log, "a1\n")
     assert texts(follower.poll()) == ["a1"]
     log.write_text("b1 longer\nb2\n")  # truncate and write, between two polls
@@ -268,10 +262,7 @@ def test_truncated_and_rewritten_past_the_old_end(tmp_path: Path) -> None:
 
 def test_deleted_file_is_dropped_and_a_new_one_at_its_path_is_new(tmp_path: Path) -> None:
     clock = Clock()
-    log = tmp_path / "train.log"
-    log.write_text("")
-    follower = Follower([str(log)], clock=clock, rotate_wait=2)
-    follower.poll()
+    log, follower = started(tmp_path, clock=clock, rotate_wait=2)
     append(log, "a1\na2 without newline")
     log.unlink()
     assert texts(follower.poll()) == ["a1"]
@@ -289,10 +280,7 @@ def test_deleted_file_is_dropped_and_a_new_one_at_its_path_is_new(tmp_path: Path
 
 def test_partial_line_is_held_until_its_newline(tmp_path: Path) -> None:
     clock = Clock()
-    log = tmp_path / "train.log"
-    log.write_text("")
-    follower = Follower([str(log)], clock=clock)
-    follower.poll()
+    log, follower = started(tmp_path, clock=clock)
     append(log, "node-1:4242:4242 [0] NCCL INFO All")
     assert follower.poll() == []
     clock.tick(60)  # however long the writer takes
@@ -309,10 +297,7 @@ def test_partial_line_is_held_until_its_newline(tmp_path: Path) -> None:
 
 
 def test_flush_returns_the_partial_line(tmp_path: Path) -> None:
-    log = tmp_path / "train.log"
-    log.write_text("")
-    follower = Follower([str(log)])
-    follower.poll()
+    log, follower = started(tmp_path)
     append(log, "done\nhalf")
     assert texts(follower.poll()) == ["done"]
     assert numbered(follower.flush()) == [("train.log", 0, 2, "half")]
@@ -332,10 +317,7 @@ def test_flush_returns_the_partial_line(tmp_path: Path) -> None:
 
 
 def test_crlf_endings_and_a_split_crlf(tmp_path: Path) -> None:
-    log = tmp_path / "win.log"
-    log.write_text("")
-    follower = Follower([str(log)])
-    follower.poll()
+    log, follower = started(tmp_path, "win.log")
     append(log, b"a\r\nb\rc\r")
     assert texts(follower.poll()) == ["a"]
     append(log, b"\n\r\n")
@@ -343,10 +325,7 @@ def test_crlf_endings_and_a_split_crlf(tmp_path: Path) -> None:
 
 
 def test_invalid_utf8_is_replaced_and_neighbours_are_intact(tmp_path: Path) -> None:
-    log = tmp_path / "train.log"
-    log.write_text("")
-    follower = Follower([str(log)])
-    follower.poll()
+    log, follower = started(tmp_path)
     append(log, nccl(1).encode() + b"\n\xff\xfe bad \xe2\x82 cut\n" + nccl(2).encode() + b"\n")
     assert texts(follower.poll()) == [nccl(1), "\ufffd\ufffd bad \ufffd cut", nccl(2)]
 
@@ -381,11 +360,8 @@ def test_binary_file_is_read_like_text(tmp_path: Path) -> None:
 
 
 def test_giant_line_is_cut_and_the_next_line_is_intact(tmp_path: Path) -> None:
-    log = tmp_path / "train.log"
-    log.write_text("")
     limit = 1 << 20
-    follower = Follower([str(log)], max_line_bytes=limit)
-    follower.poll()
+    log, follower = started(tmp_path, max_line_bytes=limit)
     giant = b"G" * (3 << 20)
     append(log, b"before\n" + giant + b"\n" + nccl(7).encode() + b"\n")
     got = follower.poll()
@@ -397,10 +373,7 @@ def test_giant_line_is_cut_and_the_next_line_is_intact(tmp_path: Path) -> None:
 
 
 def test_giant_line_arriving_in_pieces_is_never_buffered_whole(tmp_path: Path) -> None:
-    log = tmp_path / "train.log"
-    log.write_text("")
-    follower = Follower([str(log)], max_line_bytes=1000)
-    follower.poll()
+    log, follower = started(tmp_path, max_line_bytes=1000)
     got: list[FollowedLine] = []
     for _ in range(50):
         append(log, b"x" * 300)
@@ -456,10 +429,7 @@ def test_budget_is_shared_fairly_between_files(tmp_path: Path) -> None:
 
 def test_arrival_stamps_come_from_the_clock(tmp_path: Path) -> None:
     clock = Clock()
-    log = tmp_path / "train.log"
-    log.write_text("")
-    follower = Follower([str(log)], clock=clock)
-    follower.poll()
+    log, follower = started(tmp_path, clock=clock)
     append(log, "a\nb\n")
     clock.tick(2.5)
     got = follower.poll()
