@@ -269,20 +269,18 @@ class Follower:
         run = _Poll(self._now(), self._max_poll)
         self._reconcile(self._match(), run.now)
         self._polled = True
-        blocked: set[str] = set()  # paths whose old file is not yet read to its end
+        # Rotated files first: a new file is read only once the old one is read to its
+        # end (short of that, the budget is spent).
         for old in list(self._retiring):
-            if not self._read(old, run):
-                blocked.add(old.path)
-            elif self._expired(old, run.now):
+            if self._read(old, run) and self._expired(old, run.now):
                 self._retire(old, run)
         files = list(self._current.values())
         if files:
             start = self._turn % len(files)
             self._turn += 1
             for f in files[start:] + files[:start]:
-                if f.path not in blocked:
-                    self._check_truncation(f, run)
-                    self._read(f, run)
+                self._check_truncation(f, run)
+                self._read(f, run)
         self._prune_counters()
         return run.out
 
