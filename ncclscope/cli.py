@@ -74,10 +74,14 @@ class _Progress:
 
 
 class _LazyGroup(click.Group):
-    """Subcommands imported when used: ``synth`` pulls in the generator (~45 ms), which
-    ``analyze`` on a large log should not pay for."""
+    """Subcommands imported when used: ``synth`` pulls in the generator (~45 ms) and
+    ``agent``/``replay`` prometheus_client, which ``analyze`` should not pay for."""
 
-    lazy: ClassVar[dict[str, str]] = {"synth": "ncclscope.synth_cli:synth"}
+    lazy: ClassVar[dict[str, str]] = {
+        "agent": "ncclscope.agent_cli:agent",
+        "replay": "ncclscope.agent_cli:replay",
+        "synth": "ncclscope.synth_cli:synth",
+    }
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted([*super().list_commands(ctx), *self.lazy])

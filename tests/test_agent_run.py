@@ -165,3 +165,57 @@ def test_analyze_prom_out_and_telemetry(tmp_path: Path) -> None:
     text = prom.read_text()
     assert 'rank="6"' in text
     assert "ncclscope_timeout_culprit_info" in text
+
+
+def test_agent_subprocess_follows_a_log_and_stops_on_sigterm(tmp_path: Path) -> None:
+    """The real CLI: no driver here, host and log metrics on; SIGTERM stops it within a
+    second with exit status 0 and a complete telemetry part on disk."""
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    log = tmp_path / "train.log"
+    lines = STALLED.read_text().splitlines(keepends=True)
+    log.write_text("".join(lines[:500]))
+    out = tmp_path / "telemetry"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ncclscope", "agent", "--follow", str(log), "--from-start",
+         "--listen", "127.0.0.1:0", "--interval", "0.1", "--analyse-every", "0.2",
+         "--out", str(out)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        port = None
+        deadline = time.monotonic() + 30
+        while port is None and time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            m = re.search(r"serving http://127\.0\.0\.1:(\d+)/metrics", line)
+            port = int(m.group(1)) if m else None
+        assert port is not None
+        with log.open("a") as fh:
+            fh.write("".join(lines[500:]))
+        values: dict[str, float] = {}
+        while time.monotonic() < deadline:
+            values = _scrape(port)
+            if any("ncclscope_timeout_culprit_info" in k for k in values):
+                break
+            time.sleep(0.2)
+        assert values["ncclscope_log_lines_read_total"] == len(lines)
+        culprit = [k for k in values if k.startswith("ncclscope_timeout_culprit_info")]
+        assert culprit
+        assert 'rank="6"' in culprit[0]
+        assert values['ncclscope_scrape_collector_success{collector="host"}'] == 1.0
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=5) == 0
+        assert time.monotonic() - start < 1.0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
+    assert len(read_telemetry([out])) > 0

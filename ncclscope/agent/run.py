@@ -202,15 +202,21 @@ class Agent:
             return True
         got = self.lines.poll()
         self.window.add((str(x.path), x.text, x.arrived) for x in got)
-        self.lines_read += len(got)
-        self.bytes_read += sum(len(x.text) + 1 for x in got)
         self._new_lines += len(got)
+        stats = getattr(self.lines, "stats", None)
+        if stats is not None:  # the follower counts bytes as read, incomplete lines too
+            self.lines_read, self.bytes_read = stats.lines_read, stats.bytes_read
+            files = stats.files_followed
+        else:
+            self.lines_read += len(got)
+            self.bytes_read += sum(len(x.text) + 1 for x in got)
+            files = self.window.files
         self.board.set(
             "logs",
             {
                 "ncclscope_log_lines_read_total": [((), float(self.lines_read))],
                 "ncclscope_log_bytes_read_total": [((), float(self.bytes_read))],
-                "ncclscope_log_files_followed": [((), float(self.window.files))],
+                "ncclscope_log_files_followed": [((), float(files))],
             },
         )
         return True
@@ -227,7 +233,18 @@ class Agent:
         analysis = self.window.analyse(work)
         if analysis is not None:
             self.board.set("job", job_rows(analysis, self.wall()))
+            self._learn_pids(analysis)
         return True
+
+    def _learn_pids(self, analysis: Any) -> None:
+        """Without --pid or --match, watch the processes the logs name on this host."""
+        if self.host is None or self.config.pids or self.config.match:
+            return
+        short = self.hostname.split(".")[0]
+        ranks = analysis.identity.ranks
+        pids = [int(p) for h, p in zip(ranks["host"], ranks["pid"], strict=True) if h == short]
+        if pids and hasattr(self.host, "set_pids"):
+            self.host.set_pids(pids)
 
     def _record(self, rows: dict[str, Rows]) -> None:
         if self.telemetry is not None:
@@ -255,7 +272,8 @@ class Agent:
         if self.nvml is not None:
             self.nvml_message = self.nvml.start()
             if self.nvml_message is not None:
-                _log.warning("%s", self.nvml_message)
+                # The CLI says it once on stderr; the log keeps it for -v runs.
+                _log.info("%s", self.nvml_message)
                 self.nvml = None
         if self.config.listen:
             self.bound = serve(self.registry, self.config.listen)

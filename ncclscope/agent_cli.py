@@ -1,0 +1,215 @@
+"""``ncclscope agent`` and ``ncclscope replay``: the sidecar and its recorded twin."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+
+import click
+
+from ncclscope.agent.exporter import DEFAULT_LISTEN
+from ncclscope.agent.run import Agent, AgentConfig, LineSource
+
+__all__ = ["agent", "replay"]
+
+_LISTEN_HELP = (
+    "Serve /metrics on ADDR:PORT. The default listens on 127.0.0.1 only; to let the "
+    "cluster's Prometheus scrape it, give the node's address or 0.0.0.0, e.g. "
+    "--listen 0.0.0.0:9477 (9477: not node_exporter's 9100 nor dcgm-exporter's 9400). "
+    "'none' serves nothing."
+)
+
+
+def _stop_on_signals() -> threading.Event:
+    """An event set by SIGTERM or SIGINT (the loop waits on it, so it stops at once)."""
+    stop = threading.Event()
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        del signum, frame
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    return stop
+
+
+def _listen(value: str) -> str | None:
+    return None if value.lower() == "none" else value
+
+
+def _follower(patterns: list[str], *, from_start: bool) -> LineSource:
+    from ncclscope.agent.follow import Follower
+
+    return Follower(patterns, from_start=from_start)
+
+
+def _announce(a: Agent) -> None:
+    if a.nvml_message:
+        click.echo(f"ncclscope agent: {a.nvml_message}", err=True)
+    if a.bound is not None:
+        host, port = a.bound
+        click.echo(f"ncclscope agent: serving http://{host}:{port}/metrics", err=True)
+
+
+@click.command()
+@click.option(
+    "--follow",
+    "follow",
+    multiple=True,
+    metavar="PATH_OR_GLOB",
+    help="A log to follow (repeatable; quote globs: files that appear later are followed).",
+)
+@click.option("--listen", default=DEFAULT_LISTEN, show_default=True, help=_LISTEN_HELP)
+@click.option(
+    "--interval",
+    type=click.FloatRange(0.1, 60),
+    default=1.0,
+    show_default=True,
+    help="Seconds between samples (0.1 to 60).",
+)
+@click.option(
+    "--analyse-every",
+    type=click.FloatRange(0.1, 600),
+    default=5.0,
+    show_default=True,
+    help="Seconds between runs of the detectors over the followed logs.",
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Write telemetry part files here (read them with analyze --telemetry).",
+)
+@click.option(
+    "--textfile",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write the metrics to this file for node_exporter's textfile collector.",
+)
+@click.option("--pid", "pids", multiple=True, type=int, help="A job process to watch (repeatable).")
+@click.option("--match", help="Watch the processes whose command line contains this text.")
+@click.option("--from-start", is_flag=True, help="Read followed logs from their start.")
+@click.option(
+    "--fake-gpus",
+    type=click.IntRange(0, 64),
+    default=0,
+    help="Sample N simulated GPUs instead of NVML (demos and benchmarks without a GPU).",
+)
+def agent(
+    follow: tuple[str, ...],
+    listen: str,
+    interval: float,
+    analyse_every: float,
+    out: Path | None,
+    textfile: Path | None,
+    pids: tuple[int, ...],
+    match: str | None,
+    from_start: bool,
+    fake_gpus: int,
+) -> None:
+    """Run beside a training job: sample GPUs and the host, follow its logs, export.
+
+    \b
+    Examples:
+      ncclscope agent --follow 'logs/*.log'
+      ncclscope agent --follow train.log --match train.py --out /scratch/telemetry
+      ncclscope agent --listen 0.0.0.0:9477 --textfile /var/lib/node_exporter/ncclscope.prom
+
+    Stops on SIGTERM or SIGINT within a second, after writing what it sampled.
+    """
+    from ncclscope.agent.host import HostCollector
+    from ncclscope.agent.nvml import NvmlCollector
+
+    config = AgentConfig(
+        follow=list(follow),
+        listen=_listen(listen),
+        interval_s=interval,
+        analyse_s=analyse_every,
+        out=out,
+        textfile=textfile,
+        pids=list(pids),
+        match=match,
+        from_start=from_start,
+    )
+    stop = _stop_on_signals()
+    nvml = NvmlCollector()
+    if fake_gpus:
+        from ncclscope.agent.fake_nvml import FakeNvml
+
+        nvml = NvmlCollector(FakeNvml.with_devices(fake_gpus))
+    a = Agent(
+        config,
+        nvml=nvml,
+        host=HostCollector(pids=pids, match=match),
+        lines=_follower(list(follow), from_start=from_start) if follow else None,
+    )
+    a.start()
+    _announce(a)
+    a.run(stop)
+
+
+@click.command()
+@click.argument(
+    "logs", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path)
+)
+@click.option(
+    "--speed", type=click.FloatRange(min=0.01), default=1.0, show_default=True,
+    help="How many times faster than the job ran.",
+)  # fmt: skip
+@click.option("--listen", default=DEFAULT_LISTEN, show_default=True, help=_LISTEN_HELP)
+@click.option("--interval", type=click.FloatRange(0.05, 60), default=0.5, show_default=True)
+@click.option(
+    "--analyse-every", type=click.FloatRange(0.05, 600), default=1.0, show_default=True,
+    help="Seconds (real time) between runs of the detectors.",
+)  # fmt: skip
+@click.option("--textfile", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--linger", type=click.FloatRange(min=0), default=0.0, show_default=True,
+    help="Seconds to keep serving after the last line (the countdown keeps falling).",
+)  # fmt: skip
+def replay(
+    logs: tuple[Path, ...],
+    speed: float,
+    listen: str,
+    interval: float,
+    analyse_every: float,
+    textfile: Path | None,
+    linger: float,
+) -> None:
+    """Play recorded logs through the agent's live path, serving /metrics.
+
+    For demos, dashboards and tests without a GPU. Times come from the logs' NCCL
+    timestamps (scaled by --speed); the detectors see the logs as the agent would have.
+
+    \b
+    Example:
+      ncclscope replay fixtures/stalled-227-ts/job.log --speed 60 --linger 30
+    """
+    from ncclscope.agent.replay import ReplaySource
+
+    source = ReplaySource(list(logs), speed=speed)
+    config = AgentConfig(
+        listen=_listen(listen),
+        interval_s=interval,
+        analyse_s=analyse_every,
+        textfile=textfile,
+        hostname="replay",
+    )
+    stop = _stop_on_signals()
+    a = Agent(config, lines=source, wall=source.now)
+    a.start()
+    _announce(a)
+
+    def until_done() -> None:
+        while not stop.is_set() and not source.done:
+            stop.wait(0.05)
+        deadline = time.monotonic() + linger
+        while not stop.is_set() and time.monotonic() < deadline:
+            stop.wait(0.05)
+        stop.set()
+
+    threading.Thread(target=until_done, daemon=True).start()
+    a.run(stop)
+    sys.stdout.flush()
