@@ -219,3 +219,24 @@ def test_agent_subprocess_follows_a_log_and_stops_on_sigterm(tmp_path: Path) -> 
         if proc.stderr is not None:
             proc.stderr.close()
     assert len(read_telemetry([out])) > 0
+
+
+def test_a_gpu_that_falls_off_the_bus_is_reported_not_fatal() -> None:
+    from ncclscope.agent.fake_nvml import FakeNvml
+    from ncclscope.agent.nvml import NvmlCollector
+
+    fake = FakeNvml.with_devices(2)
+    a = Agent(AgentConfig(listen="127.0.0.1:0"), nvml=NvmlCollector(fake), host=_Host())  # type: ignore[arg-type]
+    a.start()
+    assert a.bound is not None
+    a.tick()
+    before = _scrape(a.bound[1])
+    assert any('gpu="1"' in k and "memory_used" in k for k in before)
+    fake.lose(1)
+    a.tick()
+    a.tick()
+    after = _scrape(a.bound[1])
+    assert not any('gpu="1"' in k and "memory_used" in k for k in after)
+    assert any('gpu="0"' in k and "memory_used" in k for k in after)
+    assert a.nvml.lost == [1]
+    a.finish()
