@@ -84,6 +84,13 @@ def _announce(a: Agent) -> None:
     help="Write telemetry part files here (read them with analyze --telemetry).",
 )
 @click.option(
+    "--part-seconds",
+    type=click.FloatRange(0.1, 3600),
+    default=10.0,
+    show_default=True,
+    help="Seconds between telemetry part files (with --out).",
+)
+@click.option(
     "--textfile",
     type=click.Path(dir_okay=False, path_type=Path),
     help="Also write the metrics to this file for node_exporter's textfile collector.",
@@ -103,6 +110,7 @@ def agent(
     interval: float,
     analyse_every: float,
     out: Path | None,
+    part_seconds: float,
     textfile: Path | None,
     pids: tuple[int, ...],
     match: str | None,
@@ -128,6 +136,7 @@ def agent(
         interval_s=interval,
         analyse_s=analyse_every,
         out=out,
+        part_s=part_seconds,
         textfile=textfile,
         pids=list(pids),
         match=match,

@@ -240,3 +240,34 @@ def test_a_gpu_that_falls_off_the_bus_is_reported_not_fatal() -> None:
     assert any('gpu="0"' in k and "memory_used" in k for k in after)
     assert a.nvml.lost == [1]
     a.finish()
+
+
+def test_parts_survive_sigkill(tmp_path: Path) -> None:
+    """Parts are renamed into place whole: after SIGKILL every one on disk reads."""
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "telemetry"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ncclscope", "agent", "--fake-gpus", "4", "--listen", "none",
+         "--interval", "0.1", "--out", str(out), "--part-seconds", "0.3"],
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(list(out.glob("part-*.parquet"))) < 3:
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    parts = sorted(out.glob("part-*.parquet"))
+    assert len(parts) >= 3
+    frame = read_telemetry([out])
+    assert frame["metric"].n_unique() > 5
+    assert (
+        frame.filter(frame["metric"] == "ncclscope_gpu_memory_used_bytes")["labels"].n_unique() == 4
+    )

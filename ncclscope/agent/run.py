@@ -46,6 +46,7 @@ class AgentConfig:
     interval_s: float = 1.0
     analyse_s: float = 5.0
     out: Path | None = None
+    part_s: float = 10.0
     textfile: Path | None = None
     pids: list[int] = field(default_factory=list)
     match: str | None = None
@@ -170,7 +171,9 @@ class Agent:
         self.hostname = config.hostname or socket.gethostname()
         self.board.set("identity", identity_rows(self.hostname))
         self.telemetry = (
-            TelemetryWriter(config.out, self.hostname) if config.out is not None else None
+            TelemetryWriter(config.out, self.hostname, part_s=config.part_s)
+            if config.out is not None
+            else None
         )
         self.bound: tuple[str, int] | None = None
         self.lines_read = 0
