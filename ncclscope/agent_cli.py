@@ -178,6 +178,10 @@ def agent(
     "--linger", type=click.FloatRange(min=0), default=0.0, show_default=True,
     help="Seconds to keep serving after the last line (the countdown keeps falling).",
 )  # fmt: skip
+@click.option(
+    "--telemetry", "telemetry", multiple=True, type=click.Path(exists=True, path_type=Path),
+    help="Telemetry written by 'ncclscope agent --out' to replay beside the logs.",
+)  # fmt: skip
 def replay(
     logs: tuple[Path, ...],
     speed: float,
@@ -186,6 +190,7 @@ def replay(
     analyse_every: float,
     textfile: Path | None,
     linger: float,
+    telemetry: tuple[Path, ...],
 ) -> None:
     """Play recorded logs through the agent's live path, serving /metrics.
 
@@ -196,9 +201,11 @@ def replay(
     Example:
       ncclscope replay fixtures/stalled-227-ts/job.log --speed 60 --linger 30
     """
-    from ncclscope.agent.replay import ReplaySource
+    from ncclscope.agent.replay import ReplaySource, TelemetryReplay
+    from ncclscope.agent.telemetry import read_telemetry
 
-    source = ReplaySource(list(logs), speed=speed)
+    recorded = TelemetryReplay(read_telemetry(telemetry)) if telemetry else None
+    source = ReplaySource(list(logs), speed=speed, start=recorded.first if recorded else None)
     config = AgentConfig(
         listen=_listen(listen),
         interval_s=interval,
@@ -207,7 +214,7 @@ def replay(
         hostname="replay",
     )
     stop = _stop_on_signals()
-    a = Agent(config, lines=source, wall=source.now)
+    a = Agent(config, lines=source, wall=source.now, recorded=recorded)
     a.start()
     _announce(a)
 

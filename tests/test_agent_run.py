@@ -271,3 +271,38 @@ def test_parts_survive_sigkill(tmp_path: Path) -> None:
     assert (
         frame.filter(frame["metric"] == "ncclscope_gpu_memory_used_bytes")["labels"].n_unique() == 4
     )
+
+
+def test_replay_serves_recorded_telemetry_as_its_clock_reaches_it(tmp_path: Path) -> None:
+    from datetime import timedelta
+
+    from ncclscope.agent.replay import TelemetryReplay, line_time
+    from ncclscope.agent.telemetry import TelemetryWriter
+
+    first = next(t for t in map(line_time, STALLED.read_text().splitlines()) if t is not None)
+    parts = tmp_path / "telemetry"
+    writer = TelemetryWriter(parts, "node-1")
+    key = ("0", "GPU-aa", "00000000:3B:00.0")
+    for k in range(4):
+        writer.add(
+            first + timedelta(seconds=60 * k),
+            {"ncclscope_gpu_memory_used_bytes": [(key, float(k))],
+             "ncclscope_host_memory_available_bytes": [((), 100.0 - k)]},
+        )  # fmt: skip
+    writer.flush()
+    recorded = TelemetryReplay(read_telemetry([parts]))
+    clock = _Clock()
+    source = ReplaySource([STALLED], speed=60.0, clock=clock, start=recorded.first)
+    a = Agent(AgentConfig(listen="127.0.0.1:0"), lines=source, wall=source.now, recorded=recorded)
+    a.start()
+    assert a.bound is not None
+    clock.t = 1.5  # 90 s of the job: the first two samples
+    a.tick()
+    values = _scrape(a.bound[1])
+    used = 'ncclscope_gpu_memory_used_bytes{UUID="GPU-aa",gpu="0",pci_bus_id="00000000:3B:00.0"}'
+    assert values[used] == 1.0
+    assert values["ncclscope_host_memory_available_bytes"] == 99.0
+    clock.t = 10.0
+    a.tick()
+    assert _scrape(a.bound[1])[used] == 3.0
+    a.finish()

@@ -9,15 +9,18 @@ countdown falls as it did in the job.
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import polars as pl
+
 from ncclscope.parsers.nccl.patterns import HEADER_RE, PREFIX_TS_RE
 
-__all__ = ["ReplayLine", "ReplaySource", "line_time"]
+__all__ = ["ReplayLine", "ReplaySource", "TelemetryReplay", "line_time"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,7 @@ class ReplaySource:
         *,
         speed: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        start: datetime | None = None,
     ) -> None:
         self.speed = speed
         self.clock = clock
@@ -67,7 +71,9 @@ class ReplaySource:
                     text = raw.rstrip("\r\n")
                     self._lines.append((line_time(text), str(path), text))
         first = next((t for t, _p, _x in self._lines if t is not None), None)
-        self.t0 = first or datetime.now(UTC)
+        # The replay starts at the logs' first time, or earlier telemetry's.
+        candidates = [t for t in (first, start) if t is not None]
+        self.t0 = min(candidates) if candidates else datetime.now(UTC)
         times: list[datetime] = []
         last = self.t0
         for t, _p, _x in self._lines:
@@ -94,3 +100,32 @@ class ReplaySource:
             out.append(ReplayLine(path, text, self._times[self._next]))
             self._next += 1
         return out
+
+
+class TelemetryReplay:
+    """Recorded telemetry released as the replay's clock reaches it: the latest value
+    of every series so far, as catalog rows."""
+
+    def __init__(self, frame: pl.DataFrame) -> None:
+        self._frame = frame.sort("ts")
+        self._times = self._frame["ts"].to_list()
+        self._next = 0
+        self._latest: dict[tuple[str, tuple[str, ...]], float] = {}
+
+    @property
+    def first(self) -> datetime | None:
+        return self._times[0] if self._times else None
+
+    def rows_until(self, now: datetime) -> dict[str, list[tuple[tuple[str, ...], float]]]:
+        """Rows of every series' latest value at or before ``now``."""
+        end = bisect.bisect_right(self._times, now, lo=self._next)
+        if end > self._next:
+            part = self._frame.slice(self._next, end - self._next)
+            for metric, labels, value in part.select("metric", "labels", "value").iter_rows():
+                key = tuple(labels.split(",")) if labels else ()
+                self._latest[(metric, key)] = value
+            self._next = end
+        rows: dict[str, list[tuple[tuple[str, ...], float]]] = {}
+        for (metric, labels), value in self._latest.items():
+            rows.setdefault(metric, []).append((labels, value))
+        return rows

@@ -158,12 +158,15 @@ class Agent:
         host: Any = None,
         lines: LineSource | None = None,
         wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+        recorded: Any = None,
     ) -> None:
         self.config = config
         self.nvml = nvml
         self.host = host
         self.lines = lines
         self.wall = wall
+        #: recorded telemetry to replay (``replay.TelemetryReplay``), in place of sampling
+        self.recorded = recorded
         self.board = Board()
         self.registry = new_registry(self.board)
         self.health = _Health()
@@ -259,6 +262,8 @@ class Agent:
             self.health.timed("nvml", self._sample_nvml)
         if self.host is not None:
             self.health.timed("host", self._sample_host)
+        if self.recorded is not None:
+            self.board.set("telemetry", self.recorded.rows_until(self.wall()))
         if self.lines is not None:
             self.health.timed("logs", self._follow)
             self.health.timed("detect", self._detect)
