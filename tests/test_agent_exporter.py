@@ -57,6 +57,7 @@ def test_docs_are_rendered_from_the_catalog() -> None:
     head = text[: text.index("### ")]
     if os.environ.get("NCCLSCOPE_REGENERATE"):
         DOC.write_text(head + render_markdown(), encoding="utf-8")
+        text = DOC.read_text(encoding="utf-8")
     assert text[len(head) :] == render_markdown(), "run with NCCLSCOPE_REGENERATE=1"
 
 

@@ -49,7 +49,7 @@ def test_exposition_matches_the_golden_file() -> None:
     text = _mask(generate_latest(a.registry).decode())
     a.finish()
     if os.environ.get("NCCLSCOPE_REGENERATE"):
-        GOLDEN.write_text(text)
+        GOLDEN.write_text(text)  # then compared with itself: regenerating passes
     assert text == GOLDEN.read_text(), "run with NCCLSCOPE_REGENERATE=1 after checking the diff"
     assert "ncclscope_timeout_culprit_info{comm=" in text
     assert 'gpu="1"' in text

@@ -442,8 +442,12 @@ def test_fake_constants_match_pynvml() -> None:
 
 
 def test_fake_functions_exist_in_pynvml_with_compatible_parameters() -> None:
-    functions = [n for n in dir(FakeNvml) if n.startswith("nvml")]
+    named = [n for n in dir(FakeNvml) if n.startswith("nvml")]
+    functions = [n for n in named if callable(getattr(FakeNvml, n))]
     assert len(functions) >= 20
+    constants = [n for n in named if n not in functions]
+    for name in constants:  # e.g. nvmlEventTypeXidCriticalError
+        assert getattr(FakeNvml, name) == getattr(pynvml, name), name
     for name in functions:
         real = inspect.signature(getattr(pynvml, name))
         fake = inspect.signature(getattr(FakeNvml.with_devices(1), name))
@@ -517,3 +521,20 @@ def test_deprecated_pynvml_package_is_not_installed() -> None:
     with pytest.raises(importlib.metadata.PackageNotFoundError):
         importlib.metadata.distribution("pynvml")
     assert importlib.metadata.distribution("nvidia-ml-py")
+
+
+def test_xid_events_are_counted_per_gpu() -> None:
+    fake = FakeNvml.with_devices(2)
+    gpus = NvmlCollector(fake)
+    assert gpus.start() is None
+    gpus.sample()
+    assert gpus.xid_counts == {}
+    fake.inject_xid(1, 79)  # fell off the bus
+    fake.inject_xid(1, 79)
+    fake.inject_xid(0, 48)  # double-bit ECC
+    gpus.sample()
+    assert gpus.xid_counts == {(1, 79): 2, (0, 48): 1}
+    gpus.sample()  # drained: nothing new
+    assert gpus.xid_counts == {(1, 79): 2, (0, 48): 1}
+    gpus.close()
+    assert fake.count("nvmlEventSetFree") == 1

@@ -306,3 +306,22 @@ def test_replay_serves_recorded_telemetry_as_its_clock_reaches_it(tmp_path: Path
     a.tick()
     assert _scrape(a.bound[1])[used] == 3.0
     a.finish()
+
+
+def test_xid_errors_are_exported() -> None:
+    from ncclscope.agent.fake_nvml import FakeNvml
+    from ncclscope.agent.nvml import NvmlCollector
+
+    fake = FakeNvml.with_devices(2)
+    a = Agent(AgentConfig(listen="127.0.0.1:0"), nvml=NvmlCollector(fake))  # type: ignore[arg-type]
+    a.start()
+    assert a.bound is not None
+    fake.inject_xid(1, 79)
+    a.tick()
+    values = _scrape(a.bound[1])
+    xid = [k for k in values if k.startswith("ncclscope_gpu_xid_errors_total")]
+    assert len(xid) == 1
+    assert 'gpu="1"' in xid[0]
+    assert 'xid="79"' in xid[0]
+    assert values[xid[0]] == 1.0
+    a.finish()

@@ -72,6 +72,7 @@ CATALOG: tuple[Metric, ...] = (
     _m("gpu", "gpu_power_watts", "gauge", "watts", "GPU power draw.", *_GPU),
     _m("gpu", "gpu_power_limit_watts", "gauge", "watts", "GPU enforced power limit.", *_GPU),
     _m("gpu", "gpu_ecc_uncorrected_errors_total", "counter", "", "Uncorrected ECC errors since the driver loaded (volatile).", *_GPU),
+    _m("gpu", "gpu_xid_errors_total", "counter", "", "XID critical errors the driver reported (NVML events), by XID.", *_GPU, "xid"),
     _m("gpu", "gpu_process_memory_used_bytes", "gauge", "bytes", "GPU memory used by a process.", *_GPU, "pid"),
     # --- host (psutil)
     _m("host", "host_memory_total_bytes", "gauge", "bytes", "Host memory in all."),

@@ -88,6 +88,7 @@ NVML_ERROR_NO_PERMISSION = 4
 NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
+NVML_ERROR_TIMEOUT = 10
 NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_UNKNOWN = 999
 
@@ -98,6 +99,8 @@ NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
 NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
 NVML_VOLATILE_ECC = 0
 NVML_AGGREGATE_ECC = 1
+#: ``nvmlEventTypeXidCriticalError``: the event mask bit of XID errors.
+nvmlEventTypeXidCriticalError = 8
 
 _ERROR_STRINGS = {
     NVML_ERROR_UNINITIALIZED: "Uninitialized",
@@ -107,6 +110,7 @@ _ERROR_STRINGS = {
     NVML_ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded",
     NVML_ERROR_LIBRARY_NOT_FOUND: "NVML Shared Library Not Found",
     NVML_ERROR_FUNCTION_NOT_FOUND: "Function Not Found",
+    NVML_ERROR_TIMEOUT: "Timeout",
     NVML_ERROR_GPU_IS_LOST: "GPU is lost",
     NVML_ERROR_UNKNOWN: "Unknown Error",
 }
@@ -182,6 +186,11 @@ class NVMLError_LibraryNotFound(NVMLError):
 @_code(NVML_ERROR_FUNCTION_NOT_FOUND)
 class NVMLError_FunctionNotFound(NVMLError):
     """The driver's libnvidia-ml lacks this function: driver older than binding (value 13)."""
+
+
+@_code(NVML_ERROR_TIMEOUT)
+class NVMLError_Timeout(NVMLError):
+    """nvmlEventSetWait found no event within its timeout (value 10)."""
 
 
 @_code(NVML_ERROR_GPU_IS_LOST)
@@ -362,6 +371,7 @@ class FakeNvml(ModuleType):
     NVMLError_LibraryNotFound = NVMLError_LibraryNotFound
     NVMLError_FunctionNotFound = NVMLError_FunctionNotFound
     NVMLError_GpuIsLost = NVMLError_GpuIsLost
+    NVMLError_Timeout = NVMLError_Timeout
     NVMLError_Unknown = NVMLError_Unknown
     NVMLLibraryMismatchError = NVMLLibraryMismatchError
 
@@ -373,7 +383,9 @@ class FakeNvml(ModuleType):
     NVML_ERROR_LIBRARY_NOT_FOUND = NVML_ERROR_LIBRARY_NOT_FOUND
     NVML_ERROR_FUNCTION_NOT_FOUND = NVML_ERROR_FUNCTION_NOT_FOUND
     NVML_ERROR_GPU_IS_LOST = NVML_ERROR_GPU_IS_LOST
+    NVML_ERROR_TIMEOUT = NVML_ERROR_TIMEOUT
     NVML_ERROR_UNKNOWN = NVML_ERROR_UNKNOWN
+    nvmlEventTypeXidCriticalError = nvmlEventTypeXidCriticalError
     NVML_PCIE_UTIL_TX_BYTES = NVML_PCIE_UTIL_TX_BYTES
     NVML_PCIE_UTIL_RX_BYTES = NVML_PCIE_UTIL_RX_BYTES
     NVML_TEMPERATURE_GPU = NVML_TEMPERATURE_GPU
@@ -407,6 +419,7 @@ class FakeNvml(ModuleType):
         self.calls: collections.Counter[tuple[str, int | None]] = collections.Counter()
         self._refcount = 0
         self._states = [_DeviceState() for _ in self.gpus]
+        self._event_sets: list[_EventSet] = []
         gone = frozenset(absent)
         if gone:
             # A subclass per instance, so only this fake lacks those attributes.
@@ -424,6 +437,14 @@ class FakeNvml(ModuleType):
         if index is not None:
             return self.calls[(name, index)]
         return sum(v for (fn, _), v in self.calls.items() if fn == name)
+
+    def inject_xid(self, index: int, xid: int) -> None:
+        """GPU ``index`` reports XID ``xid`` (delivered to event sets registered for it)."""
+        for event_set in self._event_sets:
+            if index in event_set.devices:
+                event_set.queue.append(
+                    _Event(FakeHandle(index), nvmlEventTypeXidCriticalError, xid)
+                )
 
     def lose(self, index: int) -> None:
         """Make GPU ``index`` lost now: every later call on it raises ``GpuIsLost``."""
@@ -599,3 +620,53 @@ class FakeNvml(ModuleType):
         gpu, n = self._device("nvmlDeviceGetComputeRunningProcesses", handle)
         procs = gpu.processes(n) if callable(gpu.processes) else gpu.processes
         return [_ProcessInfo(pid=pid, usedGpuMemory=used) for pid, used in procs]
+
+
+@dataclasses.dataclass
+class _Event:
+    """``c_nvmlEventData_t``: the device, the event type and its data (the XID)."""
+
+    device: FakeHandle
+    eventType: int
+    eventData: int
+
+
+@dataclasses.dataclass
+class _EventSet:
+    devices: set[int] = dataclasses.field(default_factory=set)
+    queue: list[_Event] = dataclasses.field(default_factory=list)
+
+
+def _event_functions() -> None:
+    """NVML's event-set calls, added to FakeNvml (XID critical errors only)."""
+
+    def nvmlEventSetCreate(self: FakeNvml) -> _EventSet:
+        self._enter("nvmlEventSetCreate")
+        event_set = _EventSet()
+        self._event_sets.append(event_set)
+        return event_set
+
+    def nvmlDeviceRegisterEvents(
+        self: FakeNvml, handle: FakeHandle, eventTypes: int, eventSet: _EventSet
+    ) -> None:
+        _gpu, _n = self._device("nvmlDeviceRegisterEvents", handle)
+        if eventTypes & nvmlEventTypeXidCriticalError:
+            eventSet.devices.add(handle.index)
+
+    def nvmlEventSetWait_v2(self: FakeNvml, eventSet: _EventSet, timeoutms: int) -> _Event:
+        self._enter("nvmlEventSetWait_v2")
+        del timeoutms  # the fake never blocks
+        if not eventSet.queue:
+            raise NVMLError_Timeout
+        return eventSet.queue.pop(0)
+
+    def nvmlEventSetFree(self: FakeNvml, eventSet: _EventSet) -> None:
+        self._enter("nvmlEventSetFree")
+        if eventSet in self._event_sets:
+            self._event_sets.remove(eventSet)
+
+    for fn in (nvmlEventSetCreate, nvmlDeviceRegisterEvents, nvmlEventSetWait_v2, nvmlEventSetFree):
+        setattr(FakeNvml, fn.__name__, fn)
+
+
+_event_functions()

@@ -31,6 +31,8 @@ each sample. ``NvmlCollector(pcie_throughput=False)`` leaves them out.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
 import enum
 import functools
@@ -266,6 +268,10 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+#: XID events taken per sample at most (a storm is counted over the next samples).
+_MAX_EVENTS_PER_SAMPLE = 1000
+
+
 class NvmlCollector:
     """Samples every GPU NVML can see; one instance per agent process.
 
@@ -308,6 +314,9 @@ class NvmlCollector:
         self._not_supported: tuple[type[Exception], ...] = ()
         self._not_found: tuple[type[Exception], ...] = ()
         self._gpu_lost: type[Exception] = _NeverRaisedError
+        # XID critical errors, from an NVML event set polled without blocking.
+        self._events: Any = None
+        self._xids: collections.Counter[tuple[int, int]] = collections.Counter()
 
     # -- public API -----------------------------------------------------------------------
 
@@ -353,7 +362,13 @@ class NvmlCollector:
                 lost = set(self._lost)
                 self._devices = [d for d in self._devices if d.static.index not in lost]
             self._ok = clean and bool(self._devices)
+            self._drain_events()
             return samples
+
+    @property
+    def xid_counts(self) -> dict[tuple[int, int], int]:
+        """XID critical errors seen so far: ``(GPU index, XID) -> count``."""
+        return dict(self._xids)
 
     @property
     def ok(self) -> bool:
@@ -379,6 +394,12 @@ class NvmlCollector:
         """Shut NVML down if this collector initialised it; safe to call more than once."""
         with self._lock:
             if self._state is _State.RUNNING and self._nvml is not None:
+                if self._events is not None:
+                    try:
+                        self._nvml.nvmlEventSetFree(self._events)
+                    except self._error as err:
+                        self._log.debug("nvmlEventSetFree failed: %s", err)
+                    self._events = None
                 try:
                     self._nvml.nvmlShutdown()
                 except self._error as err:
@@ -409,6 +430,7 @@ class NvmlCollector:
         self._message = self._init()
         if self._message is None:
             self._state = _State.RUNNING
+            self._open_events()
         else:
             self._state = _State.UNAVAILABLE
         return self._message
@@ -541,6 +563,51 @@ class NvmlCollector:
         except nvml.NVMLError as err:
             self._count_error(index, name, err)
             return None
+
+    def _open_events(self) -> None:
+        """Register every GPU for XID critical errors; GPUs (or drivers) that do not
+        support events are logged once and left out."""
+        nvml = self._nvml
+        assert nvml is not None
+        try:
+            event_set = nvml.nvmlEventSetCreate()
+        except (self._error, AttributeError) as err:
+            self._log.info("XID events unavailable: %s", err)
+            return
+        registered = 0
+        for device in self._devices:
+            try:
+                nvml.nvmlDeviceRegisterEvents(
+                    device.handle, nvml.nvmlEventTypeXidCriticalError, event_set
+                )
+                registered += 1
+            except self._error as err:
+                self._log.info("GPU %d: XID events unavailable: %s", device.static.index, err)
+        if registered:
+            self._events = event_set
+        else:
+            with contextlib.suppress(self._error):
+                nvml.nvmlEventSetFree(event_set)
+
+    def _drain_events(self) -> None:
+        """Take every XID event waiting, without blocking (timeout 0)."""
+        if self._events is None or self._nvml is None:
+            return
+        nvml = self._nvml
+        timeout: type[Exception] = getattr(nvml, "NVMLError_Timeout", _NeverRaisedError)
+        by_uuid = {st.uuid: st.index for st in self._statics}
+        for _ in range(_MAX_EVENTS_PER_SAMPLE):
+            try:
+                event = nvml.nvmlEventSetWait_v2(self._events, 0)
+                uuid = _text(nvml.nvmlDeviceGetUUID(event.device))
+            except timeout:
+                return
+            except self._error as err:
+                self._count_error(-1, "nvmlEventSetWait_v2", err)
+                return
+            index = by_uuid.get(uuid)
+            if index is not None:
+                self._xids[(index, int(event.eventData))] += 1
 
     def _shutdown_quietly(self, nvml: ModuleType) -> None:
         try:

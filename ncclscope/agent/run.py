@@ -55,8 +55,10 @@ class AgentConfig:
     from_start: bool = False
 
 
-def gpu_rows(statics: Sequence[Any], samples: Sequence[Any]) -> dict[str, Rows]:
-    """Catalog rows of the GPUs' static facts and latest samples."""
+def gpu_rows(
+    statics: Sequence[Any], samples: Sequence[Any], xids: dict[tuple[int, int], int] | None = None
+) -> dict[str, Rows]:
+    """Catalog rows of the GPUs' static facts, latest samples and XID counts."""
     rows: dict[str, list[tuple[tuple[str, ...], float]]] = {}
 
     def put(name: str, labels: tuple[str, ...], value: float | None) -> None:
@@ -88,6 +90,9 @@ def gpu_rows(statics: Sequence[Any], samples: Sequence[Any]) -> dict[str, Rows]:
         put("ncclscope_gpu_ecc_uncorrected_errors_total", key, g.ecc_uncorrected_total)
         for pid, used in g.processes or ():
             put("ncclscope_gpu_process_memory_used_bytes", (*key, str(pid)), used)
+    for (index, xid), n in sorted((xids or {}).items()):
+        if index in ids:
+            put("ncclscope_gpu_xid_errors_total", (*ids[index], str(xid)), n)
     return dict(rows.items())
 
 
@@ -192,7 +197,7 @@ class Agent:
         if self.nvml is None:
             return False  # no driver: said once at start, reported as a failed collector
         samples = self.nvml.sample()
-        rows = gpu_rows(self.nvml.statics, samples)
+        rows = gpu_rows(self.nvml.statics, samples, getattr(self.nvml, "xid_counts", {}))
         self.board.set("nvml", rows)
         self._record(rows)
         return bool(getattr(self.nvml, "ok", True))
