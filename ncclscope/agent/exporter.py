@@ -14,7 +14,7 @@ import importlib.metadata
 import platform
 import socket
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, start_http_server, write_to_textfile
@@ -132,8 +132,3 @@ def write_textfile(registry: CollectorRegistry, path: Path) -> None:
     """Write the exposition for node_exporter's textfile collector, atomically (a
     temporary file renamed over ``path``)."""
     write_to_textfile(str(path), registry)
-
-
-def family_names(rows: Iterable[str]) -> list[str]:
-    """Sorted distinct metric names (for messages and tests)."""
-    return sorted(set(rows))

@@ -187,7 +187,6 @@ class Agent:
         self.lines_read = 0
         self.bytes_read = 0
         self._last_analysis = -math.inf
-        self._new_lines = 0
         self.nvml_message: str | None = None
         self._workdir = tempfile.TemporaryDirectory(prefix="ncclscope-agent-")
 
@@ -213,7 +212,6 @@ class Agent:
             return True
         got = self.lines.poll()
         self.window.add((str(x.path), x.text, x.arrived) for x in got)
-        self._new_lines += len(got)
         stats = getattr(self.lines, "stats", None)
         if stats is not None:  # the follower counts bytes as read, incomplete lines too
             self.lines_read, self.bytes_read = stats.lines_read, stats.bytes_read
@@ -239,7 +237,6 @@ class Agent:
         if now_mono - self._last_analysis < self.config.analyse_s:
             return True
         self._last_analysis = now_mono
-        self._new_lines = 0
         work = Path(self._workdir.name) / "live"
         analysis = self.window.analyse(work)
         if analysis is not None:
