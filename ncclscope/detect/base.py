@@ -8,7 +8,6 @@ never see a detector, only its findings.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, get_args
 
@@ -136,6 +135,3 @@ def duration_text(seconds: float) -> str:
     if seconds < 3600:
         return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
     return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
-
-
-Evidence = Mapping[str, Any]

@@ -18,16 +18,14 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
+from ncclscope.parsers.nccl.collectives import P2P_OPS
 from ncclscope.schema import INSTANCES_SCHEMA, PROGRESS_SCHEMA
 
 if TYPE_CHECKING:
     from ncclscope.analysis import Analysis
 
-__all__ = ["P2P_OPS", "SAMPLE_ROWS", "Context"]
+__all__ = ["SAMPLE_ROWS", "Context"]
 
-#: Point-to-point calls involve two ranks, not the whole communicator: they are left out
-#: of progress and lateness, which compare every member of a collective.
-P2P_OPS = ("Send", "Recv")
 #: COLL lines read for timing: enough instances for stable medians on any job, a bounded
 #: cost on a large one.
 SAMPLE_ROWS = 400_000

@@ -23,6 +23,7 @@ from ncclscope.schema import COLL_STORE_SCHEMA, COLLECTIVES_SCHEMA
 from ncclscope.units import DTYPE_BYTES
 
 __all__ = [
+    "P2P_OPS",
     "P2P_TOKENS",
     "CollSummary",
     "apply_host_repairs",
@@ -111,9 +112,10 @@ def _nranks() -> pl.Expr:
     )
 
 
-#: Point-to-point ops as the COLL line prints them: they involve two ranks, not every
-#: member, so the per-member progress figures leave them out.
-P2P_TOKENS = ("Send:", "Recv:")
+#: Point-to-point ops: they involve two ranks, not every member, so per-member progress
+#: and lateness leave them out.  As NCCL names them, and as the COLL line prints them.
+P2P_OPS = ("Send", "Recv")
+P2P_TOKENS = tuple(f"{op}:" for op in P2P_OPS)
 
 
 def proc_comm_stats(lines: pl.LazyFrame, procs: pl.DataFrame) -> pl.DataFrame:
