@@ -49,6 +49,7 @@ from ncclscope.schema import (
     ERRORS_SCHEMA,
     INPUTS_SCHEMA,
     LINE_KIND,
+    TELEMETRY_SCHEMA,
     validate,
 )
 from ncclscope.sources import Input, Problem, expand_inputs, read_lines
@@ -101,6 +102,9 @@ class Analysis:
     findings: list[Finding] = field(default_factory=list)
     #: (file_id, line_no) -> text of the lines the findings point at
     quoted: dict[tuple[int, int], str] = field(default_factory=dict)
+    #: the agent's samples given with ``--telemetry`` (TELEMETRY_SCHEMA, long format);
+    #: empty without them
+    telemetry: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=TELEMETRY_SCHEMA))
 
 
 def run_analysis(
@@ -110,11 +114,14 @@ def run_analysis(
     stdin: BinaryIO | None = None,
     progress: Progress | None = None,
     coll_ts_source: str = "nccl",
+    telemetry: pl.DataFrame | None = None,
 ) -> Analysis:
     """Analyse the logs named by ``names`` (files, directories, globs, ``.gz``, ``-``).
 
     ``coll_ts_source`` is where COLL lines' times came from: ``nccl`` (NCCL printed
     them), or ``stamped`` (the agent wrote each line's arrival time in front of it).
+    ``telemetry`` is the agent's samples (``read_telemetry``), for the detectors that
+    correlate logs with GPU and host telemetry.
 
     ``workdir`` holds the Parquet stores and decompressed copies; the caller owns it
     (and should keep it alive while reading ``Analysis.collectives``).
@@ -188,6 +195,8 @@ def run_analysis(
     )
     analysis.gaps = _gaps(analysis, records)
     analysis.sources = inputs
+    if telemetry is not None:
+        analysis.telemetry = validate(telemetry, TELEMETRY_SCHEMA, "telemetry")
     report("build", 1, 1)
     report("detect", 0, 1)
     analysis.findings = run_detectors(analysis)

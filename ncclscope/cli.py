@@ -145,7 +145,7 @@ def cli(verbose: int) -> None:
     multiple=True,
     type=click.Path(exists=True, path_type=Path),
     help="Telemetry written by 'ncclscope agent --out' (a folder or part files; "
-    "repeatable): summarised after the report.",
+    "repeatable): correlated with the logs by the detectors and summarised after the report.",
 )
 def analyze(
     paths: tuple[str, ...],
@@ -173,11 +173,20 @@ def analyze(
     2 usage error, 3 a finding at or above --fail-on.
     """
     progress = _Progress(sys.stderr, allowed=not no_progress)
+    samples = None
+    if telemetry:
+        from ncclscope.agent.telemetry import read_telemetry
+
+        samples = read_telemetry(telemetry)
     with new_workdir() as tmp:
         try:
             stdin = sys.stdin.buffer if "-" in paths else None
             analysis = run_analysis(
-                list(paths), workdir=Path(tmp), stdin=stdin, progress=progress.update
+                list(paths),
+                workdir=Path(tmp),
+                stdin=stdin,
+                progress=progress.update,
+                telemetry=samples,
             )
         finally:
             progress.close()
@@ -187,10 +196,10 @@ def analyze(
             from ncclscope.agent.postmortem import write_postmortem
 
             write_postmortem(analysis, prom_out)
-        if telemetry and fmt == "text":
-            from ncclscope.agent.telemetry import read_telemetry, summary_lines
+        if samples is not None and fmt == "text":
+            from ncclscope.agent.telemetry import summary_lines
 
-            text += "\n".join(summary_lines(read_telemetry(telemetry)))
+            text += "\n".join(summary_lines(samples))
     if not analysis.paths and fmt == "text":
         text = ""  # nothing was read: the messages below say why, an empty report would not
     if output is not None:
