@@ -1,5 +1,5 @@
 """``python -m ncclscope``."""
 
-from ncclscope.cli import main
+from ncclscope.entry import main
 
 main()

@@ -79,6 +79,14 @@ def _announce(a: Agent) -> None:
     help="Seconds between runs of the detectors over the followed logs.",
 )
 @click.option(
+    "--window-lines",
+    type=click.IntRange(1_000, 10_000_000),
+    default=100_000,
+    show_default=True,
+    help="Latest lines of the followed logs (over all files) the detectors look at; the "
+    "logs' other lines (init, config, errors) are kept apart. Memory grows with it.",
+)
+@click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
     help="Write telemetry part files here (read them with analyze --telemetry).",
@@ -109,6 +117,7 @@ def agent(
     listen: str,
     interval: float,
     analyse_every: float,
+    window_lines: int,
     out: Path | None,
     part_seconds: float,
     textfile: Path | None,
@@ -135,6 +144,7 @@ def agent(
         listen=_listen(listen),
         interval_s=interval,
         analyse_s=analyse_every,
+        window_lines=window_lines,
         out=out,
         part_s=part_seconds,
         textfile=textfile,

@@ -135,7 +135,7 @@ def _window(job: Path) -> LiveWindow:
     """The job's lines as if followed: arrival = the NCCL time on the line, else the last."""
     from datetime import UTC, datetime
 
-    window = LiveWindow()
+    window = LiveWindow(job.parent / f"{job.name}-window")
     t = datetime(2026, 1, 1, tzinfo=UTC)
     for path in sorted(job.glob("*.log")):
         for text in path.read_text().splitlines():
@@ -188,11 +188,59 @@ def test_window_stamps_arrival_times_when_nccl_prints_none(tmp_path: Path) -> No
     window = _window(tmp_path / "job")
     assert window.own_times is False
     a = window.analyse(tmp_path / "live")
+    window.close()
     assert a is not None
     assert a.collectives is not None
     sources = a.collectives.select("ts_source").unique().collect()["ts_source"].to_list()
     assert sources == ["stamped"]
     timed = SynthSpec(ranks=8, hosts=1, steps=3, era="2.27", timestamps=True, seed=2)
     generate(timed, tmp_path / "j2")
-    assert _window(tmp_path / "j2").own_times is True
+    timed_window = _window(tmp_path / "j2")
+    timed_window.close()
+    assert timed_window.own_times is True
     assert len(by_name()) == len(CATALOG)
+
+
+def test_window_keeps_the_last_lines_on_disk_and_bounded(tmp_path: Path) -> None:
+    from datetime import UTC, datetime
+
+    window = LiveWindow(tmp_path / "segments", max_lines=10, segment_lines=4, keep_lines=3)
+    t = datetime(2026, 1, 1, tzinfo=UTC)
+    header = "node-0:41:41 [0] NCCL INFO AllReduce: opCount {:x} count 8"
+    came: list[str] = []
+
+    def add(text: str, at: datetime) -> None:
+        window.add([("a.log", text, at)])
+        came.append(stamp(text, at) or text)
+
+    add("node-0:41:41 [0] NCCL INFO comm 0x5 rank 0 nranks 8 cudaDev 0 - Init COMPLETE", t)
+    add("a config line", t)
+    for k in range(30):
+        add(header.format(k), t + timedelta(seconds=k))
+        if k == 15:
+            add("a warning in between", t)
+        # never fewer than max_lines once that many came, never more than a segment over
+        assert min(len(came), 10) <= window.lines <= 10 + 4
+        assert len(list((tmp_path / "segments").glob("a.log.*.seg"))) <= 10 // 4 + 2
+    (out,) = window.write(tmp_path / "out")
+    window.close()
+    written = out.read_text().splitlines()
+    # the newest lines as they came, each stamped with its own arrival time...
+    assert written[-10:] == came[-10:]
+    # ...after the other lines of the segments that were dropped, in their order
+    assert written[:3] == [came[0], came[1], "a warning in between"]
+    assert len(written) == 3 + window.lines
+    assert came.index(written[3]) > came.index("a warning in between")
+
+
+def test_window_shares_max_lines_among_files(tmp_path: Path) -> None:
+    from datetime import UTC, datetime
+
+    window = LiveWindow(tmp_path / "segments", max_lines=40, segment_lines=4)
+    t = datetime(2026, 1, 1, tzinfo=UTC)
+    for k in range(100):
+        window.add([(f"rank{r}.log", f"x {k} opCount {k:x}", t) for r in range(4)])
+    outs = window.write(tmp_path / "out")
+    window.close()
+    sizes = [len(p.read_text().splitlines()) for p in outs]
+    assert all(10 <= n <= 10 + 4 for n in sizes)

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from ncclscope.cli import cli
@@ -52,3 +56,32 @@ def test_output_file(tmp_path: Path) -> None:
 def test_usage_error_is_exit_2() -> None:
     assert CliRunner().invoke(cli, ["analyze"]).exit_code == 2
     assert CliRunner().invoke(cli, ["analyze", FIXTURE, "--format", "xml"]).exit_code == 2
+
+
+@pytest.mark.parametrize(
+    ("command", "sidecar"), [("agent", True), ("replay", True), ("analyze", False)]
+)
+def test_sidecar_commands_take_one_polars_thread(command: str, sidecar: bool) -> None:
+    """The agent's detector runs must not take every core the training job uses; the
+    setting only works when it is in place before polars loads (ncclscope.entry)."""
+    code = (
+        "import os, sys\n"
+        f"sys.argv = ['ncclscope', {command!r}, '--help']\n"
+        "from ncclscope import entry\n"
+        "try:\n    entry.main()\nexcept SystemExit:\n    pass\n"
+        "import polars\n"
+        "print(polars.thread_pool_size(), os.environ.get('_RJEM_MALLOC_CONF'), file=sys.stderr)\n"
+    )
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("POLARS_MAX_THREADS", "_RJEM_MALLOC_CONF")
+    }
+    got = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    threads, conf = got.stderr.split()[-2:]
+    # polars puts its own defaults first; jemalloc takes the last setting of a key
+    if sidecar:
+        assert threads == "1"
+        assert conf.endswith("dirty_decay_ms:30000,muzzy_decay_ms:30000")
+    else:
+        assert "30000" not in conf

@@ -1,9 +1,20 @@
 """The live path: followed lines into a bounded window, the window through the same
 parsers and detectors as ``analyze``, the result as metric rows.
 
-The window keeps the last ``max_lines`` lines of each followed file.  NCCL versions
-that print no INFO timestamps get the time each line arrived (DESIGN §4: ``stamped``):
-the window writes it in front of the line's NCCL header in NCCL's own
+The window keeps the last lines of each followed file (``max_lines`` over all files), on
+disk: each file's lines are appended to segment files of ``segment_lines`` lines, and
+the oldest segment goes once the newer ones hold the file's share.  Holding the window
+on disk rather than in Python objects keeps the agent's memory small and flat, and the
+analysis reads the segments as they are, with no per-line work.
+
+A job's COLL lines soon push its init lines (ranks, devices, communicators, the
+DeepSpeed config) out of any window, and without them the live analysis would not know
+who is who.  So a dropped segment's other lines are kept: the first ``keep_lines`` of
+them for good, and the last ``keep_lines`` after those.  They all came before every line
+still in the window, so writing them first keeps the file's order.
+
+NCCL versions that print no INFO timestamps get the time each line arrived (DESIGN §4:
+``stamped``): the window writes it in front of the line's NCCL header in NCCL's own
 ``[%F %T.%6f] `` form, so the first pass reads it like a timestamp NCCL printed, and the
 analysis marks those times ``stamped``.  A window whose NCCL lines carry times of their
 own is not stamped at all.
@@ -16,11 +27,13 @@ Sample stamped line (a 2.21 COLL line as the window writes it)::
 from __future__ import annotations
 
 import hashlib
+import shutil
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import TextIO
 
 import polars as pl
 
@@ -31,6 +44,10 @@ from ncclscope.detect.timeout import countdown
 from ncclscope.parsers.nccl.patterns import HEADER_RE, PREFIX_TS_RE
 
 __all__ = ["LiveWindow", "job_rows", "stamp"]
+
+
+def _ts_text(arrived: datetime) -> str:
+    return f"[{arrived:%Y-%m-%d %H:%M:%S.%f}] "
 
 
 def stamp(text: str, arrived: datetime) -> str | None:
@@ -45,55 +62,131 @@ def stamp(text: str, arrived: datetime) -> str | None:
     if m is None:
         return None
     at = m.start()
-    return f"{text[:at]}[{arrived:%Y-%m-%d %H:%M:%S.%f}] {text[at:]}"
+    return f"{text[:at]}{_ts_text(arrived)}{text[at:]}"
 
 
-def _has_own_time(text: str) -> bool:
-    m = HEADER_RE.search(text)
-    return m is not None and PREFIX_TS_RE.search(text[: m.start()]) is not None
+@dataclass
+class _Segments:
+    """One followed file's window: closed segments (path, lines) and the open one."""
+
+    stem: str
+    done: list[tuple[Path, int]] = field(default_factory=list)
+    path: Path | None = None
+    fh: TextIO | None = None
+    lines: int = 0
+    #: lines in ``done``
+    held: int = 0
+    #: the first other (not COLL) lines of dropped segments, and the latest after those
+    head: list[str] = field(default_factory=list)
+    tail: deque[str] = field(default_factory=deque)
 
 
 @dataclass
 class LiveWindow:
-    """The last ``max_lines`` lines of every followed file, with their arrival times."""
+    """The last ``max_lines`` lines (up to one segment more) of every followed file,
+    stamped with their arrival times where NCCL printed none, in segment files under
+    ``folder``."""
 
-    max_lines: int = 200_000
-    _files: dict[str, deque[tuple[str, datetime]]] = field(default_factory=dict)
+    folder: Path
+    max_lines: int = 100_000
+    segment_lines: int = 10_000
+    keep_lines: int = 10_000
+    _files: dict[str, _Segments] = field(default_factory=dict)
     #: the job's NCCL lines carry their own times: no stamping
     own_times: bool | None = None
     added: int = 0
+    _seq: int = 0
+
+    def __post_init__(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
 
     @property
     def files(self) -> int:
         """Files with lines in the window."""
         return len(self._files)
 
+    @property
+    def lines(self) -> int:
+        """Lines in the window, over all files."""
+        return sum(s.held + s.lines for s in self._files.values())
+
     def add(self, lines: Iterable[tuple[str, str, datetime]]) -> int:
         """Add ``(path, text, arrived)`` lines; returns how many."""
         n = 0
+        ts_for: datetime | None = None
+        ts_text = ""
         for path, text, arrived in lines:
-            window = self._files.get(path)
-            if window is None:
-                window = self._files[path] = deque(maxlen=self.max_lines)
-            window.append((text, arrived))
-            if self.own_times is None and " NCCL " in text and HEADER_RE.search(text):
-                self.own_times = _has_own_time(text)
+            line = text.rstrip("\n")
+            # Once NCCL is known to print its own times, lines go in as they came.
+            if self.own_times is not True and " NCCL " in line and (m := HEADER_RE.search(line)):
+                if self.own_times is None:
+                    self.own_times = PREFIX_TS_RE.search(line[: m.start()]) is not None
+                if self.own_times is False:
+                    if arrived is not ts_for:  # a poll's lines share one arrival time
+                        ts_for, ts_text = arrived, _ts_text(arrived)
+                    line = f"{line[: m.start()]}{ts_text}{line[m.start() :]}"
+            self._append(path, line)
             n += 1
         self.added += n
         return n
 
+    def _append(self, path: str, line: str) -> None:
+        seg = self._files.get(path)
+        if seg is None:
+            name = hashlib.sha1(path.encode(), usedforsecurity=False).hexdigest()[:12]
+            seg = self._files[path] = _Segments(stem=f"{Path(path).name}.{name}")
+        if seg.fh is None or seg.lines >= self.segment_lines:
+            self._roll(seg)
+        assert seg.fh is not None
+        seg.fh.write(line + "\n")
+        seg.lines += 1
+        # The oldest segment goes as soon as the newer ones hold the file's share without it.
+        share = max(self.segment_lines, self.max_lines // len(self._files))
+        while seg.done and seg.held - seg.done[0][1] + seg.lines >= share:
+            self._drop(seg)
+
+    def _drop(self, seg: _Segments) -> None:
+        """Delete the oldest segment, keeping its lines that are not COLL lines."""
+        old, n = seg.done.pop(0)
+        if seg.tail.maxlen != self.keep_lines:
+            seg.tail = deque(seg.tail, maxlen=self.keep_lines)
+        with old.open(encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if " opCount " in line:
+                    continue
+                if len(seg.head) < self.keep_lines:
+                    seg.head.append(line)
+                else:
+                    seg.tail.append(line)
+        old.unlink(missing_ok=True)
+        seg.held -= n
+
+    def _roll(self, seg: _Segments) -> None:
+        """Close the open segment and open a new one."""
+        if seg.path is not None:  # open, or closed by close() and written to again
+            if seg.fh is not None:
+                seg.fh.close()
+            seg.done.append((seg.path, seg.lines))
+            seg.held += seg.lines
+        self._seq += 1
+        seg.path = self.folder / f"{seg.stem}.{self._seq:09d}.seg"
+        seg.fh = seg.path.open("w", encoding="utf-8", errors="replace")
+        seg.lines = 0
+
     def write(self, folder: Path) -> list[Path]:
-        """Write each file's window to ``folder``; returns the paths written."""
+        """Write each file's window to ``folder`` as one file; returns the paths written."""
         folder.mkdir(parents=True, exist_ok=True)
         written = []
-        stamping = self.own_times is False
-        for path, window in self._files.items():
-            name = hashlib.sha1(path.encode(), usedforsecurity=False).hexdigest()[:12]
-            out = folder / f"{Path(path).name}.{name}.log"
-            with out.open("w", encoding="utf-8", errors="replace") as fh:
-                for text, arrived in window:
-                    line = (stamp(text, arrived) if stamping else None) or text
-                    fh.write(line.rstrip("\n") + "\n")
+        for seg in self._files.values():
+            if seg.fh is not None:
+                seg.fh.flush()
+            out = folder / f"{seg.stem}.log"
+            with out.open("wb") as dst:
+                kept = "".join(seg.head) + "".join(seg.tail)
+                dst.write(kept.encode("utf-8", errors="replace"))
+                for part in [p for p, _n in seg.done] + ([seg.path] if seg.path else []):
+                    with part.open("rb") as src:
+                        shutil.copyfileobj(src, dst, 1 << 20)
             written.append(out)
         return written
 
@@ -107,6 +200,13 @@ class LiveWindow:
             workdir=workdir / "analysis",
             coll_ts_source="stamped" if self.own_times is False else "nccl",
         )
+
+    def close(self) -> None:
+        """Close the open segments (the files stay until ``folder`` is removed)."""
+        for seg in self._files.values():
+            if seg.fh is not None:
+                seg.fh.close()
+                seg.fh = None
 
 
 def job_rows(analysis: Analysis, now: datetime) -> dict[str, list[tuple[tuple[str, ...], float]]]:

@@ -50,7 +50,7 @@ class AgentConfig:
     textfile: Path | None = None
     pids: list[int] = field(default_factory=list)
     match: str | None = None
-    window_lines: int = 200_000
+    window_lines: int = 100_000
     hostname: str | None = None
     from_start: bool = False
 
@@ -175,7 +175,6 @@ class Agent:
         self.board = Board()
         self.registry = new_registry(self.board)
         self.health = _Health()
-        self.window = LiveWindow(max_lines=config.window_lines)
         self.hostname = config.hostname or socket.gethostname()
         self.board.set("identity", identity_rows(self.hostname))
         self.telemetry = (
@@ -189,6 +188,7 @@ class Agent:
         self._last_analysis = -math.inf
         self.nvml_message: str | None = None
         self._workdir = tempfile.TemporaryDirectory(prefix="ncclscope-agent-")
+        self.window = LiveWindow(Path(self._workdir.name) / "window", max_lines=config.window_lines)
 
     # -- collectors ---------------------------------------------------------------------
 
@@ -309,4 +309,5 @@ class Agent:
             self.telemetry.flush()
         if self.nvml is not None:
             self.nvml.close()
+        self.window.close()
         self._workdir.cleanup()
