@@ -28,6 +28,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -36,10 +38,10 @@ sys.path.insert(0, str(REPO))
 import psutil  # noqa: E402
 from prometheus_client import generate_latest  # noqa: E402
 
-from ncclscope.agent.exporter import Board, identity_rows, new_registry  # noqa: E402
+from ncclscope.agent.exporter import Board, identity_rows, new_registry, render, serve  # noqa: E402
 
 
-def render() -> None:
+def bench_render() -> None:
     board = Board()
     board.set("identity", identity_rows("node-0"))
     ranks = range(1024)
@@ -70,14 +72,38 @@ def render() -> None:
         {"ncclscope_process_resident_memory_bytes": [((str(p),), 1e9) for p in range(16)]},
     )
     registry = new_registry(board)
-    times = []
-    for _ in range(200):
-        start = time.perf_counter()
-        body = generate_latest(registry)
-        times.append(time.perf_counter() - start)
+
+    def timed(fn: Callable[[], bytes], n: int = 200) -> tuple[list[float], bytes]:
+        times = []
+        body = b""
+        for _ in range(n):
+            start = time.perf_counter()
+            body = fn()
+            times.append(time.perf_counter() - start)
+        return sorted(times), body
+
+    base, expected = timed(lambda: generate_latest(registry))
+    fast, body = timed(lambda: render(board))
+    assert body == expected, "render() differs from generate_latest()"
+    _host, port = serve(board, "127.0.0.1:0")
+    url = f"http://127.0.0.1:{port}/metrics"
+
+    def get() -> bytes:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return bytes(response.read())
+
+    http, got = timed(get)
+    assert got == expected
     series = sum(1 for line in body.decode().splitlines() if line and line[0] != "#")
-    print(f"render: {series} series, median {statistics.median(times) * 1000:.2f} ms, "
-          f"p95 {sorted(times)[189] * 1000:.2f} ms over 200 renders")  # fmt: skip
+
+    def stats(times: list[float]) -> str:
+        return f"median {statistics.median(times) * 1000:.2f} ms, p95 {times[189] * 1000:.2f} ms"
+
+    print(f"render: {series} series, 200 renders each")
+    print(f"  client_python generate_latest (baseline): {stats(base)}")
+    print(f"  ncclscope render:                         {stats(fast)} "
+          f"({statistics.median(base) / statistics.median(fast):.1f}x faster)")  # fmt: skip
+    print(f"  HTTP GET /metrics over loopback:          {stats(http)}")
 
 
 def _agent(args: list[str]) -> subprocess.Popen[bytes]:
@@ -163,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=30)
     args = parser.parse_args(argv)
     if args.mode == "render":
-        render()
+        bench_render()
     elif args.mode == "idle":
         idle(args.seconds)
     else:

@@ -13,7 +13,14 @@ import pytest
 from prometheus_client import generate_latest
 
 from ncclscope.agent.catalog import CATALOG, by_name, render_markdown
-from ncclscope.agent.exporter import Board, identity_rows, new_registry, serve, write_textfile
+from ncclscope.agent.exporter import (
+    Board,
+    identity_rows,
+    new_registry,
+    render,
+    serve,
+    write_textfile,
+)
 from ncclscope.agent.live import LiveWindow, job_rows, stamp
 from ncclscope.analysis import run_analysis
 from ncclscope.detect import Context
@@ -70,7 +77,9 @@ def test_board_checks_names_and_labels() -> None:
 
 
 def _render(board: Board) -> str:
-    return generate_latest(new_registry(board)).decode()
+    body = render(board)
+    assert body == generate_latest(new_registry(board)), "render differs from client_python"
+    return body.decode()
 
 
 def test_exposition_and_replacement() -> None:
@@ -84,6 +93,23 @@ def test_exposition_and_replacement() -> None:
     # a collector's rows replace its earlier rows: a series it stops reporting is gone
     assert "ncclscope_host_memory_available_bytes" not in text
     assert "# TYPE ncclscope_build_info gauge" in text
+
+
+def test_render_escapes_like_client_python() -> None:
+    board = Board()
+    hostile = 'a"b\\c\nd{e}=f,g'
+    board.set("identity", {"ncclscope_node_info": [((hostile,), 1.0)]})
+    board.set(
+        "logs",
+        {
+            "ncclscope_log_lines_read_total": [((), 12345678901.0)],
+            "ncclscope_collective_seq": [((hostile, "3"), float("nan")), (("0xc", "4"), 1e-9)],
+            "ncclscope_timeout_remaining_seconds": [(("0xc",), float("inf")), (("0xd",), -0.0)],
+        },
+    )
+    text = _render(board)
+    assert 'ncclscope_node_info{hostname="a\\"b\\\\c\\nd{e}=f,g"} 1.0' in text
+    assert "ncclscope_log_lines_read_total 1.2345678901e+10" in text
 
 
 def test_promtool_accepts_the_exposition(tmp_path: Path) -> None:
@@ -110,13 +136,13 @@ def test_promtool_accepts_the_exposition(tmp_path: Path) -> None:
 def test_http_endpoint(tmp_path: Path) -> None:
     board = Board()
     board.set("identity", identity_rows("node-7"))
-    host, port = serve(new_registry(board), "127.0.0.1:0")
+    host, port = serve(board, "127.0.0.1:0")
     assert host == "127.0.0.1"
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         body = response.read().decode()
     assert 'ncclscope_node_info{hostname="node-7"} 1.0' in body
     out = tmp_path / "ncclscope.prom"
-    write_textfile(new_registry(board), out)
+    write_textfile(board, out)
     assert 'ncclscope_node_info{hostname="node-7"}' in out.read_text()
 
 

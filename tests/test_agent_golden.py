@@ -15,6 +15,7 @@ from pathlib import Path
 from prometheus_client import generate_latest
 from test_agent_run import STALLED, _Clock, _Host
 
+from ncclscope.agent.exporter import new_registry, render
 from ncclscope.agent.fake_nvml import FakeNvml
 from ncclscope.agent.nvml import NvmlCollector
 from ncclscope.agent.replay import ReplaySource
@@ -46,7 +47,9 @@ def test_exposition_matches_the_golden_file() -> None:
     a.start()
     clock.t = 5.0
     a.tick()
-    text = _mask(generate_latest(a.registry).decode())
+    text = _mask(render(a.board).decode())
+    # the fast renderer writes what client_python would, byte for byte
+    assert render(a.board) == generate_latest(new_registry(a.board))
     a.finish()
     if os.environ.get("NCCLSCOPE_REGENERATE"):
         GOLDEN.write_text(text)  # then compared with itself: regenerating passes

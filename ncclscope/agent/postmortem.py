@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
-from ncclscope.agent.exporter import Board, identity_rows, new_registry, write_textfile
+from ncclscope.agent.exporter import Board, identity_rows, write_textfile
 from ncclscope.agent.live import job_rows
 from ncclscope.analysis import Analysis
 from ncclscope.detect.context import Context
@@ -20,4 +20,4 @@ def write_postmortem(analysis: Analysis, path: Path) -> None:
     board.set("identity", identity_rows())
     now = Context(analysis).last_ts or datetime.now(UTC)
     board.set("job", job_rows(analysis, now))
-    write_textfile(new_registry(board), path)
+    write_textfile(board, path)

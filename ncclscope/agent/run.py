@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from ncclscope.agent.exporter import Board, Rows, identity_rows, new_registry, serve, write_textfile
+from ncclscope.agent.exporter import Board, Rows, identity_rows, serve, write_textfile
 from ncclscope.agent.live import LiveWindow, job_rows
 from ncclscope.agent.telemetry import TelemetryWriter
 
@@ -173,7 +173,6 @@ class Agent:
         #: recorded telemetry to replay (``replay.TelemetryReplay``), in place of sampling
         self.recorded = recorded
         self.board = Board()
-        self.registry = new_registry(self.board)
         self.health = _Health()
         self.hostname = config.hostname or socket.gethostname()
         self.board.set("identity", identity_rows(self.hostname))
@@ -273,7 +272,7 @@ class Agent:
         if self.telemetry is not None:
             self.telemetry.maybe_flush()
         if self.config.textfile is not None:
-            write_textfile(self.registry, self.config.textfile)
+            write_textfile(self.board, self.config.textfile)
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -286,7 +285,7 @@ class Agent:
                 _log.info("%s", self.nvml_message)
                 self.nvml = None
         if self.config.listen:
-            self.bound = serve(self.registry, self.config.listen)
+            self.bound = serve(self.board, self.config.listen)
 
     def run(self, stop: threading.Event, *, ticks: int | None = None) -> None:
         """Tick on schedule until ``stop`` is set (or ``ticks`` ticks have run)."""
@@ -304,7 +303,7 @@ class Agent:
     def finish(self) -> None:
         """Flush what was sampled: the last textfile and telemetry part."""
         if self.config.textfile is not None:
-            write_textfile(self.registry, self.config.textfile)
+            write_textfile(self.board, self.config.textfile)
         if self.telemetry is not None:
             self.telemetry.flush()
         if self.nvml is not None:
