@@ -832,6 +832,33 @@ def test_zero3_init_lines() -> None:
     )
 
 
+def test_model_size_from_zero_init_and_dtype_from_the_optimizer_line() -> None:
+    res = parse(
+        [
+            hdr("partition_parameters.py:366:__exit__")
+            + "finished initializing model - num_params = 695, num_elems = 7.95B",
+            hdr("partition_parameters.py:366:__exit__")
+            + "finished initializing model - num_params = 12, num_elems = 0.01B",
+            rank0() + "Creating torch.bfloat16 ZeRO stage 3 optimizer",
+        ],
+        start=40,
+    )
+    # The first one counts (a second zero.Init, e.g. a reference model, comes later).
+    assert (res.model_elems, res.model_elems_line) == (7_950_000_000, 40)
+    assert res.train_dtype == "bfloat16"
+    assert res.parsed == 3
+
+
+def test_model_size_line_cut_is_malformed() -> None:
+    res = parse(
+        [
+            hdr("partition_parameters.py:366:__exit__")
+            + "finished initializing model - num_params = 695, num_el"
+        ]
+    )
+    assert (res.model_elems, res.malformed) == (None, 1)
+
+
 def test_zero_precedence_field_by_field() -> None:
     lines = [
         hdr("config.py:984:print") + "DeepSpeedEngine configuration:",

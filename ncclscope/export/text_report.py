@@ -186,12 +186,60 @@ def _findings(out: list[str], doc: dict[str, Any]) -> None:
                     subsequent_indent=" " * 13,
                 )
             )
+        if f["kind"] == "zero_stage":
+            out.extend(_zero_stage_table(f["evidence"]))
         for line in f["evidence"]["lines"][:3]:
             out.append(f"      {line['path']}:{line['line_no']}")
             out.append(f"        {_cut((line['text'] or '').strip(), 112)}")
     if len(shown) > _MAX_FINDINGS:
         out.append(f"  ... {len(shown) - _MAX_FINDINGS} more (--format json lists all)")
     out.append("")
+
+
+def _gib(value: float | None) -> str:
+    return "-" if value is None else f"{value / 2**30:.1f}"
+
+
+def _zero_stage_table(ev: dict[str, Any]) -> list[str]:
+    """The ZeRO advisor's estimate per configuration, then its inputs and their sources."""
+    out: list[str] = []
+    if ev["options"]:
+        out.append(
+            f"      {'configuration':<44} {'states':>7} {'peak':>7} {'fits':>5} "
+            f"{'comm/step':>10} {'step':>9}"
+        )
+        for o in ev["options"]:
+            name = "DDP" if o["stage"] == 0 else f"ZeRO-{o['stage']}"
+            off = [w for w in ("optimizer", "param") if o[f"offload_{w}"]]
+            if off:
+                name += " + offload " + ", ".join(off)
+            mark = " (current)" if o["current"] else ""
+            if ev["recommended"] == {
+                k: o[k] for k in ("stage", "offload_optimizer", "offload_param")
+            }:
+                mark = " (advised)"
+            fits = {True: "yes", False: "no", None: "?"}[o["fits"]]
+            comm = "-" if o["comm_s"] is None else f"{o['comm_s'] * 1000:.0f} ms"
+            step = "-" if o["step_s"] is None else f"{o['step_s'] * 1000:.0f} ms"
+            out.append(
+                f"      {name + mark:<44} {_gib(o['model_states_bytes']):>7} "
+                f"{_gib(o['peak_bytes']):>7} {fits:>5} {comm:>10} {step:>9}"
+            )
+        out.append("      (GiB per GPU; comm as if not overlapped)")
+    for i in ev["inputs"]:
+        value = i["value"]
+        name = i["name"]
+        if name.endswith("_bytes") and name != "weight_bytes":
+            shown = f"{value / 2**30:.2f} GiB"
+        elif name.endswith("_bytes_per_s"):
+            shown = f"{value / 1e9:.1f} GB/s"
+        elif name.endswith("_s"):
+            shown = f"{value * 1000:.1f} ms"
+        else:
+            shown = f"{value:,.0f}"
+        out.append(f"      {i['name']}: {shown}  <- {i['source']}")
+    out.extend(f"      missing: {m}" for m in ev["missing"])
+    return out
 
 
 def _gaps(out: list[str], doc: dict[str, Any]) -> None:

@@ -63,6 +63,12 @@ class FrameworkTables:
     deepspeed_seen: bool = False
     deepspeed_version: str | None = None
     world_size: int | None = None
+    #: ``zero.Init``'s count of model elements (ZeRO-3), and ``(file_id, line_no)`` of
+    #: its line
+    model_elems: int | None = None
+    model_elems_line: tuple[int, int] | None = None
+    #: the ZeRO optimizer's dtype (``bfloat16``, ``float16``, ``float32``)
+    train_dtype: str | None = None
     trace_cache_warnings: int = 0
     #: per file_id: lines the framework parsers used, and lines that looked like theirs
     #: but did not parse (with the first such line)
@@ -542,6 +548,10 @@ def read_frameworks(
         out.deepspeed_version = out.deepspeed_version or d.version
         out.torch_version = out.torch_version or t.version
         out.world_size = out.world_size or d.world_size
+        if out.model_elems is None and d.model_elems is not None:
+            out.model_elems = d.model_elems
+            out.model_elems_line = (file_id, d.model_elems_line or 0)
+        out.train_dtype = out.train_dtype or d.train_dtype
         out.trace_cache_warnings += d.trace_cache_warnings
         if d.zero is not None and (out.zero is None or _rank(d.zero) > _rank(out.zero)):
             out.zero = d.zero

@@ -378,6 +378,23 @@ INIT_LINE_RES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("stage", re.compile(r"^Creating (?:\S{1,64} )?ZeRO stage (?P<v>\d) optimizer", re.ASCII)),
 )
 
+#: ``zero.Init`` on rank 0 when the model was built under it (ZeRO-3): how many
+#: parameters (tensors) and elements it created; elements in billions, two decimals.
+#:
+#: Sample: ``finished initializing model - num_params = 695, num_elems = 7.95B``
+MODEL_INIT_RE = re.compile(
+    r"finished initializing model - num_params = (?P<tensors>\d{1,12}), "
+    r"num_elems = (?P<billions>\d{1,9}(?:\.\d{1,6})?)B\s*$",
+    re.ASCII,
+)
+
+#: The ZeRO optimizer's training dtype, from its ``Creating`` line.
+#:
+#: Sample: ``Creating torch.bfloat16 ZeRO stage 3 optimizer``
+CREATING_DTYPE_RE = re.compile(
+    r"^Creating (?:torch\.)?(?P<dtype>[a-z]{1,16}\d{0,3}) ZeRO stage \d optimizer", re.ASCII
+)
+
 _JSON_NONFINITE_RE = re.compile(r"(?<=[:\[,\s])(-?)(inf|nan)(?=\s*[,\]}]|\s*$)", re.MULTILINE)
 _DEVICE_RE = re.compile(
     r"\bdevice=(?:'(?P<q>[^']*)'|\"(?P<dq>[^\"]*)\"|<\w+\.(?P<enum>\w+)[^>]*>|(?P<bare>\w+))"
@@ -435,6 +452,12 @@ class DeepSpeedResult:
     parsed: int
     malformed: int
     first_malformed: int | None
+    #: ``zero.Init``'s count of model elements (parameters), rounded to 10 million as
+    #: printed, and the line that printed it
+    model_elems: int | None = None
+    model_elems_line: int | None = None
+    #: the ZeRO optimizer's dtype as its ``Creating`` line names it (``bfloat16``)
+    train_dtype: str | None = None
     #: ``(line_no, step)`` each time a line set the current global step (throughput,
     #: progress, pipeline lines): a timer line read elsewhere takes the last one before it
     step_marks: list[tuple[int, int]] = field(default_factory=list)
@@ -927,6 +950,8 @@ class _Parser:
         self.dumps = 0
         self.label: tuple[int, str] | None = None  # see_memory_usage label waiting for MA
         self.open_mem: tuple[int, int] | None = None  # (row index, MA line) waiting for CPU
+        self.model_elems: tuple[int, int] | None = None  # (elements, line_no)
+        self.train_dtype: str | None = None
 
     # -- reading ---------------------------------------------------------------------
 
@@ -1189,8 +1214,21 @@ class _Parser:
             self.world_launcher = int(m["n"])
         return _Outcome.PARSED
 
+    def model_init_line(self, line: _Line) -> _Outcome | None:
+        m = MODEL_INIT_RE.search(line.msg)
+        if m is None:
+            return _Outcome.MALFORMED
+        if self.model_elems is None:
+            elems = _i64(float(m["billions"]) * 1e9)
+            if elems is not None:
+                self.model_elems = (elems, line.line_no)
+        return _Outcome.PARSED
+
     def init_line(self, line: _Line) -> _Outcome | None:
         msg = line.msg.strip()
+        dm = CREATING_DTYPE_RE.match(msg)
+        if dm is not None and self.train_dtype is None:
+            self.train_dtype = dm["dtype"]
         for name, regex in INIT_LINE_RES:
             m = regex.match(msg)
             if m is None:
@@ -1318,6 +1356,9 @@ class _Parser:
             malformed=self.malformed,
             first_malformed=self.first_malformed,
             step_marks=self.step_marks,
+            model_elems=self.model_elems[0] if self.model_elems else None,
+            model_elems_line=self.model_elems[1] if self.model_elems else None,
+            train_dtype=self.train_dtype,
         )
 
 
@@ -1490,6 +1531,7 @@ _FAMILIES: tuple[tuple[str, Handler, re.Pattern[str] | None], ...] = (
     ("bucket size ", _Parser.init_line, None),
     ("CPU Offload: ", _Parser.init_line, None),
     ("ZeRO stage ", _Parser.init_line, None),
+    ("finished initializing model - ", _Parser.model_init_line, None),
     ("configuration:", _Parser.config_start_line, None),
     ("json = ", _Parser.json_start_line, None),
     ("Comm. Op", _Parser.comm_table_line, None),
