@@ -43,6 +43,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from ncclscope.agent.follow import Follower  # noqa: E402
+from ncclscope.agent.live import LiveWindow  # noqa: E402
 
 #: One COLL line after the timestamp; ``{seq:x}`` is the opCount, counting every line.
 LINE = (
@@ -90,8 +91,13 @@ def opcount(text: str) -> int:
     return int(text.split("opCount ", 1)[1].split(" ", 1)[0], 16)
 
 
-def follow(path: str, interval: float, proc: subprocess.Popen[str]) -> dict[str, float]:
-    """Poll a follower until the writer is done and everything it wrote came back."""
+def follow(
+    path: str, interval: float, proc: subprocess.Popen[str], window: LiveWindow | None = None
+) -> dict[str, float]:
+    """Poll a follower until the writer is done and everything it wrote came back; with
+    ``window``, each poll's lines also go into the agent's live window (stamped: the
+    writer's epoch times are not a form NCCL's INFO timestamps take), as the agent does,
+    and the lag runs to the end of that."""
     follower = Follower([path], from_start=True)
     lags: list[float] = []
     expect_seq = 0
@@ -105,6 +111,8 @@ def follow(path: str, interval: float, proc: subprocess.Popen[str]) -> dict[str,
     while True:
         c0, w0 = time.process_time(), time.monotonic()
         lines = follower.poll()
+        if window is not None:
+            window.add((x.path, x.text, x.arrived) for x in lines)
         w1 = time.monotonic()
         cpu += time.process_time() - c0
         busy += w1 - w0
@@ -161,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--interval", type=float, default=0.1, help="seconds between polls")
     parser.add_argument("--dir", default=None, help="where the log is written (a temp dir)")
+    parser.add_argument(
+        "--window", action="store_true", help="also feed the agent's live window, stamping"
+    )
     parser.add_argument("--writer", metavar="PATH", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.writer:
@@ -177,7 +188,11 @@ def main(argv: list[str] | None = None) -> int:
         proc = subprocess.Popen(
             [*cmd, "--seconds", str(args.seconds)], stdout=subprocess.PIPE, text=True
         )
-        got = follow(path, args.interval, proc)
+        window = LiveWindow(Path(work) / "window") if args.window else None
+        got = follow(path, args.interval, proc, window)
+        if window is not None:
+            window.close()
+            print(f"live window: {window.lines:,} lines held, stamped: {window.own_times is False}")
         out, _ = proc.communicate()
         wrote = json.loads(out)
         time.sleep(0.5)  # let tail reach the end too

@@ -115,7 +115,13 @@ class LiveWindow:
         n = 0
         ts_for: datetime | None = None
         ts_text = ""
+        path_now: str | None = None
+        batch: list[str] = []
         for path, text, arrived in lines:
+            if path != path_now:
+                if batch and path_now is not None:
+                    self._write(path_now, batch)
+                path_now, batch = path, []
             line = text.rstrip("\n")
             # Once NCCL is known to print its own times, lines go in as they came.
             if self.own_times is not True and " NCCL " in line and (m := HEADER_RE.search(line)):
@@ -125,25 +131,32 @@ class LiveWindow:
                     if arrived is not ts_for:  # a poll's lines share one arrival time
                         ts_for, ts_text = arrived, _ts_text(arrived)
                     line = f"{line[: m.start()]}{ts_text}{line[m.start() :]}"
-            self._append(path, line)
+            batch.append(line)
             n += 1
+        if batch and path_now is not None:
+            self._write(path_now, batch)
         self.added += n
         return n
 
-    def _append(self, path: str, line: str) -> None:
+    def _write(self, path: str, lines: list[str]) -> None:
+        """Append one file's lines to its segments, a segment's worth at a time."""
         seg = self._files.get(path)
         if seg is None:
             name = hashlib.sha1(path.encode(), usedforsecurity=False).hexdigest()[:12]
             seg = self._files[path] = _Segments(stem=f"{Path(path).name}.{name}")
-        if seg.fh is None or seg.lines >= self.segment_lines:
-            self._roll(seg)
-        assert seg.fh is not None
-        seg.fh.write(line + "\n")
-        seg.lines += 1
-        # The oldest segment goes as soon as the newer ones hold the file's share without it.
-        share = max(self.segment_lines, self.max_lines // len(self._files))
-        while seg.done and seg.held - seg.done[0][1] + seg.lines >= share:
-            self._drop(seg)
+        at = 0
+        while at < len(lines):
+            if seg.fh is None or seg.lines >= self.segment_lines:
+                self._roll(seg)
+            assert seg.fh is not None
+            chunk = lines[at : at + self.segment_lines - seg.lines]
+            seg.fh.write("\n".join(chunk) + "\n")
+            seg.lines += len(chunk)
+            at += len(chunk)
+            # The oldest segment goes once the newer ones hold the file's share without it.
+            share = max(self.segment_lines, self.max_lines // len(self._files))
+            while seg.done and seg.held - seg.done[0][1] + seg.lines >= share:
+                self._drop(seg)
 
     def _drop(self, seg: _Segments) -> None:
         """Delete the oldest segment, keeping its lines that are not COLL lines."""
