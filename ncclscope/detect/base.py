@@ -33,7 +33,15 @@ Severity = Literal["info", "warning", "critical"]
 #: Severities from the least to the most severe.
 SEVERITIES: tuple[Severity, ...] = get_args(Severity)
 Kind = Literal[
-    "straggler", "hang", "mismatch", "timeout", "timeout_imminent", "nccl_error", "config"
+    "straggler",
+    "hang",
+    "mismatch",
+    "timeout",
+    "timeout_imminent",
+    "nccl_error",
+    "config",
+    "pcie_contention",
+    "oom_risk",
 ]
 KINDS: tuple[Kind, ...] = get_args(Kind)
 HangClass = Literal["missing_rank", "mismatch", "dead_process", "nccl_error", "unknown"]
