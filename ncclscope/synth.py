@@ -3213,7 +3213,8 @@ class _Job:
         # every rank's (true) enqueue time of the step's first and last collective.
         self.opt_share = self.fw.share["step"] if self.fw is not None and self.fw.ds else 0.08
         self.step_first: list[list[float]] = []
-        self.step_last: list[list[float]] = []
+        self.opt_start: list[list[float]] = []
+        self.opt_end: list[list[float]] = []
         self.contended_steps: list[int] = []
 
     # ---- identities ------------------------------------------------------------------
@@ -3861,6 +3862,10 @@ class _Job:
             contended = [rk.rank for rk in self.ranks if rk.host in names]
             extra_opt = opt_gap * (spec.contention_inflation - 1.0)
         pending_extra = 0.0
+        # Where the optimizer step ends: before the AllGather of the updated partitions
+        # (ZeRO-1/2), else before the next step's first collective (slot 0).
+        opt_at = next((i for i, c in enumerate(prog) if c.phase == "optim_ag"), 0)
+        opt_before = (opt_at - 1) % len(prog)  # the slot the optimizer step follows
         self.slot_gap = gap
         rnd = self.rnd.random
         p_noise = self.p_noise
@@ -3911,6 +3916,9 @@ class _Job:
                     self._touch(max(times, default=self.t0))
                     return
                 base += gap
+                if opt_gap and opt_at and j == opt_at:  # ZeRO-1/2: the step is inside
+                    base += opt_gap
+                    pending_extra = self._contend(step, contended, extra_opt)
                 oc = "0" if comm.zero_opcount else f"{seq:x}"
                 bj = befores[j]
                 aj = afters[j]
@@ -3931,18 +3939,21 @@ class _Job:
                     world_slots.append((step * n_prog + j, self.pushed))
                 if delays and call.world and seq in delays:
                     base += self._delay_slot(times, delays[seq], call)
-                if j == 0 and pending_extra:
+                if j == opt_at and pending_extra:
                     for r in contended:
                         times[r] += pending_extra
                     base += pending_extra
                     self.pushed += pending_extra
-                    if fw is not None and 0 not in contended:
-                        fw.delayed("fwd", pending_extra)  # rank 0 waits in forward
+                    if fw is not None and 0 not in contended:  # rank 0 waits for them
+                        fw.delayed(call.phase, pending_extra)
                     pending_extra = 0.0
-                if spec.telemetry and j == 0:
-                    self.step_first.append(list(times))
-                if spec.telemetry and j == n_prog - 1:
-                    self.step_last.append(list(times))
+                if spec.telemetry:
+                    if j == 0:
+                        self.step_first.append(list(times))
+                    if j == opt_at and len(self.opt_end) < len(self.opt_start):
+                        self.opt_end.append(list(times))
+                    if j == opt_before:
+                        self.opt_start.append(list(times))
                 if halting and (self.extra_at_halt or self.dead_at_halt):
                     self._halt_slot(call, seq, oc, bj, aj, times, prev_times, skip, step)
                     self._count_slot(call, skip, mms)
@@ -3988,23 +3999,34 @@ class _Job:
                 if pending >= _FLUSH_CHARS:
                     written = self._flush_all()
                     pending = 0
-            base += opt_gap
-            if contended and step >= spec.contention_from_step:
-                pending_extra = extra_opt
-                self.contended_steps.append(step)
-                if fw is not None and 0 in contended:  # rank 0's own optimizer step grew
-                    fw.step_extra["step"] = fw.step_extra.get("step", 0.0) + extra_opt
-                    fw.step_extra["optimizer_step"] = extra_opt
-                    fw.step_push += extra_opt
+            if opt_gap and not opt_at:  # ZeRO-3: the optimizer step ends the step
+                base += opt_gap
+                pending_extra = self._contend(step, contended, extra_opt)
             if fw is not None:  # rank 0 logs its timers once the step's last slot is done
                 t_print = base + warn_offset + 0.5 * warn_room
-                if 0 in contended and pending_extra:
+                if 0 in contended and pending_extra and not opt_at:
                     t_print += pending_extra
                 pending += fw.step_done(step + 1, t_print)
             step += 1
             self.steps_completed = step
         if times:
             self._touch(max(times))
+        if len(self.opt_end) < len(self.opt_start):  # the last step's optimizer step
+            self.opt_end.append(
+                [base + gap + (pending_extra if r in contended else 0.0) for r in rr]
+            )
+
+    def _contend(self, step: int, contended: list[int], extra: float) -> float:
+        """The contended ranks' extra optimizer time in this step (0: not contended)."""
+        if not contended or step < self.spec.contention_from_step:
+            return 0.0
+        self.contended_steps.append(step)
+        fw = self.fw
+        if fw is not None and 0 in contended:  # rank 0's own optimizer step grew
+            fw.step_extra["step"] = fw.step_extra.get("step", 0.0) + extra
+            fw.step_extra["optimizer_step"] = extra
+            fw.step_push += extra
+        return extra
 
     def _count_slot(self, call: _Call, skip: frozenset[int], mms: list[Mismatch] | None) -> None:
         by = self.calls_by_op
@@ -4203,7 +4225,8 @@ class _Job:
             rank_local=[rk.local for rk in self.ranks],
             rank_bus=[rk.bus for rk in self.ranks],
             step_first=self.step_first,
-            step_last=self.step_last,
+            opt_start=self.opt_start,
+            opt_end=self.opt_end,
             t_start=self.t0,
             t_end=self.last_t,
             interval_s=spec.telemetry_interval_s,

@@ -80,9 +80,11 @@ class TelemetryJob:
     rank_host: list[int]
     rank_local: list[int]
     rank_bus: list[str]
-    #: per step, every rank's enqueue time of the step's first / last collective
+    #: per step, every rank's enqueue time of the step's first collective, and when its
+    #: optimizer step starts (the collective before it) and ends (the one after it)
     step_first: list[list[float]]
-    step_last: list[list[float]]
+    opt_start: list[list[float]]
+    opt_end: list[list[float]]
     t_start: float
     t_end: float
     interval_s: float
@@ -104,20 +106,18 @@ def _uuid(host: int, local: int, seed: int) -> str:
 
 
 def _phase_at(
-    t: float, first: list[float], last: list[float], end: float
+    t: float, first: float, starts: list[float], ends: list[float]
 ) -> tuple[int, str, float]:
     """(step, phase, progress 0-1 through the phase) of one rank at true time ``t``;
-    step -1 outside the steps."""
-    k = bisect.bisect_right(first, t) - 1
-    if k < 0:
+    step -1 outside the steps.  Compute runs from the step's first collective (or the
+    previous optimizer step's end) to its optimizer step."""
+    k = bisect.bisect_right(starts, t) - 1
+    if k >= 0 and t < ends[k]:
+        return k, "optimizer", (t - starts[k]) / max(ends[k] - starts[k], 1e-9)
+    lo = ends[k] if k >= 0 else first
+    if k + 1 >= len(starts) or t < lo:
         return -1, "idle", 0.0
-    if t < last[k]:
-        span = max(last[k] - first[k], 1e-9)
-        return k, "compute", (t - first[k]) / span
-    nxt = first[k + 1] if k + 1 < len(first) else end
-    if t < nxt:
-        return k, "optimizer", (t - last[k]) / max(nxt - last[k], 1e-9)
-    return -1, "idle", 0.0
+    return k + 1, "compute", (t - lo) / max(starts[k + 1] - lo, 1e-9)
 
 
 def write_telemetry(job: TelemetryJob, out_dir: Path) -> dict[str, Any]:
@@ -128,11 +128,9 @@ def write_telemetry(job: TelemetryJob, out_dir: Path) -> dict[str, Any]:
         old.unlink()
     rnd = random.Random(job.seed * 7919 + 11)
     n = len(job.rank_host)
-    steps = len(job.step_first)
-    firsts = [[job.step_first[k][r] for k in range(steps)] for r in range(n)]
-    lasts = [[job.step_last[k][r] for k in range(steps)] for r in range(n)]
-    mean_step = (job.step_first[-1][0] - job.step_first[0][0]) / max(steps - 1, 1)
-    end = max(max(row) for row in job.step_last) + 0.35 * mean_step
+    starts = [[job.opt_start[k][r] for k in range(len(job.opt_start))] for r in range(n)]
+    ends = [[job.opt_end[k][r] for k in range(len(job.opt_end))] for r in range(n)]
+    end = max(max(row) for row in job.opt_end)
     t0 = min(job.step_first[0]) - 2.0
     t1 = end + 2.0
     contended = set(job.contention_hosts)
@@ -162,7 +160,7 @@ def write_telemetry(job: TelemetryJob, out_dir: Path) -> dict[str, Any]:
         host_phase: dict[int, bool] = {}  # host -> some rank in a contended optimizer phase
         for r in range(n):
             h = job.rank_host[r]
-            k, phase, frac = _phase_at(t, firsts[r], lasts[r], end)
+            k, phase, frac = _phase_at(t, job.step_first[0][r], starts[r], ends[r])
             hot = phase == "optimizer" and job.hosts[h] in contended and k in c_steps
             host_phase[h] = host_phase.get(h, False) or hot
             ts = datetime.fromtimestamp(t + job.host_offsets[h], UTC)
@@ -226,7 +224,8 @@ def write_telemetry(job: TelemetryJob, out_dir: Path) -> dict[str, Any]:
             {
                 "host": host,
                 "ranks": [r for r in range(n) if job.hosts[job.rank_host[r]] == host],
-                "steps": sorted(s + 1 for s in c_steps),  # 1-based, as the timeline numbers
+                # the generator's 0-based steps whose optimizer step was contended
+                "steps": sorted(c_steps),
                 "inflation": job.inflation,
             }
             for host in job.contention_hosts

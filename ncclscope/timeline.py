@@ -21,7 +21,9 @@ in the collective pattern of the world communicator itself:
      call to the next period's first.
    * ZeRO-1/2 shape (an AllGather run, then ReduceScatters): ``forward`` from the end of
      the AllGather run to the first ReduceScatter, ``backward`` to the period's last
-     call (the norm), ``optimizer`` from there to the end of the next AllGather run.
+     call (the norm), ``optimizer`` from there to the first AllGather of the next
+     period (the rank's own arrival there: the all-gather of the updated partitions,
+     where ranks wait for each other, is left out of every phase).
    * Without AllGathers (DDP): ``backward`` over the AllReduce buckets; ``optimizer``
      from the last bucket to the next step's first (it holds the next forward too).
 
@@ -194,7 +196,7 @@ def _phases(ops: list[str]) -> tuple[str, tuple[tuple[str, int, int, int, int], 
     return "zero12", (
         ("forward", run_end, 0, first_rs, 0),
         ("backward", first_rs, 0, last, 0),
-        ("optimizer", last, 0, run_end, 1),
+        ("optimizer", last, 0, 0, 1),
     )
 
 
