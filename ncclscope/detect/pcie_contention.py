@@ -80,8 +80,8 @@ CONTENTION_SCHEMA = pl.Schema(
 _SUGGESTIONS = (
     "pin host memory for the offloaded buffers (offload_optimizer.pin_memory: true)",
     "offload from fewer ranks per host or PCIe switch, or spread ranks over hosts",
-    "bind each rank's CPU cores and memory to the GPU's NUMA node (numactl, "
-    "torchrun --local-ranks-filter / launcher core binding)",
+    "bind each rank's CPU cores and host memory to its GPU's NUMA node "
+    "(numactl --cpunodebind/--membind, or the launcher's binding options)",
     "overlap transfers with compute (overlap_comm: true) and size reduce/prefetch "
     "buckets so that fewer transfers run at once",
     "compare NVMe offload (offload to local NVMe with aio) against CPU offload, or turn "
@@ -267,10 +267,11 @@ class PcieContentionDetector:
         memory = _host_memory(ctx, host, windows)
         worst = part.sort("inflation", descending=True).row(0, named=True)
         lines = [LineRef(int(worst["file_id"]), int(worst["line_no"]))]
-        timer = ctx.timeline.filter(
+        timer = ctx.timeline.filter(  # the optimizer timer, if a contended rank printed it
             (pl.col("source") == "timers")
             & (pl.col("phase") == "optimizer")
             & (pl.col("step") == worst["step"])
+            & pl.col("rank").is_in(ranks)
         )
         if not timer.is_empty():
             lines.append(LineRef(int(timer["file_id"][0]), int(timer["line_no"][0])))
