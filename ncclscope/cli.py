@@ -18,6 +18,7 @@ from ncclscope.analysis import new_workdir, run_analysis
 from ncclscope.detect.base import SEVERITIES, Severity, severity_at_least
 from ncclscope.export.json_report import to_json_dict
 from ncclscope.export.text_report import render_text
+from ncclscope.sources import Problem
 from ncclscope.units import human_bytes
 
 __all__ = ["cli", "main"]
@@ -174,10 +175,18 @@ def analyze(
     """
     progress = _Progress(sys.stderr, allowed=not no_progress)
     samples = None
+    telemetry_problems: list[Problem] = []
     if telemetry:
         from ncclscope.agent.telemetry import read_telemetry
 
-        samples = read_telemetry(telemetry)
+        samples = read_telemetry(telemetry, problems=telemetry_problems)
+        if samples.is_empty() and not telemetry_problems:
+            click.echo(
+                "ncclscope: --telemetry: no samples in "
+                + ", ".join(str(t) for t in telemetry)
+                + " (expected part-*.parquet files written by 'ncclscope agent --out')",
+                err=True,
+            )
     with new_workdir() as tmp:
         try:
             stdin = sys.stdin.buffer if "-" in paths else None
@@ -190,6 +199,7 @@ def analyze(
             )
         finally:
             progress.close()
+        analysis.problems += telemetry_problems
         doc = to_json_dict(analysis)
         text = json.dumps(doc, indent=2) + "\n" if fmt == "json" else render_text(analysis, doc=doc)
         if prom_out is not None and analysis.paths:

@@ -32,6 +32,7 @@ __all__ = [
     "MEMORY_SCHEMA",
     "PROGRESS_SCHEMA",
     "RANKS_SCHEMA",
+    "STEPS_SCHEMA",
     "TELEMETRY_SCHEMA",
     "TEXT_STORE_SCHEMA",
     "THROUGHPUT_SCHEMA",
@@ -440,6 +441,25 @@ TELEMETRY_SCHEMA = _schema(
         "metric": pl.String,  # a catalog name, e.g. ncclscope_gpu_memory_used_bytes
         "labels": pl.String,  # label values joined by ",", in the catalog's label order
         "value": pl.Float64,
+    }
+)
+
+
+#: The timeline (issue #6): per rank, per training step, per phase, from the world
+#: communicator's per-step collective pattern (every rank) or DeepSpeed's timers (the rank
+#: that printed them).  ``ncclscope.timeline`` documents how phases are cut.
+STEPS_SCHEMA = _schema(
+    {
+        "rank": pl.Int32,  # global rank where known, else the world communicator's rank
+        "host": pl.String,
+        "step": pl.Int64,  # 1-based: the n-th full step of the collective pattern / timer's step
+        "phase": pl.String,  # forward | backward | optimizer
+        "start_ts": TS,  # null for timer rows (a timer line gives a duration and its own time)
+        "end_ts": TS,  # for timer rows: the time of the timer line
+        "duration_s": pl.Float64,
+        "source": pl.String,  # collectives | timers
+        "file_id": pl.UInt32,  # the line that ends the phase: a COLL line or the timer line
+        "line_no": pl.UInt32,
     }
 )
 

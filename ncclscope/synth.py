@@ -130,7 +130,10 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
-from typing import BinaryIO, Literal, TypeAlias, TypeGuard, get_args
+from typing import TYPE_CHECKING, BinaryIO, Literal, TypeAlias, TypeGuard, get_args
+
+if TYPE_CHECKING:
+    from ncclscope.synth_telemetry import TelemetryJob
 
 __all__ = [
     "DEAD_SIGNALS",
@@ -432,6 +435,22 @@ class SynthSpec:
             writes ``clock_offsets`` and ``noise`` (empty when off) and adds to each SlowRank
             outcome its ``slowdown`` (lateness / median gap between consecutive world
             collectives as generated) and that ``median_world_gap_s``.
+        telemetry: Also write what ``ncclscope agent --out`` would have sampled on every
+            host (``telemetry/part-*.parquet``, see ``synth_telemetry``), and run the
+            phased time model: a step's collectives share ``(1 - optimizer share)`` of
+            ``step_time_s``, and the optimizer step (no collective) fills the rest, between
+            the step's last collective and the next step's first. Needs ``steps``.
+        telemetry_interval_s: The agent's sampling interval.
+        pcie_contention: Hosts whose GPUs' PCIe links saturate during the optimizer step
+            (ZeRO offload copying to and from the host): from step ``contention_from_step``
+            (0-based) on, the optimizer step of those hosts' ranks lasts
+            ``contention_inflation`` times as long (everyone waits for them at the next
+            step's first collective), their GPUs' PCIe TX/RX run at 85-97% of the link
+            during it, and the host's available memory runs low and swap grows. Needs
+            ``telemetry`` and DeepSpeed optimizer offload. truth.json: ``telemetry``.
+        memory_growth: Ranks whose GPU memory peak grows by
+            ``memory_growth_bytes_per_step`` every step (a leak, a growing cache), in the
+            telemetry. Needs ``telemetry``.
     """
 
     ranks: int = 16
@@ -463,6 +482,13 @@ class SynthSpec:
     clock_offset_max_s: float = 0.0
     jitter_events: int = 0
     truth_format: int = 1
+    telemetry: bool = False
+    telemetry_interval_s: float = 0.1
+    pcie_contention: tuple[str, ...] = ()
+    contention_from_step: int = 0
+    contention_inflation: float = 2.5
+    memory_growth: tuple[int, ...] = ()
+    memory_growth_bytes_per_step: int = 1 << 30
 
     def __post_init__(self) -> None:
         """Validate the spec; raise ``ValueError`` with a user-facing message."""
@@ -541,6 +567,7 @@ class SynthSpec:
             )
         self._validate_framework()
         self._validate_faults()
+        self._validate_telemetry()
         if self.jitter_events > self.ranks * self.jitter_instances:
             raise ValueError(
                 f"jitter_events ({self.jitter_events}) exceeds the {self.jitter_instances} "
@@ -593,6 +620,36 @@ class SynthSpec:
             if bad:
                 verb = "needs" if len(bad) == 1 else "need"
                 raise ValueError(f"{', '.join(bad)} {verb} a framework (deepspeed or torch)")
+
+    def _validate_telemetry(self) -> None:
+        if not self.telemetry:
+            if self.pcie_contention or self.memory_growth:
+                raise ValueError("pcie_contention and memory_growth need telemetry")
+            return
+        if self.target_size_bytes is not None or self.steps < 1:
+            raise ValueError("telemetry follows the steps' timeline: it needs steps >= 1")
+        if not (0.01 <= self.telemetry_interval_s <= 10):
+            raise ValueError("telemetry_interval_s must be in [0.01, 10] seconds")
+        names = [self.host_name(h) for h in range(self.hosts)]
+        for host in self.pcie_contention:
+            if host not in names:
+                raise ValueError(f"pcie_contention: unknown host {host!r}")
+        if self.pcie_contention and not (
+            self.framework == "deepspeed" and self.offload in ("optimizer", "both")
+        ):
+            raise ValueError(
+                "pcie_contention models ZeRO offload: it needs framework='deepspeed' and "
+                "offload='optimizer' or 'both'"
+            )
+        if not (1.0 <= self.contention_inflation <= 20.0):
+            raise ValueError("contention_inflation must be in [1, 20]")
+        if self.contention_from_step < 0:
+            raise ValueError("contention_from_step must be >= 0")
+        for rank in self.memory_growth:
+            if not 0 <= rank < self.ranks:
+                raise ValueError(f"memory_growth: rank must be in [0, {self.ranks - 1}]")
+        if self.memory_growth_bytes_per_step < 0:
+            raise ValueError("memory_growth_bytes_per_step must be >= 0")
 
     @property
     def pg_timeout(self) -> float:
@@ -722,6 +779,13 @@ _BENCH_DEFAULTS: dict[str, Json] = {
     "clock_offset_max_s": 0.0,
     "jitter_events": 0,
     "truth_format": 1,
+    "telemetry": False,
+    "telemetry_interval_s": 0.1,
+    "pcie_contention": [],
+    "contention_from_step": 0,
+    "contention_inflation": 2.5,
+    "memory_growth": [],
+    "memory_growth_bytes_per_step": 1 << 30,
 }
 
 
@@ -730,7 +794,15 @@ def _spec_json(spec: SynthSpec) -> dict[str, Json]:
     for key, value in asdict(spec).items():
         if key in _FRAMEWORK_FIELDS and spec.framework == "none":
             continue
+        if isinstance(value, tuple) and key != "faults":
+            value = list(value)
         if key in _BENCH_DEFAULTS and value == _BENCH_DEFAULTS[key]:
+            continue
+        if (
+            key in _BENCH_DEFAULTS
+            and not spec.telemetry
+            and key.startswith(("telemetry_", "contention_", "memory_growth_"))
+        ):
             continue
         if key == "faults":
             out[key] = [_fault_json(f) for f in spec.faults]
@@ -860,11 +932,15 @@ class Truth:
     # count, delay_s}, by instance. None (absent) without jitter_events, unless
     # truth_format is 2.
     noise: list[dict[str, Json]] | None = None
+    # The telemetry written beside the logs (``synth_telemetry.TelemetryTruth``): its
+    # folder, hosts, GPUs, the injected contention and memory growth. None (absent)
+    # without ``telemetry``.
+    telemetry: dict[str, Json] | None = None
 
     def to_dict(self) -> dict[str, Json]:
         """Plain JSON-compatible dict; optional parts that are None are left out."""
         out: dict[str, Json] = asdict(self)
-        for key in ("framework", "clock_offsets", "noise"):
+        for key in ("framework", "clock_offsets", "noise", "telemetry"):
             if out[key] is None:
                 del out[key]
         return out
@@ -2341,6 +2417,8 @@ class _Framework:
             out["optimizer_step"] = step_c * 0.6 * r.uniform(0.97, 1.03)
         else:
             out["optimizer_step"] = step_c * 0.7 * r.uniform(0.97, 1.03)
+        if "optimizer_step" in extra:
+            out["optimizer_step"] += extra["optimizer_step"] * 1000.0
         return out
 
     def _timer_msg(self, names: tuple[str, ...], values: dict[str, float]) -> str:
@@ -3131,6 +3209,13 @@ class _Job:
         self.halt_times: list[float] = []  # per rank: when it entered halt_at (if it did)
         # Framework lines draw from their own generator too (see _Framework).
         self.fw = _Framework(self) if spec.framework != "none" else None
+        # Phased time model (telemetry): the optimizer step's share of a step, and per step
+        # every rank's (true) enqueue time of the step's first and last collective.
+        self.opt_share = self.fw.share["step"] if self.fw is not None and self.fw.ds else 0.08
+        self.step_first: list[list[float]] = []
+        self.opt_start: list[list[float]] = []
+        self.opt_end: list[list[float]] = []
+        self.contended_steps: list[int] = []
 
     # ---- identities ------------------------------------------------------------------
 
@@ -3765,6 +3850,22 @@ class _Job:
         late = self.late
         any_late = any(late)
         gap = spec.step_time_s / len(prog) + max(late)  # everyone waits for the straggler
+        # Phased model (telemetry): the optimizer step is a pause after the step's last
+        # collective; a contended host's ranks make everyone wait at the next first one.
+        opt_gap = 0.0
+        contended: list[int] = []
+        extra_opt = 0.0
+        if spec.telemetry:
+            opt_gap = spec.step_time_s * self.opt_share
+            gap = spec.step_time_s * (1.0 - self.opt_share) / len(prog) + max(late)
+            names = set(spec.pcie_contention)
+            contended = [rk.rank for rk in self.ranks if rk.host in names]
+            extra_opt = opt_gap * (spec.contention_inflation - 1.0)
+        pending_extra = 0.0
+        # Where the optimizer step ends: before the AllGather of the updated partitions
+        # (ZeRO-1/2), else before the next step's first collective (slot 0).
+        opt_at = next((i for i, c in enumerate(prog) if c.phase == "optim_ag"), 0)
+        opt_before = (opt_at - 1) % len(prog)  # the slot the optimizer step follows
         self.slot_gap = gap
         rnd = self.rnd.random
         p_noise = self.p_noise
@@ -3815,6 +3916,9 @@ class _Job:
                     self._touch(max(times, default=self.t0))
                     return
                 base += gap
+                if opt_gap and opt_at and j == opt_at:  # ZeRO-1/2: the step is inside
+                    base += opt_gap
+                    pending_extra = self._contend(step, contended, extra_opt)
                 oc = "0" if comm.zero_opcount else f"{seq:x}"
                 bj = befores[j]
                 aj = afters[j]
@@ -3835,6 +3939,21 @@ class _Job:
                     world_slots.append((step * n_prog + j, self.pushed))
                 if delays and call.world and seq in delays:
                     base += self._delay_slot(times, delays[seq], call)
+                if j == opt_at and pending_extra:
+                    for r in contended:
+                        times[r] += pending_extra
+                    base += pending_extra
+                    self.pushed += pending_extra
+                    if fw is not None and 0 not in contended:  # rank 0 waits for them
+                        fw.delayed(call.phase, pending_extra)
+                    pending_extra = 0.0
+                if spec.telemetry:
+                    if j == 0:
+                        self.step_first.append(list(times))
+                    if j == opt_at and len(self.opt_end) < len(self.opt_start):
+                        self.opt_end.append(list(times))
+                    if j == opt_before:
+                        self.opt_start.append(list(times))
                 if halting and (self.extra_at_halt or self.dead_at_halt):
                     self._halt_slot(call, seq, oc, bj, aj, times, prev_times, skip, step)
                     self._count_slot(call, skip, mms)
@@ -3880,12 +3999,34 @@ class _Job:
                 if pending >= _FLUSH_CHARS:
                     written = self._flush_all()
                     pending = 0
+            if opt_gap and not opt_at:  # ZeRO-3: the optimizer step ends the step
+                base += opt_gap
+                pending_extra = self._contend(step, contended, extra_opt)
             if fw is not None:  # rank 0 logs its timers once the step's last slot is done
-                pending += fw.step_done(step + 1, base + warn_offset + 0.5 * warn_room)
+                t_print = base + warn_offset + 0.5 * warn_room
+                if 0 in contended and pending_extra and not opt_at:
+                    t_print += pending_extra
+                pending += fw.step_done(step + 1, t_print)
             step += 1
             self.steps_completed = step
         if times:
             self._touch(max(times))
+        if len(self.opt_end) < len(self.opt_start):  # the last step's optimizer step
+            self.opt_end.append(
+                [base + gap + (pending_extra if r in contended else 0.0) for r in rr]
+            )
+
+    def _contend(self, step: int, contended: list[int], extra: float) -> float:
+        """The contended ranks' extra optimizer time in this step (0: not contended)."""
+        if not contended or step < self.spec.contention_from_step:
+            return 0.0
+        self.contended_steps.append(step)
+        fw = self.fw
+        if fw is not None and 0 in contended:  # rank 0's own optimizer step grew
+            fw.step_extra["step"] = fw.step_extra.get("step", 0.0) + extra
+            fw.step_extra["optimizer_step"] = extra
+            fw.step_push += extra
+        return extra
 
     def _count_slot(self, call: _Call, skip: frozenset[int], mms: list[Mismatch] | None) -> None:
         by = self.calls_by_op
@@ -4065,8 +4206,39 @@ class _Job:
             for s in self.sinks:
                 s.close()
         truth = self._truth()
+        if self.spec.telemetry:
+            from ncclscope.synth_telemetry import write_telemetry
+
+            truth = replace(truth, telemetry=write_telemetry(self._telemetry_job(), self.out_dir))
         (self.out_dir / TRUTH_FILE).write_text(truth.to_json() + "\n", encoding="utf-8")
         return truth
+
+    def _telemetry_job(self) -> TelemetryJob:
+        from ncclscope.synth_telemetry import TelemetryJob
+
+        spec = self.spec
+        fw = self.fw
+        return TelemetryJob(
+            hosts=[spec.host_name(h) for h in range(spec.hosts)],
+            host_offsets=list(self.host_off),
+            rank_host=[rk.host_index for rk in self.ranks],
+            rank_local=[rk.local for rk in self.ranks],
+            rank_bus=[rk.bus for rk in self.ranks],
+            step_first=self.step_first,
+            opt_start=self.opt_start,
+            opt_end=self.opt_end,
+            t_start=self.t0,
+            t_end=self.last_t,
+            interval_s=spec.telemetry_interval_s,
+            offload_optimizer=fw is not None and fw.off_opt,
+            offload_param=fw is not None and fw.off_param,
+            contention_hosts=list(spec.pcie_contention),
+            contended_steps=list(self.contended_steps),
+            inflation=spec.contention_inflation,
+            growth_ranks=list(spec.memory_growth),
+            growth_bytes_per_step=spec.memory_growth_bytes_per_step,
+            seed=spec.seed,
+        )
 
     def _last_seq(self) -> dict[str, dict[str, int | None]]:
         out: dict[str, dict[str, int | None]] = {}

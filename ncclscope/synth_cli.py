@@ -433,6 +433,66 @@ torchrun agent's SIGTERM / ChildFailedError lines. truth.json gets a "framework"
     f"or {', '.join(s for s in DEAD_SIGNALS if s != 'SIGKILL')}). With a framework its "
     "torchrun agent reports it at once. Repeatable.",
 )
+@click.option(
+    "--telemetry/--no-telemetry",
+    default=False,
+    show_default=True,
+    help="Also write what 'ncclscope agent --out' would have sampled on each host "
+    "(telemetry/part-*.parquet: GPU memory, PCIe, host memory), for 'analyze --telemetry'. "
+    "The optimizer step then shows as a pause between steps' collectives. truth.json: "
+    "telemetry.",
+)
+@click.option(
+    "--telemetry-interval",
+    "telemetry_interval",
+    type=float,
+    default=0.1,
+    show_default=True,
+    metavar="SECONDS",
+    help="The agent's sampling interval.",
+)
+@click.option(
+    "--pcie-contention",
+    "pcie_contention",
+    multiple=True,
+    metavar="HOST",
+    help="HOST's GPUs saturate PCIe during the optimizer step (ZeRO offload): its ranks' "
+    "optimizer step lasts --contention-inflation times as long, its host memory runs low. "
+    "Needs --telemetry, --framework deepspeed, --offload optimizer|both. Repeatable.",
+)
+@click.option(
+    "--contention-from-step",
+    "contention_from_step",
+    default=0,
+    show_default=True,
+    metavar="STEP",
+    help="First (0-based) step that is contended.",
+)
+@click.option(
+    "--contention-inflation",
+    "contention_inflation",
+    type=float,
+    default=2.5,
+    show_default=True,
+    help="How many times longer a contended optimizer step lasts.",
+)
+@click.option(
+    "--memory-growth",
+    "memory_growth",
+    multiple=True,
+    type=int,
+    metavar="RANK",
+    help="RANK's GPU memory grows every step (--memory-growth-per-step). Needs --telemetry. "
+    "Repeatable.",
+)
+@click.option(
+    "--memory-growth-per-step",
+    "memory_growth_per_step",
+    default="1GiB",
+    show_default=True,
+    metavar="SIZE",
+    help="How much a growing rank's GPU memory grows per step.",
+)
 def synth(
     out_dir: Path,
     ranks: int,
@@ -468,6 +528,13 @@ def synth(
     ib_error: tuple[str, ...],
     extra_collective: tuple[str, ...],
     dead_process: tuple[str, ...],
+    telemetry: bool,
+    telemetry_interval: float,
+    pcie_contention: tuple[str, ...],
+    contention_from_step: int,
+    contention_inflation: float,
+    memory_growth: tuple[int, ...],
+    memory_growth_per_step: str,
 ) -> None:
     """Write a synthetic multi-rank NCCL_DEBUG=INFO job log with known ground truth.
 
@@ -481,6 +548,10 @@ def synth(
         except ValueError as exc:
             raise click.UsageError(f"--size: {exc}") from None
     names = tuple(h.strip() for h in host_names.split(",")) if host_names else ()
+    try:
+        growth_bytes = parse_size(memory_growth_per_step)
+    except ValueError as exc:
+        raise click.UsageError(f"--memory-growth-per-step: {exc}") from None
     try:
         spec = SynthSpec(
             ranks=ranks,
@@ -513,6 +584,13 @@ def synth(
             clock_offset_max_s=clock_offset_max,
             jitter_events=jitter_events,
             truth_format=int(truth_format),
+            telemetry=telemetry,
+            telemetry_interval_s=telemetry_interval,
+            pcie_contention=pcie_contention,
+            contention_from_step=contention_from_step,
+            contention_inflation=contention_inflation,
+            memory_growth=memory_growth,
+            memory_growth_bytes_per_step=growth_bytes,
         )
     except (ValueError, TypeError) as exc:
         raise click.UsageError(str(exc)) from None

@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from conftest import sample_text
+from test_fixtures import telemetry_args
 
 from ncclscope.cli import cli
 
@@ -97,7 +98,7 @@ def outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any
     mp = pytest.MonkeyPatch()
     mp.chdir(REPO)
     try:
-        docs = {case: analyze([f"fixtures/{case}/"]) for case in CASES}
+        docs = {case: analyze([f"fixtures/{case}/", *telemetry_args(case)]) for case in CASES}
         damaged = tmp_path_factory.mktemp("contract") / "damaged.log"
         damaged.write_bytes(
             (

@@ -38,6 +38,12 @@ def assert_subset(expected: Any, actual: Any, where: str = "$") -> None:
         assert actual == expected, f"{where}: {actual!r} != {expected!r}"
 
 
+def telemetry_args(case: str) -> list[str]:
+    """``--telemetry`` for a fixture that carries the agent's parts in ``telemetry/``."""
+    folder = REPO / "fixtures" / case / "telemetry"
+    return ["--telemetry", f"fixtures/{case}/telemetry"] if folder.is_dir() else []
+
+
 def test_cases_exist() -> None:
     assert len(CASES) >= 5
 
@@ -46,7 +52,9 @@ def test_cases_exist() -> None:
 def test_fixture_matches_expected(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO)
     expected = json.loads((REPO / "fixtures" / case / "expected.json").read_text())
-    result = CliRunner().invoke(cli, ["analyze", f"fixtures/{case}/", "--format", "json"])
+    result = CliRunner().invoke(
+        cli, ["analyze", f"fixtures/{case}/", "--format", "json", *telemetry_args(case)]
+    )
     assert result.exit_code == 0, result.output
     actual = json.loads(result.output)
     assert_subset(expected, actual)
@@ -56,7 +64,7 @@ def test_fixture_matches_expected(case: str, monkeypatch: pytest.MonkeyPatch) ->
 def test_fixture_text_summary(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO)
     expected = json.loads((REPO / "fixtures" / case / "expected.json").read_text())
-    result = CliRunner().invoke(cli, ["analyze", f"fixtures/{case}"])
+    result = CliRunner().invoke(cli, ["analyze", f"fixtures/{case}", *telemetry_args(case)])
     assert result.exit_code == 0, result.output
     job = expected["job"]
     for version in job.get("nccl_versions", []):

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import polars as pl
 
+from ncclscope.errors import InputError
 from ncclscope.schema import TELEMETRY_SCHEMA
+from ncclscope.sources import Problem
 
 __all__ = ["TelemetryWriter", "read_telemetry", "summary_lines"]
 
@@ -74,14 +76,29 @@ class TelemetryWriter:
             total -= size
 
 
-def read_telemetry(paths: Iterable[Path]) -> pl.DataFrame:
-    """Every part under ``paths`` (files or folders), in time order."""
+def read_telemetry(paths: Iterable[Path], *, problems: list[Problem] | None = None) -> pl.DataFrame:
+    """Every part under ``paths`` (files, or folders searched recursively), in time order.
+
+    A part that cannot be read (truncated, not Parquet, other columns) is left out: with
+    ``problems`` it is reported there, one line for people; without, it raises
+    :class:`~ncclscope.errors.InputError`.
+    """
     files: list[Path] = []
     for path in paths:
-        files += sorted(path.glob("part-*.parquet")) if path.is_dir() else [path]
-    if not files:
+        files += sorted(path.rglob("part-*.parquet")) if path.is_dir() else [path]
+    frames = []
+    for f in files:
+        try:
+            frames.append(pl.read_parquet(f).select(list(TELEMETRY_SCHEMA)).cast(TELEMETRY_SCHEMA))
+        except (pl.exceptions.PolarsError, OSError) as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            reason = f"telemetry part cannot be read, left out: {first[:200]}"
+            if problems is None:
+                raise InputError(str(f), reason) from None
+            problems.append(Problem(str(f), reason))
+    if not frames:
         return pl.DataFrame(schema=TELEMETRY_SCHEMA)
-    return pl.concat([pl.read_parquet(f) for f in files]).cast(TELEMETRY_SCHEMA).sort("ts")
+    return pl.concat(frames).sort("ts")
 
 
 def summary_lines(frame: pl.DataFrame) -> list[str]:

@@ -10,7 +10,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 # Importing a detector's module registers it; this order is the order they run in.
-from ncclscope.detect import config, hang, nccl_errors, straggler, timeout, zero_stage
+from ncclscope.detect import (
+    config,
+    hang,
+    nccl_errors,
+    oom_risk,
+    pcie_contention,
+    straggler,
+    timeout,
+    zero_stage,
+)
 from ncclscope.detect.base import DETECTORS, Finding
 from ncclscope.detect.context import Context
 
@@ -19,7 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DETECTORS", "Context", "Finding", "run_detectors"]
 
-_MODULES = (config, hang, nccl_errors, straggler, timeout, zero_stage)
+_MODULES = (config, hang, nccl_errors, straggler, timeout, pcie_contention, oom_risk, zero_stage)
 
 
 def run_detectors(analysis: Analysis) -> list[Finding]:

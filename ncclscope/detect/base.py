@@ -41,6 +41,8 @@ Kind = Literal[
     "nccl_error",
     "config",
     "zero_stage",
+    "pcie_contention",
+    "oom_risk",
 ]
 KINDS: tuple[Kind, ...] = get_args(Kind)
 HangClass = Literal["missing_rank", "mismatch", "dead_process", "nccl_error", "unknown"]

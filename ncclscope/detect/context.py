@@ -151,6 +151,27 @@ class Context:
         return sorted(mixed.filter(pl.col(flag))["seq"].to_list())[:limit]
 
     @cached_property
+    def timeline(self) -> pl.DataFrame:
+        """Per rank, step and phase (``STEPS_SCHEMA``; ``ncclscope.timeline``)."""
+        from ncclscope.timeline import step_timeline
+
+        return step_timeline(self.analysis)
+
+    @cached_property
+    def gpu_samples(self) -> pl.DataFrame:
+        """The GPU telemetry, wide, with each GPU's rank (``timeline.gpu_samples``)."""
+        from ncclscope.timeline import gpu_samples
+
+        return gpu_samples(self.analysis)
+
+    @cached_property
+    def phase_samples(self) -> pl.DataFrame:
+        """The GPU samples inside a phase of their rank, with its step and phase."""
+        from ncclscope.timeline import phase_samples
+
+        return phase_samples(self.timeline, self.gpu_samples)
+
+    @cached_property
     def members(self) -> pl.DataFrame:
         """Per communicator: every member known from init lines, by comm rank."""
         m = self.analysis.identity.members

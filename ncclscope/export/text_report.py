@@ -188,6 +188,17 @@ def _findings(out: list[str], doc: dict[str, Any]) -> None:
             )
         if f["kind"] == "zero_stage":
             out.extend(_zero_stage_table(f["evidence"]))
+        for gpu in f["evidence"].get("gpus", [])[:8]:  # pcie_contention, oom_risk
+            extra = (
+                f"  peak {gpu['peak_bytes'] / 2**30:.1f} of {gpu['total_bytes'] / 2**30:.1f} GiB"
+                if "peak_bytes" in gpu
+                else ""
+            )
+            out.append(f"      rank {gpu['rank']}: GPU {gpu['gpu']} ({gpu['pci_bus_id']}){extra}")
+        out.extend(  # pcie_contention: what to try
+            textwrap.fill(tip, 110, initial_indent="      try: ", subsequent_indent=" " * 11)
+            for tip in f["evidence"].get("suggestions", [])
+        )
         for line in f["evidence"]["lines"][:3]:
             out.append(f"      {line['path']}:{line['line_no']}")
             out.append(f"        {_cut((line['text'] or '').strip(), 112)}")
