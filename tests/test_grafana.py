@@ -264,3 +264,25 @@ def test_promtool_parses_every_panel_query(tmp_path: Path) -> None:
     rules.write_text("\n".join(lines) + "\n")
     check = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_promtool_accepts_the_example_config() -> None:
+    promtool = _promtool()
+    check = subprocess.run(
+        [promtool, "check", "config", str(GRAFANA / "prometheus-example.yml")],
+        capture_output=True,
+        text=True,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "1 rule files found" in check.stdout + check.stderr
+
+
+def test_provisioning_examples_point_at_the_dashboards() -> None:
+    provider = (GRAFANA / "provisioning" / "dashboards" / "ncclscope.yml").read_text()
+    assert "apiVersion: 1" in provider
+    assert "type: file" in provider
+    datasource = (GRAFANA / "provisioning" / "datasources" / "prometheus.yml").read_text()
+    assert "type: prometheus" in datasource
+    readme = (GRAFANA / "README.md").read_text()
+    for name in [*DASHBOARDS, RULES.name, RULES_TEST.name, "prometheus-example.yml"]:
+        assert name in readme

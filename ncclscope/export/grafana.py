@@ -161,6 +161,9 @@ def _render_panel(panel: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
         }
         if t.instant:
             target["format"] = "table"
+        elif panel.kind == "heatmap":
+            # One row per series, ordered by the legend's number (the rank), not its text.
+            target["format"] = "heatmap"
         targets.append(target)
     defaults: dict[str, Any] = {"unit": panel.unit} if panel.unit else {}
     defaults.update(panel.defaults)
