@@ -1,0 +1,189 @@
+"""The dashboards and rules on a real Prometheus scraping ``ncclscope replay``.
+
+Debian's ``prometheus`` (``.ci/run`` installs it) is started on a free loopback port
+with a temporary TSDB, a 1 s scrape and evaluation interval and ``grafana/`` rules; the
+replay of ``fixtures/stalled-227-ts`` (rank 6 never enters AllGather #30, 1800 s timeout)
+at 50x, with recorded telemetry beside it, serves ``/metrics`` on another port.  The
+collective timeout comes 36 s (real) into the replay, 6 s after fewer than 300 s are
+left: the NcclscopeTimeoutImminent alert must be firing by then, naming rank 6.  Then
+every panel's query and every variable of both dashboards must return data, and every
+rule must evaluate without error.  Locally it skips without ``prometheus``; under CI it
+fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ncclscope.export.grafana import DASHBOARDS, queries, substitute
+
+REPO = Path(__file__).resolve().parent.parent
+LOG = REPO / "fixtures" / "stalled-227-ts" / "job.log"
+TELEMETRY = REPO / "tests" / "data" / "telemetry" / "stalled-227-ts"
+RULES = REPO / "grafana" / "ncclscope-rules.yml"
+SPEED = 50.0
+#: The replay's timeout, in real seconds after its clock starts: the first waiter enters
+#: AllGather #30 7.2 s (log time) after the replay's first timestamp, plus 1800 s.
+TIMEOUT_AT_S = (7.2 + 1800.0) / SPEED
+
+pytestmark = pytest.mark.slow
+
+
+def _tools() -> tuple[str, str]:
+    prometheus, promtool = shutil.which("prometheus"), shutil.which("promtool")
+    if prometheus is None or promtool is None:
+        if os.environ.get("CI"):
+            pytest.fail("prometheus is missing: .ci/run installs the prometheus package")
+        pytest.skip("prometheus not installed (apt-get install prometheus)")
+    return prometheus, promtool
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _get(base: str, path: str, **params: str) -> Any:
+    url = f"{base}{path}?{urllib.parse.urlencode(params)}" if params else f"{base}{path}"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return json.load(response)
+    except urllib.error.HTTPError as err:
+        return json.load(err)
+
+
+def _stop(proc: subprocess.Popen[bytes], how: signal.Signals = signal.SIGTERM) -> None:
+    if proc.poll() is None:
+        proc.send_signal(how)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _firing(base: str, deadline: float) -> dict[str, Any] | None:
+    while time.monotonic() < deadline:
+        try:
+            alerts = _get(base, "/api/v1/alerts")["data"]["alerts"]
+        except (urllib.error.URLError, ConnectionError):
+            alerts = []
+        for alert in alerts:
+            if (
+                alert["labels"]["alertname"] == "NcclscopeTimeoutImminent"
+                and alert["state"] == "firing"
+            ):
+                return dict(alert)
+        time.sleep(0.2)
+    return None
+
+
+def test_dashboards_and_alerts_on_a_real_prometheus(tmp_path: Path) -> None:
+    prometheus, promtool = _tools()
+    prom_port, replay_port = _free_port(), _free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global: {scrape_interval: 1s, evaluation_interval: 1s, scrape_timeout: 900ms}\n"
+        f"rule_files: [{json.dumps(str(RULES))}]\n"
+        "scrape_configs:\n"
+        "  - job_name: ncclscope\n"
+        f"    static_configs: [{{targets: ['127.0.0.1:{replay_port}']}}]\n"
+    )
+    check = subprocess.run([promtool, "check", "config", str(config)], capture_output=True)
+    assert check.returncode == 0, check.stdout.decode() + check.stderr.decode()
+
+    prom_log = (tmp_path / "prometheus.log").open("wb")
+    replay_log = (tmp_path / "replay.log").open("wb")
+    base = f"http://127.0.0.1:{prom_port}"
+    # Prometheus first: its first scrape comes ~5.5 s after start whatever the interval.
+    prom = subprocess.Popen(
+        [prometheus, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+         f"--web.listen-address=127.0.0.1:{prom_port}", "--web.enable-lifecycle",
+         "--storage.tsdb.retention.time=1h"],
+        stdout=prom_log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    replay = subprocess.Popen(
+        [sys.executable, "-m", "ncclscope", "replay", str(LOG), "--telemetry", str(TELEMETRY),
+         "--speed", str(SPEED), "--listen", f"127.0.0.1:{replay_port}", "--interval", "0.25",
+         "--analyse-every", "0.5", "--linger", "60"],
+        stdout=replay_log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    started = time.monotonic()
+    try:
+        alert = _firing(base, started + TIMEOUT_AT_S + 5)
+        logs = (
+            f"\n--- prometheus\n{(tmp_path / 'prometheus.log').read_text()[-3000:]}"
+            f"\n--- replay\n{(tmp_path / 'replay.log').read_text()[-3000:]}"
+        )
+        assert alert is not None, f"no firing NcclscopeTimeoutImminent{logs}"
+        # Its value is the replay's seconds left when it was evaluated: before the timeout.
+        assert 0 < float(alert["value"]) < 300, alert
+        assert alert["labels"]["rank"] == "6", alert
+        assert alert["labels"]["op"] == "AllGather"
+        assert alert["labels"]["seq"] == "30"
+        assert alert["labels"]["severity"] == "critical"
+        assert "rank 6" in alert["annotations"]["description"]
+
+        problems = []
+        for name in sorted(DASHBOARDS):
+            dash = json.loads((REPO / "grafana" / name).read_text())
+            for title, expr, _legend in queries(dash):
+                query = substitute(expr)
+                answer = _get(base, "/api/v1/query", query=query)
+                if answer.get("status") != "success":
+                    problems.append(f"{name} {title!r}: {answer.get('error')}: {query}")
+                elif not answer["data"]["result"]:
+                    problems.append(f"{name} {title!r}: no data: {query}")
+            for v in dash["templating"]["list"]:
+                if v["type"] != "query":
+                    continue
+                inner, _, label = v["query"].removeprefix("label_values(")[:-1].rpartition(",")
+                answer = _get(
+                    base, f"/api/v1/label/{label.strip()}/values", **{"match[]": substitute(inner)}
+                )
+                if not answer.get("data"):
+                    problems.append(f"{name} variable {v['name']}: no values: {v['query']}")
+        assert not problems, "\n".join(problems) + logs
+
+        groups = _get(base, "/api/v1/rules")["data"]["groups"]
+        rules = [r for g in groups for r in g["rules"]]
+        assert len(rules) == RULES.read_text().count("- record:") + RULES.read_text().count(
+            "- alert:"
+        )
+        bad = [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"]
+        assert not bad, bad
+        ratio = _get(
+            base, "/api/v1/query", query="instance_gpu:ncclscope_gpu_pcie_utilization:ratio"
+        )
+        assert len(ratio["data"]["result"]) == 2  # the two simulated GPUs
+        assert all(0 <= float(s["value"][1]) <= 1 for s in ratio["data"]["result"])
+    finally:
+        # Prometheus' lifecycle endpoint, SIGTERM if that did not work.
+        try:
+            urllib.request.urlopen(
+                urllib.request.Request(f"{base}/-/quit", method="POST"), timeout=5
+            )
+            prom.wait(timeout=10)
+        except (urllib.error.URLError, ConnectionError, subprocess.TimeoutExpired):
+            pass
+        _stop(prom)
+        _stop(replay)
+        prom_log.close()
+        replay_log.close()
+    assert prom.returncode == 0
+    assert replay.returncode == 0
