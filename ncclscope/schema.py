@@ -32,6 +32,7 @@ __all__ = [
     "MEMORY_SCHEMA",
     "PROGRESS_SCHEMA",
     "RANKS_SCHEMA",
+    "STEPS_SCHEMA",
     "TELEMETRY_SCHEMA",
     "TEXT_STORE_SCHEMA",
     "THROUGHPUT_SCHEMA",
@@ -440,6 +441,22 @@ TELEMETRY_SCHEMA = _schema(
         "metric": pl.String,  # a catalog name, e.g. ncclscope_gpu_memory_used_bytes
         "labels": pl.String,  # label values joined by ",", in the catalog's label order
         "value": pl.Float64,
+    }
+)
+
+
+#: One row per (rank, step, phase): the HTML report's step-phase breakdown, the step
+#: markers and the heatmap's step columns.  ``rank`` is null when the row speaks for
+#: the whole job; ``start``/``end`` are null when the source carries no time.
+STEPS_SCHEMA = _schema(
+    {
+        "rank": pl.Int32,
+        "step": pl.Int64,
+        "phase": pl.String,
+        "start": TS,
+        "end": TS,
+        "duration_s": pl.Float64,
+        "source": pl.String,  # deepspeed_timers | collectives
     }
 )
 
