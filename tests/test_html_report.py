@@ -225,7 +225,7 @@ def _headless(exe: str, profile: Path, *args: str) -> subprocess.CompletedProces
             "--hide-scrollbars",
             f"--user-data-dir={profile}",
             "--window-size=1400,3600",
-            "--virtual-time-budget=15000",
+            "--virtual-time-budget=5000",
             "--enable-logging=stderr",
             "--v=0",
             *args,
@@ -245,13 +245,18 @@ def test_chromium_renders_the_report(tmp_path: Path, hostile_log: Path) -> None:
     write_html(_analyse([hostile_log], tmp_path, tel), report)
     url = report.as_uri()
 
+    shot = _artifacts() / "html-report.png"
+    shot.unlink(missing_ok=True)
     started = time.monotonic()
-    dom = _headless(exe, tmp_path / "profile", "--dump-dom", url)
+    # One browser run: the DOM after the scripts ran, and a screenshot of the page.
+    dom = _headless(exe, tmp_path / "profile", f"--screenshot={shot}", "--dump-dom", url)
     elapsed = time.monotonic() - started
     assert dom.returncode == 0, dom.stderr[-2000:]
     # Console errors: chromium logs them as CONSOLE lines; the report's own hook shows
     # them in #ncclscope-errors, which stays hidden and empty when all drew.
-    console = [ln for ln in dom.stderr.splitlines() if "CONSOLE" in ln]
+    console = [
+        ln for ln in dom.stderr.splitlines() if "CONSOLE" in ln and "GL Driver Message" not in ln
+    ]
     assert not [ln for ln in console if re.search(r"error|uncaught", ln, re.I)], console
     errors = re.search(r'<div id="ncclscope-errors"[^>]*>(.*?)</div>', dom.stdout, re.S)
     assert errors is not None
@@ -262,11 +267,6 @@ def test_chromium_renders_the_report(tmp_path: Path, hostile_log: Path) -> None:
     # The hostile line is text, not markup.
     assert "<img" not in dom.stdout
     assert "window.pwned=1" in dom.stdout
-
-    shot = _artifacts() / "html-report.png"
-    shot.unlink(missing_ok=True)
-    png = _headless(exe, tmp_path / "profile2", f"--screenshot={shot}", url)
-    assert png.returncode == 0, png.stderr[-2000:]
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert shot.stat().st_size > 50_000  # a drawn page, not a blank one
-    assert elapsed < 60
+    assert elapsed < 90

@@ -52,9 +52,9 @@ __all__ = [
 ]
 
 #: Points of the per-rank timeline at most (ranks x time bins).
-MAX_TIMELINE_POINTS = 40_000
+MAX_TIMELINE_POINTS = 30_000
 #: Time bins of the timeline at most (fewer when ranks are many).
-_TIMELINE_BINS = 400
+_TIMELINE_BINS = 300
 #: Cells of the lateness heatmap at most (ranks x step columns).
 MAX_HEATMAP_CELLS = 60_000
 #: Time bins per telemetry series (each keeps its min, max and last sample).
@@ -377,22 +377,19 @@ def _timeline(d: _Data) -> _Section:
     fig = go.Figure()
     fig.add_trace(
         go.Scattergl(
-            x=kept.select(_naive(pl.col("ts")))["ts"].to_list(),
+            x=kept.select(_naive(pl.col("ts").dt.truncate("1ms")))["ts"].to_list(),
             y=kept["rank"].to_list(),
             mode="markers",
             name="collective (latest call per bin)",
             marker={
-                "color": kept["late_ms"].round(3).to_list(),
+                "color": kept["late_ms"].round(2).to_list(),
                 "colorscale": "YlOrRd",
                 "cmin": 0,
                 "size": 6,
                 "colorbar": {"title": "late (ms)"},
             },
-            text=[
-                _esc(f"{op} #{seq}, {c} call(s) in bin")
-                for op, seq, c in kept.select("op", "seq", "calls").iter_rows()
-            ],
-            hovertemplate="rank %{y}<br>%{x}<br>%{marker.color:.3f} ms late<br>%{text}"
+            text=[_esc(f"{op} #{seq}") for op, seq in kept.select("op", "seq").iter_rows()],
+            hovertemplate="rank %{y}<br>%{x}<br>%{marker.color:.2f} ms late<br>%{text}"
             "<extra></extra>",
         )
     )
@@ -418,7 +415,7 @@ def _timeline(d: _Data) -> _Section:
         "how long after the first rank it came; per rank and time bin the latest call is "
         "kept. A straggler is the row that stays hot. Red bars: ranks waiting, from their "
         "last logged collective to the end of the logs."
-        + (f" Every {sampled}th collective was sampled." if sampled > 1 else "")
+        + (f" One collective in every {sampled} was sampled." if sampled > 1 else "")
     )
     return _Section("timeline", title, f"<p>{intro}</p>" + _plot(fig, "plot-timeline"))
 
@@ -699,10 +696,39 @@ def _mark_steps(
     if ends.is_empty():
         return
     every = max(1, math.ceil(len(ends) / _MAX_STEP_MARKERS))
-    for ts in ends.to_list()[::every]:
-        fig.add_vline(
-            x=ts.replace(tzinfo=None), line={"color": "#aab7b8", "width": 1, "dash": "dot"}
-        )
+    _add_shapes(
+        fig,
+        [
+            _vspan(ts, ts, line={"color": "#aab7b8", "width": 1, "dash": "dot"})
+            for ts in ends.to_list()[::every]
+        ],
+    )
+
+
+def _vspan(x0: datetime, x1: datetime, **style: Any) -> dict[str, Any]:
+    """A shape across the whole plot's height from ``x0`` to ``x1`` (a line when equal)."""
+    kind = "line" if x0 == x1 else "rect"
+    return {
+        "type": kind,
+        "xref": "x",
+        "yref": "paper",
+        "x0": x0.replace(tzinfo=None),
+        "x1": x1.replace(tzinfo=None),
+        "y0": 0,
+        "y1": 1,
+        **style,
+    }
+
+
+def _add_shapes(
+    fig: go.Figure, shapes: list[dict[str, Any]], notes: list[dict[str, Any]] | None = None
+) -> None:
+    """Add shapes (and annotations) in one layout update: plotly's ``add_vline``
+    re-validates every shape already there, quadratic in the number of markers."""
+    if shapes:
+        fig.update_layout(shapes=[*fig.layout.shapes, *shapes])
+    if notes:
+        fig.update_layout(annotations=[*fig.layout.annotations, *notes])
 
 
 def _finding_window(f: Finding) -> tuple[datetime, datetime | None] | None:
@@ -729,6 +755,8 @@ def _mark_findings(
     d: _Data, fig: go.Figure, within: tuple[datetime | None, datetime | None] | None = None
 ) -> None:
     end_of_logs = d.ctx.last_ts
+    shapes: list[dict[str, Any]] = []
+    notes: list[dict[str, Any]] = []
     for f in d.analysis.findings:
         window = _finding_window(f)
         if window is None:
@@ -739,23 +767,24 @@ def _mark_findings(
             if start > within[1] or (end or start) < within[0]:
                 continue
         color = _SEVERITY_COLOR.get(f.severity, "#7f8c8d")
-        label = _esc(f.kind)
         if end is not None and end > start:
-            fig.add_vrect(
-                x0=start.replace(tzinfo=None),
-                x1=end.replace(tzinfo=None),
-                fillcolor=color,
-                opacity=0.12,
-                line_width=0,
-                annotation_text=label,
-                annotation_position="top left",
-            )
+            shapes.append(_vspan(start, end, fillcolor=color, opacity=0.12, line_width=0))
         else:
-            fig.add_vline(
-                x=start.replace(tzinfo=None),
-                line={"color": color, "width": 2},
-                annotation_text=label,
-            )
+            shapes.append(_vspan(start, start, line={"color": color, "width": 2}))
+        notes.append(
+            {
+                "x": start.replace(tzinfo=None),
+                "xref": "x",
+                "y": 1,
+                "yref": "paper",
+                "text": _esc(f.kind),
+                "showarrow": False,
+                "xanchor": "left",
+                "yanchor": "bottom",
+                "font": {"color": color, "size": 11},
+            }
+        )
+    _add_shapes(fig, shapes, notes)
 
 
 def _findings(d: _Data) -> _Section:
