@@ -49,13 +49,19 @@ HOSTILE = (
 )
 
 
-def telemetry_frame(start: datetime, seconds: float, *, every_s: float = 0.005) -> pl.DataFrame:
-    """Two hosts with one GPU each: memory creeping up, PCIe near the link during a
-    spike on node-1 (one sample at 31 GB/s), host memory and swap."""
+def telemetry_frame(
+    start: datetime,
+    seconds: float,
+    *,
+    every_s: float = 0.005,
+    gpus: tuple[tuple[str, str], ...] = (("node-0", "0"), ("node-1", "3")),
+) -> pl.DataFrame:
+    """One GPU per (host, gpu) given, two by default: memory creeping up, PCIe near
+    the link during a spike on node-1 (one sample at 31 GB/s), host memory and swap."""
     rows = []
     n = int(seconds / every_s)
     link = 31.5e9
-    for host, gpu in (("node-0", "0"), ("node-1", "3")):
+    for host, gpu in gpus:
         labels = f"{gpu},GPU-{host}-{gpu},00000000:5D:00.0"
         for k in range(n):
             ts = start + timedelta(seconds=k * every_s)
@@ -165,6 +171,7 @@ def test_downsampling_keeps_the_extremes() -> None:
     )
     kept = _downsample(series, 300)
     assert len(kept) <= 900
+    assert len(_downsample(series.with_columns(pl.lit(7.0).alias("value")), 300)) == 2
     assert kept["value"].max() == 99.0
     assert kept["value"].min() == -5.0
     assert kept["ts"][-1] == series["ts"][-1]
@@ -176,6 +183,19 @@ def test_telemetry_spike_survives(tmp_path: Path) -> None:
     page = render_html(_analyse([FIXTURES / "straggler-227-ts"], tmp_path, tel))
     assert "31.0" in page  # the one 31 GB/s sample of node-1's TX, in GB/s
     assert page.count("node-1 gpu 3 TX") == 1
+
+
+def test_many_gpus_are_drawn_per_host(tmp_path: Path) -> None:
+    """64 GPUs on 8 hosts, 1,200 samples each: one line per host (its hottest GPU), and
+    node-1's one PCIe spike still there."""
+    gpus = tuple((f"node-{h}", str(g)) for h in range(8) for g in range(8))
+    tel = telemetry_frame(STRAGGLER_START, 6.0, gpus=gpus)
+    page = render_html(_analyse([FIXTURES / "straggler-227-ts"], tmp_path, tel))
+    section = page[page.index('<section id="telemetry">') :]
+    assert len(section) < 500_000
+    assert "node-1 (max over GPUs) TX" in section
+    assert "node-1 gpu 3" not in section
+    assert "31.0" in section
 
 
 def test_cli_html_leaves_json_alone(tmp_path: Path) -> None:

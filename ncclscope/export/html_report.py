@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_HEATMAP_CELLS",
+    "MAX_TELEMETRY_POINTS",
     "MAX_TIMELINE_POINTS",
     "render_html",
     "step_table",
@@ -59,6 +60,10 @@ _TIMELINE_BINS = 300
 MAX_HEATMAP_CELLS = 60_000
 #: Time bins per telemetry series (each keeps its min, max and last sample).
 _TELEMETRY_BINS = 300
+#: Telemetry points per metric at most (fewer bins per series when series are many).
+MAX_TELEMETRY_POINTS = 30_000
+#: GPU series per metric drawn one by one; beyond that, one per host.
+_MAX_SERIES = 32
 #: Step markers drawn on a time axis at most (every k-th step beyond that).
 _MAX_STEP_MARKERS = 60
 #: Sequences read to find the collectives' repeating pattern (a step).
@@ -589,32 +594,53 @@ def _phases(d: _Data) -> _Section:
 
 
 def _downsample(series: pl.DataFrame, bins: int) -> pl.DataFrame:
-    """Per time bin of one series: the samples at its minimum, maximum and last."""
-    if len(series) <= 3 * bins:
-        return series
-    us = (pl.col("ts") - pl.col("ts").min()).dt.total_microseconds()
-    span = int(series.select(us.max()).item() or 1) + 1
-    binned = series.with_columns(
-        (us * bins // span).alias("bin"), pl.int_range(pl.len()).alias("i")
-    )
-    keep = pl.concat(
-        [
-            binned.sort("value").group_by("bin").first(),
-            binned.sort("value").group_by("bin").last(),
-            binned.sort("ts").group_by("bin").last(),
-        ]
-    )
-    return keep.unique("i").sort("ts").drop("bin", "i")
+    """Per time bin of one series: the samples at its minimum, maximum and last; and of
+    a run of equal values only its first and last sample (a constant, such as a GPU's
+    total memory, is two points)."""
+    if len(series) > 3 * bins:
+        us = (pl.col("ts") - pl.col("ts").min()).dt.total_microseconds()
+        span = int(series.select(us.max()).item() or 1) + 1
+        binned = series.with_columns(
+            (us * bins // span).alias("bin"), pl.int_range(pl.len()).alias("i")
+        )
+        keep = pl.concat(
+            [
+                binned.sort("value").group_by("bin").first(),
+                binned.sort("value").group_by("bin").last(),
+                binned.sort("ts").group_by("bin").last(),
+            ]
+        )
+        series = keep.unique("i").sort("ts").drop("bin", "i")
+    value = pl.col("value")
+    inside_run = (value == value.shift(1)) & (value == value.shift(-1))
+    return series.filter(~inside_run.fill_null(False))
 
 
 def _series(tel: pl.DataFrame, metric: str) -> list[tuple[str, pl.DataFrame]]:
-    """One downsampled series per (host, labels) of ``metric``."""
+    """One downsampled series per (host, labels) of ``metric``; with more than
+    ``_MAX_SERIES`` of them, one per host: the largest value over its GPUs at each
+    sample (the hottest GPU is the one that matters)."""
     rows = tel.filter(pl.col("metric") == metric)
+    if rows.is_empty():
+        return []
+    keys = ["host", "labels"]
+    if rows.select(pl.struct(keys).n_unique()).item() > _MAX_SERIES:
+        rows = rows.group_by("host", "ts").agg(
+            pl.lit("").alias("labels"), pl.col("value").max(), pl.len().alias("gpus")
+        )
+        keys = ["host"]
+    groups = rows.group_by(keys, maintain_order=True)
+    bins = max(20, min(_TELEMETRY_BINS, MAX_TELEMETRY_POINTS // (3 * max(1, groups.len().height))))
     out = []
-    for (host, labels), part in rows.group_by("host", "labels", maintain_order=True):
-        gpu = str(labels).split(",")[0] if labels else ""
-        name = f"{host} gpu {gpu}" if gpu else str(host)
-        out.append((name, _downsample(part.select("ts", "value").sort("ts"), _TELEMETRY_BINS)))
+    for key, part in groups:
+        host = str(key[0])
+        gpu = str(key[1]).split(",")[0] if len(key) > 1 and key[1] else ""
+        name = (
+            f"{host} gpu {gpu}"
+            if gpu
+            else (f"{host} (max over GPUs)" if "gpus" in part.columns else host)
+        )
+        out.append((name, _downsample(part.select("ts", "value").sort("ts"), bins)))
     return sorted(out, key=lambda kv: kv[0])
 
 
