@@ -25,9 +25,11 @@ from plotly.offline import get_plotlyjs
 
 from ncclscope.analysis import Analysis, run_analysis
 from ncclscope.cli import cli
+from ncclscope.detect.base import Finding
 from ncclscope.detect.context import Context
 from ncclscope.export.html_report import (
     _downsample,
+    _finding_window,
     render_html,
     step_table,
     write_html,
@@ -155,6 +157,24 @@ def test_steps_from_collectives_without_timers(tmp_path: Path) -> None:
     # 4 layers: 13 world collectives a step; the job hung at #30, in step 2.
     assert steps["step"].to_list() == [0, 1, 2]
     assert steps["duration_s"][0] == pytest.approx(0.5, abs=0.05)
+
+
+def test_finding_windows_come_from_time_evidence() -> None:
+    f = Finding(
+        "timeout_imminent",
+        "warning",
+        "m",
+        evidence={
+            "communicator": "20240101",
+            "since": "2025-03-14T09:00:09.456044+00:00",
+            "window_end": "2025-03-14T09:00:10",
+            "age_s": 1.5,
+        },
+    )
+    start, end = _finding_window(f) or (None, None)
+    assert start == datetime(2025, 3, 14, 9, 0, 9, 456044, tzinfo=UTC)
+    assert end == datetime(2025, 3, 14, 9, 0, 10, tzinfo=UTC)
+    assert _finding_window(Finding("config", "info", "m", evidence={"end": "20240101"})) is None
 
 
 def test_downsampling_keeps_the_extremes() -> None:

@@ -577,7 +577,7 @@ def _phases(d: _Data) -> _Section:
             )
         )
     fig.update_layout(barmode="stack", height=380)
-    fig.update_xaxes(title="step")
+    fig.update_xaxes(title="step", dtick=1 if steps["step"].n_unique() <= 40 else None)
     fig.update_yaxes(title="seconds")
     if source == "deepspeed_timers":
         intro = (
@@ -761,10 +761,12 @@ def _finding_window(f: Finding) -> tuple[datetime, datetime | None] | None:
     """A finding's time or window, from its evidence (``since``, ``window_start``...)."""
     times: dict[str, datetime] = {}
     for key, value in f.evidence.items():
-        if not any(k in key for k in ("start", "end", "since", "ts", "at")):
+        if not (key in ("ts", "since") or key.endswith(("_ts", "_at", "start", "end"))):
             continue
         when = value
         if isinstance(value, str):
+            if ":" not in value:
+                continue
             try:
                 when = datetime.fromisoformat(value)
             except ValueError:
