@@ -148,6 +148,14 @@ def cli(verbose: int) -> None:
     help="Telemetry written by 'ncclscope agent --out' (a folder or part files; "
     "repeatable): correlated with the logs by the detectors and summarised after the report.",
 )
+@click.option(
+    "--html",
+    "html_out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write an HTML report to this file: one self-contained page (plotly.js "
+    "embedded, works offline) with per-rank timeline, lateness heatmap, step phases, "
+    "telemetry and the findings.",
+)
 def analyze(
     paths: tuple[str, ...],
     fmt: str,
@@ -156,6 +164,7 @@ def analyze(
     fail_on: Severity | None,
     prom_out: Path | None,
     telemetry: tuple[Path, ...],
+    html_out: Path | None,
 ) -> None:
     """Analyse NCCL_DEBUG=INFO logs: versions, ranks, communicators, collectives, errors.
 
@@ -169,6 +178,7 @@ def analyze(
       ncclscope analyze 'logs/rank*.log' --format json > analysis.json
       zcat run.log.gz | ncclscope analyze -
       ncclscope analyze logs/ --fail-on critical   # exit 3 on a hang, in CI
+      ncclscope analyze logs/ --telemetry tel/ --html report.html
 
     Exit status: 0 analysed (whatever was found), 1 an input could not be read,
     2 usage error, 3 a finding at or above --fail-on.
@@ -206,6 +216,12 @@ def analyze(
             from ncclscope.agent.postmortem import write_postmortem
 
             write_postmortem(analysis, prom_out)
+        if html_out is not None and analysis.paths:
+            # Inside the work directory: the report reads the collectives' Parquet.
+            from ncclscope.export.html_report import write_html
+
+            size = write_html(analysis, html_out)
+            click.echo(f"ncclscope: wrote {html_out} ({human_bytes(size)})", err=True)
         if samples is not None and fmt == "text":
             from ncclscope.agent.telemetry import summary_lines
 

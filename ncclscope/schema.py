@@ -32,6 +32,7 @@ __all__ = [
     "MEMORY_SCHEMA",
     "PROGRESS_SCHEMA",
     "RANKS_SCHEMA",
+    "REPORT_STEPS_SCHEMA",
     "STEPS_SCHEMA",
     "TELEMETRY_SCHEMA",
     "TEXT_STORE_SCHEMA",
@@ -460,6 +461,22 @@ STEPS_SCHEMA = _schema(
         "source": pl.String,  # collectives | timers
         "file_id": pl.UInt32,  # the line that ends the phase: a COLL line or the timer line
         "line_no": pl.UInt32,
+    }
+)
+
+
+#: The HTML report's steps: one row per (rank, step, phase) for its step-phase
+#: breakdown, the step markers and the heatmap's step columns.  ``rank`` is null when the
+#: row speaks for the whole job; ``start``/``end`` are null when the source has no time.
+REPORT_STEPS_SCHEMA = _schema(
+    {
+        "rank": pl.Int32,
+        "step": pl.Int64,
+        "phase": pl.String,
+        "start": TS,
+        "end": TS,
+        "duration_s": pl.Float64,
+        "source": pl.String,  # deepspeed_timers | collectives
     }
 )
 
