@@ -270,3 +270,28 @@ def test_window_shares_max_lines_among_files(tmp_path: Path) -> None:
     window.close()
     sizes = [len(p.read_text().splitlines()) for p in outs]
     assert all(10 <= n <= 10 + 4 for n in sizes)
+
+
+def test_bulk_stamping_matches_stamp_line_by_line(tmp_path: Path) -> None:
+    from datetime import UTC, datetime
+
+    lines = [
+        "node-0:41:41 [0] NCCL INFO AllReduce: opCount 1 count 8",
+        "[rank3]:node-0:41:41 [3] NCCL INFO x",
+        "é→ node-1:7:9 [1] NCCL INFO Init COMPLETE",  # non-ASCII before the header
+        "node-0:41:41 node-0:41:41 [0] NCCL INFO twice",
+        "says NCCL but has no header",
+        "a plain line",
+        "",
+        "node-0:41:41 [0] transport.cc:12 NCCL WARN something",
+        "node-0:41:41 [0] 1234.5 init.cc:99 NCCL TRACE t",
+    ]
+    window = LiveWindow(tmp_path / "segments", segment_lines=3)
+    t = datetime(2026, 1, 1, tzinfo=UTC)
+    for k, text in enumerate(lines):  # one poll per line: each its own arrival time
+        window.add([("a.log", text, t + timedelta(seconds=k))])
+    assert window.own_times is False
+    (out,) = window.write(tmp_path / "out")
+    window.close()
+    want = [stamp(x, t + timedelta(seconds=k)) or x for k, x in enumerate(lines)]
+    assert out.read_text(encoding="utf-8").split("\n")[:-1] == want

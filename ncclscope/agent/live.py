@@ -27,7 +27,7 @@ Sample stamped line (a 2.21 COLL line as the window writes it)::
 from __future__ import annotations
 
 import hashlib
-import shutil
+import re
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -65,15 +65,30 @@ def stamp(text: str, arrived: datetime) -> str | None:
     return f"{text[:at]}{_ts_text(arrived)}{text[at:]}"
 
 
+#: HEADER_RE for polars: the prefix before the header and the rest, no other captures
+_SPLIT_AT_HEADER = (
+    r"^(?s)(?P<pre>.*?)(?P<rest>" + re.sub(r"\(\?P<\w+>", "(?:", HEADER_RE.pattern) + r".*)$"
+)
+
+
+@dataclass
+class _Segment:
+    """One segment file: its lines, and where each poll's lines begin (line index in the
+    segment, the arrival time as NCCL would print it)."""
+
+    path: Path
+    lines: int = 0
+    marks: list[tuple[int, str]] = field(default_factory=list)
+
+
 @dataclass
 class _Segments:
-    """One followed file's window: closed segments (path, lines) and the open one."""
+    """One followed file's window: closed segments and the open one."""
 
     stem: str
-    done: list[tuple[Path, int]] = field(default_factory=list)
-    path: Path | None = None
+    done: list[_Segment] = field(default_factory=list)
+    open: _Segment | None = None
     fh: TextIO | None = None
-    lines: int = 0
     #: lines in ``done``
     held: int = 0
     #: the first other (not COLL) lines of dropped segments, and the latest after those
@@ -81,11 +96,42 @@ class _Segments:
     tail: deque[str] = field(default_factory=deque)
 
 
+def _arrivals(seg: _Segment, n: int) -> list[str]:
+    """Each of the segment's first ``n`` lines' arrival time (as NCCL would print it)."""
+    out: list[str] = []
+    for k, (at, ts) in enumerate(seg.marks):
+        upto = seg.marks[k + 1][0] if k + 1 < len(seg.marks) else n
+        out.extend([ts] * (min(upto, n) - at))
+    return out
+
+
+def _stamp_lines(lines: list[str], arrived: list[str]) -> list[str]:
+    """``stamp`` over many lines at once, in polars: each line with an NCCL header gets
+    its arrival time in front of the header."""
+    frame = pl.DataFrame(
+        {"line": lines, "ts": arrived}, schema={"line": pl.String, "ts": pl.String}
+    )
+    parts = pl.col("line").str.extract_groups(_SPLIT_AT_HEADER)
+    out = frame.select(
+        pl.when(pl.col("line").str.contains(" NCCL ", literal=True))
+        .then(pl.concat_str(parts.struct["pre"], pl.col("ts"), parts.struct["rest"]))
+        .otherwise(None)
+        .fill_null(pl.col("line"))
+    )
+    return out.to_series().to_list()
+
+
 @dataclass
 class LiveWindow:
     """The last ``max_lines`` lines (up to one segment more) of every followed file,
     stamped with their arrival times where NCCL printed none, in segment files under
-    ``folder``."""
+    ``folder``.
+
+    Lines go to disk as they come, a poll at a time, with no per-line work once the
+    job's NCCL lines are known to carry their own times or not; each poll's arrival time
+    is kept beside its segment, and stamping is done in bulk (in polars) when the window
+    is written for a detector run.
+    """
 
     folder: Path
     max_lines: int = 100_000
@@ -108,83 +154,88 @@ class LiveWindow:
     @property
     def lines(self) -> int:
         """Lines in the window, over all files."""
-        return sum(s.held + s.lines for s in self._files.values())
+        return sum(s.held + (s.open.lines if s.open else 0) for s in self._files.values())
 
     def add(self, lines: Iterable[tuple[str, str, datetime]]) -> int:
         """Add ``(path, text, arrived)`` lines; returns how many."""
         n = 0
-        ts_for: datetime | None = None
-        ts_text = ""
-        path_now: str | None = None
+        key: tuple[str, datetime] | None = None
         batch: list[str] = []
         for path, text, arrived in lines:
-            if path != path_now:
-                if batch and path_now is not None:
-                    self._write(path_now, batch)
-                path_now, batch = path, []
-            line = text.rstrip("\n")
-            # Once NCCL is known to print its own times, lines go in as they came.
-            if self.own_times is not True and " NCCL " in line and (m := HEADER_RE.search(line)):
-                if self.own_times is None:
-                    self.own_times = PREFIX_TS_RE.search(line[: m.start()]) is not None
-                if self.own_times is False:
-                    if arrived is not ts_for:  # a poll's lines share one arrival time
-                        ts_for, ts_text = arrived, _ts_text(arrived)
-                    line = f"{line[: m.start()]}{ts_text}{line[m.start() :]}"
-            batch.append(line)
+            if key is None or path != key[0] or arrived is not key[1]:
+                if batch and key is not None:
+                    self._write(key[0], batch, key[1])
+                key, batch = (path, arrived), []
+            if self.own_times is None and " NCCL " in text and (m := HEADER_RE.search(text)):
+                self.own_times = PREFIX_TS_RE.search(text[: m.start()]) is not None
+            batch.append(text.rstrip("\n"))
             n += 1
-        if batch and path_now is not None:
-            self._write(path_now, batch)
+        if batch and key is not None:
+            self._write(key[0], batch, key[1])
         self.added += n
         return n
 
-    def _write(self, path: str, lines: list[str]) -> None:
-        """Append one file's lines to its segments, a segment's worth at a time."""
+    def _write(self, path: str, lines: list[str], arrived: datetime) -> None:
+        """Append one file's lines of one poll to its segments."""
         seg = self._files.get(path)
         if seg is None:
             name = hashlib.sha1(path.encode(), usedforsecurity=False).hexdigest()[:12]
             seg = self._files[path] = _Segments(stem=f"{Path(path).name}.{name}")
+        ts = _ts_text(arrived)
         at = 0
         while at < len(lines):
-            if seg.fh is None or seg.lines >= self.segment_lines:
+            if seg.open is None or seg.fh is None or seg.open.lines >= self.segment_lines:
                 self._roll(seg)
+            assert seg.open is not None
             assert seg.fh is not None
-            chunk = lines[at : at + self.segment_lines - seg.lines]
+            chunk = lines[at : at + self.segment_lines - seg.open.lines]
+            seg.open.marks.append((seg.open.lines, ts))
             seg.fh.write("\n".join(chunk) + "\n")
-            seg.lines += len(chunk)
+            seg.open.lines += len(chunk)
             at += len(chunk)
             # The oldest segment goes once the newer ones hold the file's share without it.
             share = max(self.segment_lines, self.max_lines // len(self._files))
-            while seg.done and seg.held - seg.done[0][1] + seg.lines >= share:
+            while seg.done and seg.held - seg.done[0].lines + seg.open.lines >= share:
                 self._drop(seg)
+
+    def _read(self, seg: _Segment, *, keep_coll: bool = True) -> list[str]:
+        """A segment's lines (without its COLL lines unless ``keep_coll``), stamped when
+        the job's NCCL prints no times."""
+        with seg.path.open(encoding="utf-8", errors="replace") as fh:
+            lines = fh.read().split("\n")[: seg.lines]
+        arrived = _arrivals(seg, len(lines)) if self.own_times is False else []
+        if not keep_coll:
+            kept = [k for k, line in enumerate(lines) if " opCount " not in line]
+            lines = [lines[k] for k in kept]
+            arrived = [arrived[k] for k in kept] if arrived else []
+        if arrived and lines:
+            lines = _stamp_lines(lines, arrived)
+        return lines
 
     def _drop(self, seg: _Segments) -> None:
         """Delete the oldest segment, keeping its lines that are not COLL lines."""
-        old, n = seg.done.pop(0)
+        old = seg.done.pop(0)
         if seg.tail.maxlen != self.keep_lines:
             seg.tail = deque(seg.tail, maxlen=self.keep_lines)
-        with old.open(encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                if " opCount " in line:
-                    continue
-                if len(seg.head) < self.keep_lines:
-                    seg.head.append(line)
-                else:
-                    seg.tail.append(line)
-        old.unlink(missing_ok=True)
-        seg.held -= n
+        for line in self._read(old, keep_coll=False):
+            if len(seg.head) < self.keep_lines:
+                seg.head.append(line + "\n")
+            else:
+                seg.tail.append(line + "\n")
+        old.path.unlink(missing_ok=True)
+        seg.held -= old.lines
 
     def _roll(self, seg: _Segments) -> None:
         """Close the open segment and open a new one."""
-        if seg.path is not None:  # open, or closed by close() and written to again
+        if seg.open is not None:  # open, or closed by close() and written to again
             if seg.fh is not None:
                 seg.fh.close()
-            seg.done.append((seg.path, seg.lines))
-            seg.held += seg.lines
+            seg.done.append(seg.open)
+            seg.held += seg.open.lines
         self._seq += 1
-        seg.path = self.folder / f"{seg.stem}.{self._seq:09d}.seg"
-        seg.fh = seg.path.open("w", encoding="utf-8", errors="replace")
-        seg.lines = 0
+        path = self.folder / f"{seg.stem}.{self._seq:09d}.seg"
+        seg.open = _Segment(path)
+        seg.fh = path.open("w", encoding="utf-8", errors="replace")
 
     def write(self, folder: Path) -> list[Path]:
         """Write each file's window to ``folder`` as one file; returns the paths written."""
@@ -194,12 +245,13 @@ class LiveWindow:
             if seg.fh is not None:
                 seg.fh.flush()
             out = folder / f"{seg.stem}.log"
-            with out.open("wb") as dst:
-                kept = "".join(seg.head) + "".join(seg.tail)
-                dst.write(kept.encode("utf-8", errors="replace"))
-                for part in [p for p, _n in seg.done] + ([seg.path] if seg.path else []):
-                    with part.open("rb") as src:
-                        shutil.copyfileobj(src, dst, 1 << 20)
+            with out.open("w", encoding="utf-8", errors="replace") as dst:
+                dst.writelines(seg.head)
+                dst.writelines(seg.tail)
+                for part in [*seg.done, *([seg.open] if seg.open else [])]:
+                    lines = self._read(part)
+                    if lines:
+                        dst.write("\n".join(lines) + "\n")
             written.append(out)
         return written
 
