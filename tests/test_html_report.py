@@ -289,19 +289,13 @@ def _headless(exe: str, profile: Path, *args: str) -> subprocess.CompletedProces
     )
 
 
-@pytest.mark.slow
-def test_chromium_renders_the_report(tmp_path: Path, hostile_log: Path) -> None:
-    exe = _chromium()
-    tel = telemetry_frame(STRAGGLER_START, 6.0)
-    report = tmp_path / "report.html"
-    write_html(_analyse([hostile_log], tmp_path, tel), report)
-    url = report.as_uri()
-
-    shot = _artifacts() / "html-report.png"
+def _chromium_check(exe: str, report: Path, shot: Path, profile: Path) -> str:
+    """Open ``report`` in headless Chromium: no console or script errors, every plot
+    drawn, a screenshot kept at ``shot``; returns the DOM after the scripts ran."""
     shot.unlink(missing_ok=True)
     started = time.monotonic()
     # One browser run: the DOM after the scripts ran, and a screenshot of the page.
-    dom = _headless(exe, tmp_path / "profile", f"--screenshot={shot}", "--dump-dom", url)
+    dom = _headless(exe, profile, f"--screenshot={shot}", "--dump-dom", report.as_uri())
     elapsed = time.monotonic() - started
     assert dom.returncode == 0, dom.stderr[-2000:]
     # Console errors: chromium logs them as CONSOLE lines; the report's own hook shows
@@ -316,9 +310,42 @@ def test_chromium_renders_the_report(tmp_path: Path, hostile_log: Path) -> None:
     # Every plot drew: plotly adds a plot-container with its SVG layers to each div.
     assert dom.stdout.count('class="plot-container plotly"') == 4
     assert dom.stdout.count('class="main-svg"') >= 8
-    # The hostile line is text, not markup.
-    assert "<img" not in dom.stdout
-    assert "window.pwned=1" in dom.stdout
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert shot.stat().st_size > 50_000  # a drawn page, not a blank one
     assert elapsed < 90
+    return dom.stdout
+
+
+@pytest.mark.slow
+def test_chromium_renders_the_contention_report(tmp_path: Path) -> None:
+    """The issue's "done when": ``analyze --telemetry --html`` on the offload-contention
+    fixture shows the finding and the plots, in a real browser."""
+    exe = _chromium()
+    job = FIXTURES / "zero3-offload-contention"
+    report = tmp_path / "contention.html"
+    result = CliRunner().invoke(
+        cli,
+        ["analyze", str(job / "job.log"), "--telemetry", str(job / "telemetry"),
+         "--html", str(report), "--no-progress"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "pcie_contention" in result.output
+    page = report.read_text()
+    assert "window_start&quot;: &quot;2025-03-14T09:00" in page  # the span the plots shade
+    dom = _chromium_check(exe, report, _artifacts() / "html-report-contention.png", tmp_path / "p")
+    assert "pcie_contention" in dom
+    assert "PCIe contention on node-1" in dom
+    for plot in ("plot-timeline", "plot-heatmap", "plot-phases", "plot-telemetry"):
+        assert f'id="{plot}"' in dom
+
+
+@pytest.mark.slow
+def test_chromium_renders_the_report(tmp_path: Path, hostile_log: Path) -> None:
+    exe = _chromium()
+    tel = telemetry_frame(STRAGGLER_START, 6.0)
+    report = tmp_path / "report.html"
+    write_html(_analyse([hostile_log], tmp_path, tel), report)
+    dom = _chromium_check(exe, report, _artifacts() / "html-report.png", tmp_path / "profile")
+    # The hostile line is text, not markup.
+    assert "<img" not in dom
+    assert "window.pwned=1" in dom

@@ -252,10 +252,14 @@ class OomRiskDetector:
             f"{worst['total_bytes'] / gib:.1f} GiB ({worst['peak_ratio']:.0%})"
         )
         if worst["seconds_to_full"] is not None and (worst["trend_r"] or 0) >= _MIN_TREND_R:
+            left = (
+                f"full within the next {worst['by']}"
+                if worst["steps_to_full"] < 1
+                else f"full in ~{worst['steps_to_full']:.0f} {worst['by']}s"
+            )
             msg += (
                 f", rising {worst['slope_bytes_per_step'] / gib:.2f} GiB per {worst['by']}: "
-                f"full in ~{worst['steps_to_full']:.0f} {worst['by']}s "
-                f"({duration_text(worst['seconds_to_full'])})"
+                f"{left} ({duration_text(worst['seconds_to_full'])})"
             )
         if bucket is not None:
             msg += f"; one all-gather bucket needs {bucket / gib:.2f} GiB"

@@ -23,6 +23,7 @@ size: everyone waits) and the host's memory pressure (available memory, swap).
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import polars as pl
@@ -87,6 +88,10 @@ _SUGGESTIONS = (
     "compare NVMe offload (offload to local NVMe with aio) against CPU offload, or turn "
     "offload off if the model fits (see the ZeRO stage advice)",
 )
+
+
+def _iso(value: object) -> str | None:
+    return value.isoformat() if isinstance(value, datetime) else None
 
 
 def _median(values: pl.Series, *, mean: bool = False) -> float:
@@ -306,6 +311,9 @@ class PcieContentionDetector:
                 "steps_measured": measured,
                 "first_step": steps[0],
                 "last_step": steps[-1],
+                # the contended optimizer phases' span, for plots (ISO 8601, UTC)
+                "window_start": _iso(windows["start_ts"].min()),
+                "window_end": _iso(windows["end_ts"].max()),
                 "optimizer_phase_median_s": round(_median(part["duration_s"]), 6),
                 "healthy_optimizer_phase_s": round(baseline, 6),
                 "inflation": round(inflation, 3),

@@ -596,6 +596,12 @@ def _phases(d: _Data) -> _Section:
             f"DeepSpeed's wall-clock timers ({who}): forward, backward and optimizer step per "
             "step, numbered in the order they were printed."
         )
+    elif steps["phase"].n_unique() > 1:
+        intro = (
+            "Steps and phases cut from the world communicator's repeating pattern of "
+            "collectives, on every rank's own clock (ncclscope.timeline); each bar is the "
+            "median over ranks of one step's phases."
+        )
     else:
         intro = (
             "No DeepSpeed timers: steps cut from the world communicator's repeating pattern "
