@@ -82,6 +82,6 @@ def test_sidecar_commands_take_one_polars_thread(command: str, sidecar: bool) ->
     # polars puts its own defaults first; jemalloc takes the last setting of a key
     if sidecar:
         assert threads == "1"
-        assert conf.endswith("dirty_decay_ms:30000,muzzy_decay_ms:30000")
+        assert conf.endswith("dirty_decay_ms:30000,muzzy_decay_ms:30000,oversize_threshold:0")
     else:
         assert "30000" not in conf
