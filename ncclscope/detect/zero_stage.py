@@ -28,9 +28,11 @@ estimated communication and optimizer time is the same compute for every configu
 Communication is counted as if nothing overlapped it: a bound on what a stage with less
 traffic saves.
 
-Policy: ``warning`` when a configuration with no more offload than the current one fits
-(predicted peak within 90% of the GPU's memory) and is predicted at least 10% faster per
-step; else ``info`` with the table.  Every input says where it came from
+Policy: always ``info`` (advice, not a fault: the job runs as configured; the JSON
+contract's ``info`` is advice).  ``evidence.recommended`` names a configuration with no
+more offload than the current one that fits (predicted peak within 90% of the GPU's
+memory) and is predicted at least 10% faster per step; else it is null and the current
+choice is kept.  Every input says where it came from
 (``evidence.inputs.*.source``); what was missing is listed (``evidence.missing``), and a
 configuration whose fit or speed the inputs cannot support says ``null``.
 
@@ -83,7 +85,7 @@ __all__ = [
 
 #: A configuration fits when its predicted peak is within this share of the GPU's memory.
 FIT_SHARE = 0.90
-#: ...and is worth a warning when its predicted step is at least this much shorter.
+#: ...and is worth recommending when its predicted step is at least this much shorter.
 MIN_SPEEDUP = 0.10
 
 #: Nominal bus bandwidth per GPU (bytes/s) by the slowest transport in use, when nothing
@@ -742,7 +744,7 @@ class ZeroStageDetector:
         return [
             Finding(
                 kind="zero_stage",
-                severity="warning" if best else "info",
+                severity="info",  # advice; the recommendation is in the evidence
                 message=message,
                 evidence=evidence,
                 lines=inp.lines,
