@@ -12,7 +12,8 @@ the next gather that has to fit.
 Policy, per GPU: ``critical`` when the last peak is at or above ``CRITICAL_RATIO`` of the
 total, or a steady rise reaches the total within ``CRITICAL_HORIZON_S``; ``warning`` at
 ``WARNING_RATIO``, when the headroom is smaller than one all-gather bucket, or when a steady
-rise (correlation >= ``_MIN_TREND_R``, at least ``_MIN_GROWTH`` of the total over the run)
+rise (correlation >= ``_MIN_TREND_R``, of the peaks and of each step's lowest sample
+alike, at least ``_MIN_GROWTH`` of the total over the run)
 reaches the total within ``HORIZON_S``.  One finding per host, its GPUs at risk listed.
 With offload on, a host whose available memory stays under ``HOST_LOW`` of its total
 through the last tenth of the telemetry, or falls steadily towards zero within
@@ -55,6 +56,9 @@ OOM_SCHEMA = pl.Schema(
         "peak_ratio": pl.Float64,  # last peak / total
         "slope_bytes_per_step": pl.Float64,
         "trend_r": pl.Float64,  # correlation of peak with step
+        # correlation of each step's lowest sample with step: a leak lifts the floor too,
+        # while sampling that drifts against the step's activation peak lifts only peaks
+        "floor_trend_r": pl.Float64,
         "step_s": pl.Float64,  # median seconds per step (or bin)
         "steps_to_full": pl.Float64,  # null when not rising
         "seconds_to_full": pl.Float64,
@@ -86,6 +90,7 @@ def gpu_peaks(ctx: Context) -> pl.DataFrame:
             pl.col("gpu").first(),
             pl.col("pci_bus_id").first(),
             pl.col("memory_used_bytes").max().alias("peak"),
+            pl.col("memory_used_bytes").min().alias("floor"),
             pl.col("memory_total_bytes").max().alias("total")
             if "memory_total_bytes" in inside.columns
             else pl.lit(None, dtype=pl.Float64).alias("total"),
@@ -106,6 +111,7 @@ def gpu_peaks(ctx: Context) -> pl.DataFrame:
         .agg(
             pl.col("rank").first(),
             pl.col("memory_used_bytes").max().alias("peak"),
+            pl.col("memory_used_bytes").min().alias("floor"),
             pl.col("memory_total_bytes").max().alias("total")
             if "memory_total_bytes" in samples.columns
             else pl.lit(None, dtype=pl.Float64).alias("total"),
@@ -133,6 +139,7 @@ def oom_metric(ctx: Context) -> pl.DataFrame:
             pl.col("total").max().alias("total_bytes"),
             (pl.cov("x", "peak") / pl.col("x").var()).alias("slope_bytes_per_step"),
             pl.corr("x", "peak").alias("trend_r"),
+            pl.corr("x", "floor").alias("floor_trend_r"),
             (
                 pl.col("t0").diff().dt.total_microseconds().median()
                 / pl.col("x").diff().median()
@@ -227,6 +234,7 @@ class OomRiskDetector:
             r["points"] >= _MIN_POINTS
             and (r["trend_r"] or 0) >= _MIN_TREND_R
             and growth >= _MIN_GROWTH
+            and (r["floor_trend_r"] or 0) >= _MIN_TREND_R
             and secs is not None
         )
         headroom = r["total_bytes"] - r["last_peak_bytes"]
