@@ -146,9 +146,10 @@ def soak(minutes_total: float) -> None:
             "stream 0x55bb\n"
         )
         op = 0
-        # RSS every second; per minute its peak (the detectors' runs every 5 s make
-        # short peaks: the peak is what a memory limit sees) and its low.
-        minutes: list[tuple[int, int]] = []
+        # RSS every second; per minute its low, median and peak (the detector runs every
+        # 5 s make short peaks that a 1 s sample catches or misses), and the kernel's
+        # high-water mark (VmHWM: the largest RSS ever, caught or not).
+        minutes: list[tuple[int, int, int, int]] = []
         current: list[int] = []
         start = time.monotonic()
         last_sample = start
@@ -169,17 +170,33 @@ def soak(minutes_total: float) -> None:
                     last_sample = now
                     current.append(proc.memory_info().rss)
                 if len(current) >= 60:
-                    minutes.append((max(current), min(current)))
-                    print(f"  minute {len(minutes):2d}: RSS peak {minutes[-1][0] / 1e6:.0f} MB, "
-                          f"low {minutes[-1][1] / 1e6:.0f} MB", flush=True)  # fmt: skip
+                    mid = int(statistics.median(current))
+                    m = (min(current), mid, max(current), _hwm(agent.pid))
+                    minutes.append(m)
+                    low, med, top, hwm = (f"{v / 1e6:.0f} MB" for v in m)
+                    print(f"  minute {len(minutes):2d}: RSS low {low}, median {med}, "
+                          f"peak {top}; VmHWM {hwm}", flush=True)  # fmt: skip
                     current = []
         agent.terminate()
         agent.wait(10)
         grown = os.path.getsize(log)
-    peaks = [p for p, _low in minutes[5:]] or [p for p, _low in minutes]
-    print(f"soak: per-minute RSS peak from minute 6 to {len(minutes)}: "
-          f"{min(peaks) / 1e6:.0f}-{max(peaks) / 1e6:.0f} MB ({max(peaks) / min(peaks) - 1:+.1%}), "
-          f"last/first {peaks[-1] / peaks[0] - 1:+.1%}; log {grown / 1e6:.0f} MB")  # fmt: skip
+    after5 = minutes[4:] or minutes
+    for k, name in ((0, "low"), (1, "median"), (2, "peak")):
+        vals = [m[k] for m in after5]
+        lo, hi = min(vals), max(vals)
+        print(f"soak: per-minute RSS {name} from minute 5 to {len(minutes)}: "
+              f"{lo / 1e6:.0f}-{hi / 1e6:.0f} MB ({hi / lo - 1:+.1%})")  # fmt: skip
+    print(f"soak: VmHWM at minute 5 {after5[0][3] / 1e6:.0f} MB, at minute {len(minutes)} "
+          f"{after5[-1][3] / 1e6:.0f} MB ({after5[-1][3] / after5[0][3] - 1:+.1%}); "
+          f"log {grown / 1e6:.0f} MB")  # fmt: skip
+
+
+def _hwm(pid: int) -> int:
+    """The process's peak RSS so far (bytes), from /proc."""
+    for text in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if text.startswith("VmHWM:"):
+            return int(text.split()[1]) * 1024
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
