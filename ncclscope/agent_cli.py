@@ -140,6 +140,7 @@ def agent(
     from ncclscope.agent.nvml import NvmlCollector
 
     config = AgentConfig(
+        detect_in_thread=True,
         follow=list(follow),
         listen=_listen(listen),
         interval_s=interval,
@@ -217,6 +218,7 @@ def replay(
     recorded = TelemetryReplay(read_telemetry(telemetry)) if telemetry else None
     source = ReplaySource(list(logs), speed=speed, start=recorded.first if recorded else None)
     config = AgentConfig(
+        detect_in_thread=True,
         listen=_listen(listen),
         interval_s=interval,
         analyse_s=analyse_every,

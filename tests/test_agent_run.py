@@ -325,3 +325,50 @@ def test_xid_errors_are_exported() -> None:
     assert 'xid="79"' in xid[0]
     assert values[xid[0]] == 1.0
     a.finish()
+
+
+def test_a_slow_detector_run_delays_neither_samples_nor_the_stop() -> None:
+    """With the detectors in their own thread (the CLI's mode) a run that takes 3 s
+    neither holds up the 50 ms sampling ticks nor a stop."""
+    import threading
+
+    class _Counting(_Host):
+        def __init__(self) -> None:
+            self.samples = 0
+
+        def sample(self) -> _HostSample:
+            self.samples += 1
+            return super().sample()
+
+    class _OneLine:
+        def poll(self) -> list[object]:
+            return []
+
+    host = _Counting()
+    a = Agent(
+        AgentConfig(interval_s=0.05, analyse_s=0.0, detect_in_thread=True),
+        host=host,
+        lines=_OneLine(),  # type: ignore[arg-type]
+    )
+    started = threading.Event()
+
+    def slow() -> bool:
+        started.set()
+        time.sleep(3.0)
+        return True
+
+    a._detect_once = slow  # type: ignore[method-assign]
+    stop = threading.Event()
+    runner = threading.Thread(target=a.run, args=(stop,))
+    runner.start()
+    assert started.wait(5)
+    time.sleep(1.0)
+    stop.set()
+    t = time.monotonic()
+    runner.join(5)
+    assert not runner.is_alive()
+    assert time.monotonic() - t < 0.5  # the stop did not wait for the 3 s run
+    assert host.samples >= 12  # ~20 ticks of 50 ms in that second, not one
+    assert a._detector is not None
+    a._detector.join(5)  # the run ends by itself and removes the agent's folder
+    assert not Path(a._workdir.name).exists()

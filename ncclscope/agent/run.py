@@ -25,6 +25,7 @@ from typing import Any, Protocol
 from ncclscope.agent.exporter import Board, Rows, identity_rows, serve, write_textfile
 from ncclscope.agent.live import LiveWindow, job_rows
 from ncclscope.agent.telemetry import TelemetryWriter
+from ncclscope.analysis import run_analysis
 
 __all__ = ["Agent", "AgentConfig", "LineSource", "gpu_rows", "host_rows"]
 
@@ -53,6 +54,10 @@ class AgentConfig:
     window_lines: int = 100_000
     hostname: str | None = None
     from_start: bool = False
+    #: run the detectors in a thread of their own, so that a run over the window never
+    #: delays a sample or a stop (the CLI's choice); off, ``tick()`` runs them in place
+    #: and their rows are on the board when it returns (tests, replays driven by hand)
+    detect_in_thread: bool = False
 
 
 def gpu_rows(
@@ -186,7 +191,13 @@ class Agent:
         self.bytes_read = 0
         self._last_analysis = -math.inf
         self.nvml_message: str | None = None
-        self._workdir = tempfile.TemporaryDirectory(prefix="ncclscope-agent-")
+        #: guards the window: the sampling thread adds lines, a detector run copies it
+        self._window_lock = threading.Lock()
+        self._detector: threading.Thread | None = None
+        self._finished = False
+        self._workdir = tempfile.TemporaryDirectory(
+            prefix="ncclscope-agent-", ignore_cleanup_errors=True
+        )
         self.window = LiveWindow(Path(self._workdir.name) / "window", max_lines=config.window_lines)
 
     # -- collectors ---------------------------------------------------------------------
@@ -210,7 +221,8 @@ class Agent:
         if self.lines is None:
             return True
         got = self.lines.poll()
-        self.window.add((str(x.path), x.text, x.arrived) for x in got)
+        with self._window_lock:
+            self.window.add((str(x.path), x.text, x.arrived) for x in got)
         stats = getattr(self.lines, "stats", None)
         if stats is not None:  # the follower counts bytes as read, incomplete lines too
             self.lines_read, self.bytes_read = stats.lines_read, stats.bytes_read
@@ -235,12 +247,38 @@ class Agent:
         now_mono = time.monotonic()
         if now_mono - self._last_analysis < self.config.analyse_s:
             return True
+        if self._detector is not None and self._detector.is_alive():
+            return True  # the last run is still going: no queue of runs behind it
         self._last_analysis = now_mono
+        if not self.config.detect_in_thread:
+            return self._detect_once()
+        self._detector = threading.Thread(
+            target=self._detect_thread,
+            name="ncclscope-detect",
+            daemon=True,  # a stop never waits for a run: its rows would be stale anyway
+        )
+        self._detector.start()
+        return True
+
+    def _detect_thread(self) -> None:
+        self.health.timed("detect", self._detect_once)
+        if self._finished:  # the agent stopped during this run: the folder goes now
+            self._workdir.cleanup()
+
+    def _detect_once(self) -> bool:
         work = Path(self._workdir.name) / "live"
-        analysis = self.window.analyse(work)
-        if analysis is not None:
-            self.board.set("job", job_rows(analysis, self.wall()))
-            self._learn_pids(analysis)
+        with self._window_lock:
+            if not self.window.files:
+                return True
+            paths = self.window.write(work / "window")
+            stamped = self.window.own_times is False
+        analysis = run_analysis(
+            [str(p) for p in paths],
+            workdir=work / "analysis",
+            coll_ts_source="stamped" if stamped else "nccl",
+        )
+        self.board.set("job", job_rows(analysis, self.wall()))
+        self._learn_pids(analysis)
         return True
 
     def _learn_pids(self, analysis: Any) -> None:
@@ -267,7 +305,10 @@ class Agent:
             self.board.set("telemetry", self.recorded.rows_until(self.wall()))
         if self.lines is not None:
             self.health.timed("logs", self._follow)
-            self.health.timed("detect", self._detect)
+            if self.config.detect_in_thread:
+                self._detect()  # the thread reports its own health when it ends
+            else:
+                self.health.timed("detect", self._detect)
         self.board.set("health", self.health.rows())
         if self.telemetry is not None:
             self.telemetry.maybe_flush()
@@ -308,5 +349,9 @@ class Agent:
             self.telemetry.flush()
         if self.nvml is not None:
             self.nvml.close()
-        self.window.close()
-        self._workdir.cleanup()
+        self._finished = True
+        running = self._detector is not None and self._detector.is_alive()
+        with self._window_lock:  # waits only while a run copies the window
+            self.window.close()
+        if not running:  # else the run still reads it, and removes it when it ends
+            self._workdir.cleanup()
