@@ -7,12 +7,15 @@ them:
 
 - ``POLARS_MAX_THREADS=1``: the agent's periodic detector run takes one core, not every
   core the training job is using (it is small work: a window of the latest lines).
-- ``_RJEM_MALLOC_CONF`` (polars' jemalloc): keep freed pages for 30 s, longer than the
-  interval between detector runs, so each run reuses the memory of the one before
-  instead of handing it back to the kernel and faulting it in again; and serve large
-  allocations from the same arenas (``oversize_threshold:0``: by default those over
-  8 MiB go to an arena that returns its pages at once).  The agent's RSS is then its
-  working set, steady, rather than a saw-tooth.
+- ``_RJEM_MALLOC_CONF`` (polars' jemalloc): one arena for all threads, freed pages kept
+  for 10 minutes, and large allocations in that arena too (``oversize_threshold:0``: by
+  default those over 8 MiB go to an arena that returns its pages at once).  Each
+  detector run (every few seconds, in a new thread) then reuses the pages of the run
+  before instead of handing them back to the kernel and faulting them in again; with
+  an arena per thread, a run's pages sat in another arena than the next run's.  The
+  agent's RSS is then its working set, steady (measured: a 30-minute soak in
+  ``benchmarks/README.md``), rather than a saw-tooth; pages unused for 10 minutes are
+  still returned.
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ __all__ = ["SIDECAR_COMMANDS", "SIDECAR_ENV", "main"]
 SIDECAR_COMMANDS = frozenset({"agent", "replay"})
 SIDECAR_ENV = {
     "POLARS_MAX_THREADS": "1",
-    "_RJEM_MALLOC_CONF": "dirty_decay_ms:30000,muzzy_decay_ms:30000,oversize_threshold:0",
+    "_RJEM_MALLOC_CONF": (
+        "narenas:1,dirty_decay_ms:600000,muzzy_decay_ms:600000,oversize_threshold:0"
+    ),
 }
 
 

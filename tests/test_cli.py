@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from ncclscope.cli import cli
+from ncclscope.entry import SIDECAR_ENV
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURE = str(REPO / "fixtures" / "ib-completion-error")
@@ -82,6 +83,6 @@ def test_sidecar_commands_take_one_polars_thread(command: str, sidecar: bool) ->
     # polars puts its own defaults first; jemalloc takes the last setting of a key
     if sidecar:
         assert threads == "1"
-        assert conf.endswith("dirty_decay_ms:30000,muzzy_decay_ms:30000,oversize_threshold:0")
+        assert conf.endswith(SIDECAR_ENV["_RJEM_MALLOC_CONF"])
     else:
-        assert "30000" not in conf
+        assert SIDECAR_ENV["_RJEM_MALLOC_CONF"] not in conf
