@@ -30,6 +30,7 @@ import hashlib
 import re
 from collections import deque
 from collections.abc import Iterable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -180,7 +181,9 @@ class LiveWindow:
         seg = self._files.get(path)
         if seg is None:
             name = hashlib.sha1(path.encode(), usedforsecurity=False).hexdigest()[:12]
-            seg = self._files[path] = _Segments(stem=f"{Path(path).name}.{name}")
+            seg = self._files[path] = _Segments(
+                stem=f"{Path(path).name}.{name}", tail=deque(maxlen=self.keep_lines)
+            )
         ts = _ts_text(arrived)
         at = 0
         while at < len(lines):
@@ -215,8 +218,6 @@ class LiveWindow:
     def _drop(self, seg: _Segments) -> None:
         """Delete the oldest segment, keeping its lines that are not COLL lines."""
         old = seg.done.pop(0)
-        if seg.tail.maxlen != self.keep_lines:
-            seg.tail = deque(seg.tail, maxlen=self.keep_lines)
         for line in self._read(old, keep_coll=False):
             if len(seg.head) < self.keep_lines:
                 seg.head.append(line + "\n")
@@ -255,15 +256,21 @@ class LiveWindow:
             written.append(out)
         return written
 
-    def analyse(self, workdir: Path) -> Analysis | None:
-        """The window through ``analyze``'s pipeline; None while it is empty."""
-        if not self._files:
-            return None
-        paths = self.write(workdir / "window")
+    def analyse(
+        self, workdir: Path, *, lock: AbstractContextManager[object] | None = None
+    ) -> Analysis | None:
+        """The window through ``analyze``'s pipeline; None while it is empty.  ``lock``
+        (the agent's, shared with the thread that adds lines) is held only while the
+        window is copied out, not through the analysis."""
+        with lock if lock is not None else nullcontext():
+            if not self._files:
+                return None
+            paths = self.write(workdir / "window")
+            stamped = self.own_times is False
         return run_analysis(
             [str(p) for p in paths],
             workdir=workdir / "analysis",
-            coll_ts_source="stamped" if self.own_times is False else "nccl",
+            coll_ts_source="stamped" if stamped else "nccl",
         )
 
     def close(self) -> None:

@@ -25,7 +25,6 @@ from typing import Any, Protocol
 from ncclscope.agent.exporter import Board, Rows, identity_rows, serve, write_textfile
 from ncclscope.agent.live import LiveWindow, job_rows
 from ncclscope.agent.telemetry import TelemetryWriter
-from ncclscope.analysis import run_analysis
 
 __all__ = ["Agent", "AgentConfig", "LineSource", "gpu_rows", "host_rows"]
 
@@ -267,18 +266,10 @@ class Agent:
 
     def _detect_once(self) -> bool:
         work = Path(self._workdir.name) / "live"
-        with self._window_lock:
-            if not self.window.files:
-                return True
-            paths = self.window.write(work / "window")
-            stamped = self.window.own_times is False
-        analysis = run_analysis(
-            [str(p) for p in paths],
-            workdir=work / "analysis",
-            coll_ts_source="stamped" if stamped else "nccl",
-        )
-        self.board.set("job", job_rows(analysis, self.wall()))
-        self._learn_pids(analysis)
+        analysis = self.window.analyse(work, lock=self._window_lock)
+        if analysis is not None:
+            self.board.set("job", job_rows(analysis, self.wall()))
+            self._learn_pids(analysis)
         return True
 
     def _learn_pids(self, analysis: Any) -> None:
