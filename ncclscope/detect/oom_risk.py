@@ -10,8 +10,9 @@ NVML's eyes, step after step: a level, however high, says nothing.  What does:
   line (Theil-Sen: the median of the slopes between every two points), over the whole
   run and over its later half; a trend is steady when Kendall's tau of the floors is at
   least ``_MIN_TAU``, the later half still rises at ``_MIN_RECENT`` of the whole slope,
-  and the floor grew by ``_MIN_GROWTH`` of the total.  Where it leads: steps (and
-  seconds, the median step) until the recent peaks reach the total at that slope;
+  and the fitted rise over the run is at least ``_MIN_GROWTH`` of the total.  Where it
+  leads: steps (and seconds, the median step) until the recent peaks reach the total at
+  that slope;
 * **an out-of-memory that happened**: ``CUDA out of memory. Tried to allocate ...`` in
   either era's wording (tried, total, free, allocated and reserved read), and ``CUDA
   error: out of memory``;
@@ -75,7 +76,7 @@ _MIN_TAU = 0.6
 #: The later half's robust slope against the whole run's: a cache that warmed up and
 #: stopped has a flat later half.
 _MIN_RECENT = 0.5
-_MIN_GROWTH = 0.02  # of the total, over the run: below this, no trend is claimed
+_MIN_GROWTH = 0.01  # of the total, fitted over the run: below this, no trend is claimed
 _MIN_POINTS = 4
 _TIME_BINS = 20  # windows over the run when no timeline gives steps
 _MAX_FIT_POINTS = 64  # consecutive windows merged beyond this (Theil-Sen is quadratic)
@@ -225,7 +226,9 @@ def _gpu_row(key: tuple[Any, ...], g: dict[str, Any]) -> dict[str, Any]:
     recent = theil_sen(xs[half:], floors[half:]) if n - half >= 2 else None
     tau = kendall_tau(xs, floors)
     level = statistics.median(peaks[-_PEAK_TAIL:])
-    growth = (floors[-1] - floors[0]) / total if total else 0.0
+    # the rise the fit claims, not the endpoints' difference (a warm-up at the start
+    # would count as growth there)
+    growth = (slope or 0.0) * (xs[-1] - xs[0]) / total if total else 0.0
     steady = bool(
         n >= _MIN_POINTS
         and total
@@ -530,12 +533,17 @@ class OomRiskDetector:
     def _allocated_finding(ctx: Context, total: int | None) -> Finding | None:
         """DeepSpeed's own figures (tensors allocated, not cache) against the total."""
         fw = ctx.analysis.frameworks
+        # A series is one point of the step reported again and again: the throughput
+        # line of each file, or a see_memory_usage label printed every step.  The init
+        # reports (one per label, each higher than the last) are no trend.
         mem = fw.memory.select(
             "file_id", "line_no", "ts",
+            pl.col("label").fill_null("").alias("series"),
             pl.col("allocated_bytes").alias("floor"), pl.col("max_allocated_bytes").alias("peak"),
         )  # fmt: skip
         tput = fw.throughput.select(
             "file_id", "line_no", "ts",
+            pl.lit("\x00throughput").alias("series"),
             pl.col("mem_allocated_bytes").alias("floor"),
             pl.col("max_mem_allocated_bytes").alias("peak"),
         )  # fmt: skip
@@ -543,7 +551,7 @@ class OomRiskDetector:
         if both.is_empty() or not total:
             return None
         per_file = []
-        for (file_id,), g in both.group_by("file_id"):
+        for (file_id, _), g in both.group_by("file_id", "series"):
             floors = [float(v) for v in g["floor"]]
             peaks = [float(v) for v in g["peak"]]
             xs = [float(i) for i in range(len(floors))]
@@ -554,7 +562,7 @@ class OomRiskDetector:
             half = len(xs) // 2
             recent = theil_sen(xs[half:], floors[half:]) if len(xs) - half >= 2 else None
             tau = kendall_tau(xs, floors) or 0.0
-            growth = (floors[-1] - floors[0]) / total
+            growth = (slope or 0.0) * (xs[-1] - xs[0]) / total
             steady = (
                 len(xs) >= _MIN_POINTS and slope is not None and slope > 0
                 and recent is not None and recent >= _MIN_RECENT * slope
