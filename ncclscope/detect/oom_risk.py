@@ -9,8 +9,9 @@ NVML's eyes, step after step: a level, however high, says nothing.  What does:
   step after step, a cache that warmed up stops.  The floors are fitted with a robust
   line (Theil-Sen: the median of the slopes between every two points), over the whole
   run and over its later half; a trend is steady when Kendall's tau of the floors is at
-  least ``_MIN_TAU``, the later half still rises at ``_MIN_RECENT`` of the whole slope,
-  and the fitted rise over the run is at least ``_MIN_GROWTH`` of the total.  Where it
+  least ``_MIN_TAU``, the fitted rise over the run is at least ``_MIN_GROWTH`` of the
+  total, and the later half still rises at ``_MIN_RECENT`` of the whole slope (or the
+  rise reached the ceiling: less than one more step of it left).  Where it
   leads: steps (and seconds, the median step) until the recent peaks reach the total at
   that slope;
 * **an out-of-memory that happened**: ``CUDA out of memory. Tried to allocate ...`` in
@@ -229,18 +230,25 @@ def _gpu_row(key: tuple[Any, ...], g: dict[str, Any]) -> dict[str, Any]:
     # the rise the fit claims, not the endpoints' difference (a warm-up at the start
     # would count as growth there)
     growth = (slope or 0.0) * (xs[-1] - xs[0]) / total if total else 0.0
-    steady = bool(
+    trend = bool(
         n >= _MIN_POINTS
         and total
         and slope is not None
         and slope > 0
-        and recent is not None
-        and recent >= _MIN_RECENT * slope
         and (tau or 0.0) >= _MIN_TAU
         and growth >= _MIN_GROWTH
     )
-    rate = min(slope, recent) if steady and slope is not None and recent is not None else None
-    steps = max(total - level, 0.0) / rate if rate else None
+    # A rise that hit the ceiling flattens there: less than one more step of it left
+    # is the trend reaching the total, not a cache that warmed up (whose robust slope,
+    # the median over the run, stays near 0).
+    at_top = trend and slope is not None and total - level <= slope
+    rising = recent is not None and slope is not None and recent >= _MIN_RECENT * slope
+    steady = trend and (rising or at_top)
+    steps: float | None = None
+    if at_top:
+        steps = 0.0
+    elif steady and slope is not None and recent is not None:
+        steps = max(total - level, 0.0) / min(slope, recent)
     return {
         "rank": g["rank"],
         "host": host,
