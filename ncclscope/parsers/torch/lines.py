@@ -338,6 +338,37 @@ def _strip_prefixes(text: str, year: int | None) -> tuple[_Ctx, str]:
     return ctx, text[pos:]
 
 
+#: Prefixes a launcher or job runner puts on every physical line it forwards (so on each
+#: piece of a line it hard-wrapped too), as opposed to the logger's own.
+_LAUNCHER_PREFIXES: tuple[re.Pattern[str], ...] = (_RAY_RE, _RANK_RE, _TEE_RE, _HOST_RE)
+
+
+def _launcher_prefix(text: str, within: str | None = None) -> str:
+    """The launcher tags at the start of ``text`` (pdsh/srun host, ``[rankN]:``, torchrun's
+    ``[default3]:``, Ray's ``(pid=..)``), up to the first logger prefix; with ``within``,
+    only as far as they are also the start of ``within`` (a wrapped piece carries the
+    runner's tags, not those that were inside the line it wrapped).
+
+    >>> _launcher_prefix("node-3: [rank9]:[E1108 03:12:48.117 4411 x.cpp:1] [Rank 1] W")
+    'node-3: [rank9]:'
+    >>> _launcher_prefix("node-3: out: WorkNCCL(SeqNum=7", within="node-3: [rank9]:")
+    'node-3: '
+    """
+    pos = 0
+    for _ in range(_MAX_PREFIXES):
+        for regex in _LAUNCHER_PREFIXES:
+            m = regex.match(text, pos)
+            if m is None or m.end() <= pos:
+                continue
+            if within is not None and not within.startswith(text[: m.end()]):
+                continue
+            pos = m.end()
+            break
+        else:
+            break
+    return text[:pos]
+
+
 # --------------------------------------------------------------------------------------
 # Numbers and times
 
@@ -761,12 +792,21 @@ class _Parser:
         if m is not None:
             return m, text
         variants = [text]
+        # A job runner that wraps long lines forwards each piece with its own tags
+        # (``srun -l``'s ``3: ``, ``[default3]:``): a piece that starts with (the outer
+        # part of) this line's tags, and holds no logger prefix after them, is glued
+        # without them.
+        tags = _launcher_prefix(self.items[i][1])
         for k in range(1, _MAX_JOIN + 1):
             j = i + k
             if not self.follows(j):
                 break
             ctx, _ = self.stripped(j)
             nxt = self.items[j][1]
+            shared = _launcher_prefix(nxt, within=tags) if tags else ""
+            if shared:
+                nxt = nxt[len(shared) :]
+                ctx, _ = _strip_prefixes(nxt, self.year)
             if ctx.prefixed or not nxt.strip():
                 break
             variants = [v + sep + nxt for v in variants for sep in ("", " ")]
@@ -1067,6 +1107,20 @@ def _on_watchdog(p: _Parser, i: int, ctx: _Ctx, text: str) -> tuple[_Outcome, st
         )
     )
     return _Outcome.PARSED, text
+
+
+#: The watchdog line's head, whole: a line that holds it is read by ``watchdog_timeout``.
+_WD_HEAD = "Watchdog caught collective operation timeout"
+
+
+def _on_watchdog_cut(p: _Parser, i: int, ctx: _Ctx, text: str) -> tuple[_Outcome, str]:
+    """A watchdog line hard-wrapped inside its head (``... [Rank 2] Watchdog caught
+    collective ope`` / ``ration timeout: WorkNCCL(SeqNum=212, ...``): read glued."""
+    if _WD_HEAD in text:
+        return _Outcome.NONE, text
+    outcome, joined = _on_watchdog(p, i, ctx, text)
+    # a line ending in "Watchdog" that no continuation completes is not a watchdog line
+    return (_Outcome.NONE, text) if outcome is _Outcome.MALFORMED else (outcome, joined)
 
 
 def _on_terminated(p: _Parser, i: int, ctx: _Ctx, text: str) -> tuple[_Outcome, str]:
@@ -1414,6 +1468,13 @@ _FAMILIES: tuple[_Family, ...] = (
         _on_watchdog,
     ),
     _Family(
+        "watchdog_cut",
+        r"\] Watchdog(?: [a-z]{1,10}){0,4} ?$",
+        ("Watchdog",),
+        _on_watchdog_cut,
+        on_raw=True,
+    ),
+    _Family(
         "watchdog_terminated",
         r"watchdog thread terminated with exception",
         ("watchdog thread terminated",),
@@ -1511,6 +1572,10 @@ _FAMILIES: tuple[_Family, ...] = (
 
 _VERSION_TRIGGERS = (r"PyTorch version", r"torch version \.", r"torch==\d")
 
+#: Pieces of a watchdog line that a job runner wrapped over three or more lines: each
+#: is delivered (with the line after it), so the head's reader finds every piece.
+_WRAP_TRIGGERS = (r"WorkNCCL\(SeqNum=", r"milliseconds before timing out")
+
 #: Families that look at the whole line: tried even when no needle is present.
 _RAW_FAMILIES = tuple(f for f in _FAMILIES if f.on_raw or not f.needles)
 
@@ -1524,7 +1589,8 @@ _ALL_NEEDLES: tuple[str, ...] = (
 #: (no lookaround, no backreferences): matches every line this parser needs on its own.
 #: Every branch starts with a literal so the engine can prefilter millions of lines.
 CANDIDATES: str = "|".join(
-    [f"(?:{f.trigger})" for f in _FAMILIES] + [f"(?:{t})" for t in _VERSION_TRIGGERS]
+    [f"(?:{f.trigger})" for f in _FAMILIES]
+    + [f"(?:{t})" for t in (*_VERSION_TRIGGERS, *_WRAP_TRIGGERS)]
 )
 
 #: Regex (same syntax) for lines that open a multi-line block: the ChildFailedError
