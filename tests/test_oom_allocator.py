@@ -188,7 +188,8 @@ def test_parse_both_eras_of_the_oom_message() -> None:
     # reserved = allocated + the cached part the new message prints alone
     assert new.reserved_bytes == int(72.25 * GiB) + int(5.82 * GiB)
     bare = parse_cuda_oom("RuntimeError: CUDA error: out of memory")
-    assert bare is not None and bare.tried_bytes is None
+    assert bare is not None
+    assert bare.tried_bytes is None
     assert parse_cuda_oom("all good, 12 GiB free") is None
 
 
@@ -199,7 +200,8 @@ def test_oom_message_hard_wrapped_is_read_whole() -> None:
     ev = res.events.filter(pl.col("kind") == "cuda_oom")
     assert ev.select("line_no", "global_rank", "value").rows() == [(10, 6, 896 << 20)]
     oom = parse_cuda_oom(ev["message"][0])
-    assert oom is not None and oom.reserved_bytes == int(72.25 * GiB) + int(5.82 * GiB)
+    assert oom is not None
+    assert oom.reserved_bytes == int(72.25 * GiB) + int(5.82 * GiB)
 
 
 def _write(path: Path, lines: list[str]) -> Path:
@@ -224,7 +226,8 @@ def test_an_oom_that_happened_is_critical_and_names_its_rank(tmp_path: Path) -> 
         ("critical", ["node-b"], [6]),
     ]
     new = found[1].evidence["ooms"][0]
-    assert new["tried_bytes"] == 896 << 20 and new["gpu"] == 6
+    assert new["tried_bytes"] == 896 << 20
+    assert new["gpu"] == 6
     # 5.82 GiB cached but unallocated against an 896 MiB request: fragmentation
     assert "fragmentation" in found[1].message
     assert "fragmentation" not in found[0].message  # 2.5 GiB cached < 3 GiB asked

@@ -180,6 +180,15 @@ TIMER_PAIR_RE = re.compile(_PAIR, re.ASCII)
 #: starts at `` | `` and no name holds ``|``, so this runs in linear time).
 TIMER_PAIRS_RE = re.compile(rf"(?:{_PAIR})+\s*", re.ASCII)
 
+#: ``memory_breakdown``: ``SynchronizedWallClockTimer.memory_usage()`` appended to the
+#: pairs (GiB, four decimals) by releases whose ``log`` took ``memory_breakdown=True``.
+#:
+#: Sample: `` | mem_allocated: 3.1416 GB | max_mem_allocated: 7.2500 GB | cache_allocated:
+#: 9.0000 GB | max_cache_allocated: 9.5000 GB``
+TIMER_MEM_RE = re.compile(
+    r"(?: \| (?:max_)?(?:mem|cache)_allocated: \d{1,9}\.\d{4} GB){1,4}\s*$", re.ASCII
+)
+
 #: One ``name: value`` inside the MoE parentheses (names with spaces up to v0.10.0).
 #:
 #: Samples: ``fwd_moe: 30.10`` and ``1st alltoall: 5.20``
@@ -1087,6 +1096,8 @@ class _Parser:
         if head is None:
             return None
         pairs = line.msg[head.end() :]
+        if (mem := TIMER_MEM_RE.search(pairs)) is not None:
+            pairs = pairs[: mem.start()]  # memory figures, not timers
         if not TIMER_PAIRS_RE.fullmatch(pairs):
             return _Outcome.MALFORMED  # cut, spliced, or not a timer line after all
         values: list[tuple[str, str]] = []

@@ -360,13 +360,32 @@ def _launcher_prefix(text: str, within: str | None = None) -> str:
             m = regex.match(text, pos)
             if m is None or m.end() <= pos:
                 continue
-            if within is not None and not within.startswith(text[: m.end()]):
-                continue
-            pos = m.end()
+            end = m.end()
+            if within is not None:
+                # "[default3]: " takes a space the wrapped text may own: keep it there
+                if not within.startswith(text[:end]) and text[end - 1] == " ":
+                    end -= 1
+                if not within.startswith(text[:end]):
+                    continue
+            pos = end
             break
         else:
             break
     return text[:pos]
+
+
+def _other_host(host: str | None, mine: str | None) -> bool:
+    """``host`` (a continuation's ``word: ``) names another machine than ``mine``.
+
+    A wrapped message's own text can look like a pdsh tag (``work: 58, last ...``), so
+    only a tag shaped like a host name (digits, ``-`` or ``.`` in it) counts.
+
+    >>> _other_host("node-b", "node-a"), _other_host("work", "node-a"), _other_host("x1", None)
+    (True, False, False)
+    """
+    if host is None or mine is None or host == mine:
+        return False
+    return any(c.isdigit() or c in "-." for c in host)
 
 
 # --------------------------------------------------------------------------------------
@@ -807,6 +826,8 @@ class _Parser:
             if shared:
                 nxt = nxt[len(shared) :]
                 ctx, _ = _strip_prefixes(nxt, self.year)
+            elif _other_host(ctx.host, self.stripped(i)[0].host):
+                break  # another host's line, not a piece of this one
             if ctx.prefixed or not nxt.strip():
                 break
             variants = [v + sep + nxt for v in variants for sep in ("", " ")]
@@ -1469,8 +1490,8 @@ _FAMILIES: tuple[_Family, ...] = (
     ),
     _Family(
         "watchdog_cut",
-        r"\] Watchdog(?: [a-z]{1,10}){0,4} ?$",
-        ("Watchdog",),
+        r"\] (?:W|Wa|Wat|Watc|Watch|Watchd|Watchdo|Watchdog(?: [a-z]{1,10}){0,4}) ?$",
+        (),
         _on_watchdog_cut,
         on_raw=True,
     ),
