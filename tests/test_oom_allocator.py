@@ -133,7 +133,7 @@ def test_a_leak_is_named_by_its_rising_floor(
     spec = _spec(seed=seed, memory_growth=(5,), memory_growth_bytes_per_step=gib_per_step * GiB)
     a = _analyse(_generate(spec, tmp_path / "job", monkeypatch), tmp_path / "w")
     found = _alarms(a)
-    assert [(f.ranks, f.evidence["source"]) for f in found] == [([5], "nvml")]
+    assert [(f.ranks, f.evidence["signal"]) for f in found] == [([5], "nvml")]
     gpu = found[0].evidence["gpus"][0]
     assert gpu["slope_bytes_per_step"] == pytest.approx(gib_per_step * GiB, rel=0.2)
     assert gpu["floor_tau"] >= 0.6
@@ -266,7 +266,7 @@ def test_allocated_leak_from_deepspeed_throughput_lines(tmp_path: Path) -> None:
     log = _write(tmp_path / "ds.log", lines)
     tel = _gpu_total_telemetry(80 * GiB, T0)
     a = run_analysis([str(log)], workdir=tmp_path / "w", telemetry=tel)
-    found = [f for f in _oom(a) if f.evidence.get("source") == "deepspeed"]
+    found = [f for f in _oom(a) if f.evidence.get("signal") == "deepspeed"]
     assert [f.severity for f in found] == ["critical"]  # ~27 GiB left at 1 GiB per 10 s
     assert found[0].evidence["seconds_to_full"] == pytest.approx(270, rel=0.1)
 
@@ -287,5 +287,5 @@ def test_flat_deepspeed_allocation_is_no_alarm_and_a_tight_peak_warns(tmp_path: 
         [str(_write(tmp_path / "b.log", tight))], workdir=tmp_path / "v", telemetry=tel
     )
     found = _alarms(a)
-    assert [(f.severity, f.evidence["source"]) for f in found] == [("warning", "deepspeed")]
+    assert [(f.severity, f.evidence["signal"]) for f in found] == [("warning", "deepspeed")]
     assert found[0].evidence["allocated_ratio"] == pytest.approx(77.2 / 80, abs=0.01)

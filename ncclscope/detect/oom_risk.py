@@ -454,7 +454,7 @@ class OomRiskDetector:
             hosts=[host],
             evidence={
                 "resource": "gpu",
-                "source": "nvml",
+                "signal": "nvml",
                 "gather_bucket_bytes": bucket,
                 "gpus": [
                     {
@@ -518,7 +518,7 @@ class OomRiskDetector:
                     hosts=[host] if host else [],
                     evidence={
                         "resource": "gpu",
-                        "source": "cuda_oom",
+                        "signal": "cuda_oom",
                         "ooms": [
                             {
                                 "rank": o["global_rank"],
@@ -611,7 +611,7 @@ class OomRiskDetector:
             message=msg,
             evidence={
                 "resource": "gpu",
-                "source": "deepspeed",
+                "signal": "deepspeed",
                 "max_allocated_bytes": int(peak),
                 "total_bytes": int(total),
                 "allocated_ratio": _num(peak / total, 4),
