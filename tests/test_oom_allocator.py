@@ -217,6 +217,7 @@ def test_an_oom_that_happened_is_critical_and_names_its_rank(tmp_path: Path) -> 
             '[rank6]:   File "train.py", line 88, in <module>',
             f"node-b: [rank6]: {NEW_OOM}",
             f"node-a: [rank2]: {OLD_OOM}",
+            f"node-b: [rank6]: {NEW_OOM}",  # printed again by the launcher's summary
         ],
     )
     a = run_analysis([str(log)], workdir=tmp_path / "w")
@@ -225,6 +226,7 @@ def test_an_oom_that_happened_is_critical_and_names_its_rank(tmp_path: Path) -> 
         ("critical", ["node-a"], [2]),
         ("critical", ["node-b"], [6]),
     ]
+    assert [len(f.evidence["ooms"]) for f in found] == [1, 1]
     new = found[1].evidence["ooms"][0]
     assert new["tried_bytes"] == 896 << 20
     assert new["gpu"] == 6

@@ -357,10 +357,16 @@ def _ooms(ctx: Context) -> list[dict[str, Any]]:
     if ev.is_empty():
         return []
     out = []
+    seen: set[tuple[Any, ...]] = set()
     rows = ev.filter(pl.col("kind") == "cuda_oom").sort("file_id", "line_no")
     for r in rows.iter_rows(named=True):
         oom = parse_cuda_oom(r["message"] or "") or CudaOom(None, None, None, None, None, None)
-        out.append({**r, "oom": oom})
+        # the same error is printed again (traceback, torchelastic's error file, the
+        # launcher's summary): one entry per process and figures
+        key = (r["file_id"], r["host"], r["global_rank"], oom)
+        if key not in seen:
+            seen.add(key)
+            out.append({**r, "oom": oom})
     return out
 
 
