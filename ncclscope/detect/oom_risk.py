@@ -37,6 +37,7 @@ from __future__ import annotations
 import itertools
 import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -56,7 +57,9 @@ from ncclscope.parsers.torch.lines import CudaOom, parse_cuda_oom
 
 __all__ = [
     "OOM_SCHEMA",
+    "FloorTrend",
     "OomRiskDetector",
+    "floor_trend",
     "gather_bucket_bytes",
     "gpu_peaks",
     "kendall_tau",
@@ -201,7 +204,9 @@ def gpu_peaks(ctx: Context) -> pl.DataFrame:
     )
 
 
-def _merge(xs: list[float], ys: list[float], zs: list[float]) -> tuple[list[float], ...]:
+def _merge(
+    xs: list[float], ys: list[float], zs: list[float]
+) -> tuple[list[float], list[float], list[float]]:
     """At most ``_MAX_FIT_POINTS`` points: consecutive windows merged (mean x, min floor,
     max peak), so the quadratic fits stay cheap on runs of thousands of steps."""
     n = len(xs)
@@ -216,11 +221,29 @@ def _merge(xs: list[float], ys: list[float], zs: list[float]) -> tuple[list[floa
     return out
 
 
-def _gpu_row(key: tuple[Any, ...], g: dict[str, Any]) -> dict[str, Any]:
-    """One GPU's metric row from its windows (sorted by x)."""
-    host, gpu, bus = key
-    xs, floors, peaks = _merge(g["x"], g["floor"], g["peak"])
-    total = g["total"]
+@dataclass(frozen=True, slots=True)
+class FloorTrend:
+    """The robust trend of a series of floors (what stays held) and where it leads."""
+
+    slope: float | None  # Theil-Sen, per point, whole series
+    recent: float | None  # the same over the later half
+    tau: float | None  # Kendall's tau of the floors with x
+    level: float  # median of the last peaks
+    steady: bool
+    steps_to_full: float | None  # points until the peaks reach the total; 0: reached
+
+
+def floor_trend(
+    xs: Sequence[float], floors: Sequence[float], peaks: Sequence[float], total: float | None
+) -> FloorTrend:
+    """Is the floor rising steadily towards ``total`` (see the module docstring)?
+
+    >>> t = floor_trend([0, 1, 2, 3, 4, 5], [40, 42, 44, 46, 48, 50], [60, 62, 64, 66, 68, 70], 80)
+    >>> t.steady, t.slope, t.steps_to_full
+    (True, 2.0, 6.0)
+    >>> floor_trend([0, 1, 2, 3, 4, 5], [10, 77, 78, 77, 78, 77], [79] * 6, 80).steady
+    False
+    """
     n = len(xs)
     slope = theil_sen(xs, floors) if n >= 2 else None
     half = n // 2
@@ -241,14 +264,25 @@ def _gpu_row(key: tuple[Any, ...], g: dict[str, Any]) -> dict[str, Any]:
     # A rise that hit the ceiling flattens there: less than one more step of it left
     # is the trend reaching the total, not a cache that warmed up (whose robust slope,
     # the median over the run, stays near 0).
-    at_top = trend and slope is not None and total - level <= slope
+    at_top = bool(trend and total and slope is not None and total - level <= slope)
     rising = recent is not None and slope is not None and recent >= _MIN_RECENT * slope
     steady = trend and (rising or at_top)
     steps: float | None = None
     if at_top:
         steps = 0.0
-    elif steady and slope is not None and recent is not None:
+    elif steady and total and slope is not None and recent is not None:
         steps = max(total - level, 0.0) / min(slope, recent)
+    return FloorTrend(slope, recent, tau, level, steady, steps)
+
+
+def _gpu_row(key: tuple[Any, ...], g: dict[str, Any]) -> dict[str, Any]:
+    """One GPU's metric row from its windows (sorted by x)."""
+    host, gpu, bus = key
+    total = g["total"]
+    t = floor_trend(*_merge(g["x"], g["floor"], g["peak"]), total)
+    slope, recent, tau, level, steady, steps = (
+        t.slope, t.recent, t.tau, t.level, t.steady, t.steps_to_full
+    )  # fmt: skip
     return {
         "rank": g["rank"],
         "host": host,
@@ -572,21 +606,12 @@ class OomRiskDetector:
             ts = [t for t in g["ts"] if t is not None]
             gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(ts)]
             step_s = statistics.median(gaps) if gaps else None
-            slope = theil_sen(xs, floors) if len(xs) >= 2 else None
-            half = len(xs) // 2
-            recent = theil_sen(xs[half:], floors[half:]) if len(xs) - half >= 2 else None
-            tau = kendall_tau(xs, floors) or 0.0
-            growth = (slope or 0.0) * (xs[-1] - xs[0]) / total
-            steady = (
-                len(xs) >= _MIN_POINTS and slope is not None and slope > 0
-                and recent is not None and recent >= _MIN_RECENT * slope
-                and tau >= _MIN_TAU and growth >= _MIN_GROWTH
-            )  # fmt: skip
+            trend = floor_trend(xs, floors, peaks, total)
+            slope, steady = trend.slope, trend.steady
             peak = max(peaks)
             left = None
-            if steady and slope is not None and recent is not None and step_s:
-                level = statistics.median(peaks[-_PEAK_TAIL:])
-                left = max(total - level, 0.0) / min(slope, recent) * step_s
+            if trend.steps_to_full is not None and step_s:
+                left = trend.steps_to_full * step_s
             severity: Severity | None = None
             if left is not None and left <= CRITICAL_HORIZON_S:
                 severity = "critical"
