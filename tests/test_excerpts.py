@@ -114,6 +114,12 @@ def test_zero3_offload_job_known_by_its_offload_lines(tmp_path: Path) -> None:
     assert a.frameworks.zero.stage == 3
 
 
+def test_zero3_known_by_the_engine_offload_line(tmp_path: Path) -> None:
+    a = _analyse(tmp_path, [_ds(1) + "Creating ZeRO Offload"])
+    assert a.frameworks.zero is not None
+    assert a.frameworks.zero.stage == 3
+
+
 def test_zero3_known_by_a_stage3_module_line(tmp_path: Path) -> None:
     lines = [
         "[2023-11-20 16:40:05,900] [INFO] [stage3.py:131:__init__] Reduce bucket size 26214400",

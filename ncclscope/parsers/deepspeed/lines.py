@@ -407,6 +407,7 @@ INIT_LINE_RES: tuple[tuple[str, re.Pattern[str]], ...] = (
 #:     [2024-03-07 14:02:10,003] [INFO] [utils.py:781:see_memory_usage] DeepSpeedZeRoOffload
 #:     initialize [begin]
 #:     Parameter Offload: Total persistent parameters: 92160 in 81 params
+#:     [2024-03-07 14:02:09,990] [INFO] [logging.py:96:log_dist] [Rank 0] Creating ZeRO Offload
 ZERO3_FILES = frozenset(
     {
         "stage3.py",
@@ -417,6 +418,9 @@ ZERO3_FILES = frozenset(
 )
 ZERO3_LABELS = ("DeepSpeedZeRoOffload initialize", "Stage 3 initialize")
 ZERO3_PERSISTENT = "Parameter Offload: Total persistent parameters"
+#: The engine's line for a stage-3 job without an optimizer (``DummyOptim``: inference,
+#: or an optimizer the engine does not build).
+ZERO3_ENGINE = "Creating ZeRO Offload"
 
 #: ``zero.Init`` on rank 0 when the model was built under it (ZeRO-3): how many
 #: parameters (tensors) and elements it created; elements in billions, two decimals.
@@ -1599,6 +1603,7 @@ _FAMILIES: tuple[tuple[str, Handler, re.Pattern[str] | None], ...] = (
     ("Comm. Op", _Parser.comm_table_line, None),
     ("steps: ", _Parser.pipe_steps_line, None),
     (ZERO3_PERSISTENT, _Parser.zero3_line, None),
+    (ZERO3_ENGINE, _Parser.zero3_line, None),
     ("", _Parser.by_func_line, None),
 )
 
