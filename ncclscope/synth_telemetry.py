@@ -236,6 +236,8 @@ def write_telemetry(job: TelemetryJob, out_dir: Path) -> dict[str, Any]:
         "gpus": gpus,
         "pcie_link_bytes_per_second": LINK_BYTES_PER_S,
         "gpu_total_bytes": GPU_TOTAL_BYTES,
+        # the allocator cache's bounds (shares of the total) when NVML shows one, else None
+        "gpu_cache_ratio": list(job.cache_ratio) if job.cache_ratio is not None else None,
         "contention": [
             {
                 "host": host,
