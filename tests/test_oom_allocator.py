@@ -157,6 +157,25 @@ def test_a_warm_up_that_stops_is_no_trend(tmp_path: Path) -> None:
     assert _alarms(a) == []
 
 
+def test_a_long_warm_up_that_ends_in_the_healthy_band_is_no_alarm(tmp_path: Path) -> None:
+    """Half a short run spent filling the cache (shapes seen one by one), then flat at
+    97%: the later half is flat and the top is below the ceiling, so no trend reaches
+    the total, however steep the climb was."""
+    synth.generate(_spec(seed=21, steps=10), tmp_path / "job")
+    tel = read_telemetry([tmp_path / "job" / "telemetry"])
+    used = pl.col("metric") == "ncclscope_gpu_memory_used_bytes"
+    t0, t1 = tel["ts"].min(), tel["ts"].max()
+    assert isinstance(t0, datetime)
+    assert isinstance(t1, datetime)
+    frac = (pl.col("ts") - t0).dt.total_microseconds() / ((t1 - t0).total_seconds() * 1e6)
+    ramp = pl.min_horizontal(frac * 2.0, pl.lit(1.0))  # rises through the first half
+    tel = tel.with_columns(
+        pl.when(used).then(GPU_TOTAL_BYTES * (0.60 + 0.37 * ramp)).otherwise("value").alias("value")
+    )
+    a = run_analysis([str(tmp_path / "job" / "job.log")], workdir=tmp_path / "w", telemetry=tel)
+    assert _alarms(a) == []
+
+
 # --- CUDA out of memory ---------------------------------------------------------------
 
 OLD_OOM = (

@@ -11,7 +11,8 @@ NVML's eyes, step after step: a level, however high, says nothing.  What does:
   run and over its later half; a trend is steady when Kendall's tau of the floors is at
   least ``_MIN_TAU``, the fitted rise over the run is at least ``_MIN_GROWTH`` of the
   total, and the later half still rises at ``_MIN_RECENT`` of the whole slope (or the
-  rise reached the ceiling: less than one more step of it left).  Where it
+  rise reached the ceiling: peaks at ``_CEILING_RATIO`` of the total, less than one more
+  step of the rise left).  Where it
   leads: steps (and seconds, the median step) until the recent peaks reach the total at
   that slope;
 * **an out-of-memory that happened**: ``CUDA out of memory. Tried to allocate ...`` in
@@ -80,6 +81,9 @@ _MIN_TAU = 0.6
 #: The later half's robust slope against the whole run's: a cache that warmed up and
 #: stopped has a flat later half.
 _MIN_RECENT = 0.5
+#: Peaks at or above this share of the total, after a steady rise, are the rise at the
+#: ceiling (NVML cannot show more; the job is about to fail).
+_CEILING_RATIO = 0.995
 _MIN_GROWTH = 0.01  # of the total, fitted over the run: below this, no trend is claimed
 _MIN_POINTS = 4
 _TIME_BINS = 20  # windows over the run when no timeline gives steps
@@ -261,10 +265,16 @@ def floor_trend(
         and (tau or 0.0) >= _MIN_TAU
         and growth >= _MIN_GROWTH
     )
-    # A rise that hit the ceiling flattens there: less than one more step of it left
-    # is the trend reaching the total, not a cache that warmed up (whose robust slope,
-    # the median over the run, stays near 0).
-    at_top = bool(trend and total and slope is not None and total - level <= slope)
+    # A rise that hit the ceiling flattens there: less than one more step of it left,
+    # at the very top (a healthy cache stops lower: 95-99%), is the trend reaching
+    # the total, not a cache that warmed up.
+    at_top = bool(
+        trend
+        and total
+        and slope is not None
+        and total - level <= slope
+        and level >= _CEILING_RATIO * total
+    )
     rising = recent is not None and slope is not None and recent >= _MIN_RECENT * slope
     steady = trend and (rising or at_top)
     steps: float | None = None
