@@ -19,7 +19,11 @@ plus the host's offset), as the agent on that host would stamp them.
   (RX 30-55%, TX 10-20%); on a contended host, during the contended steps' optimizer
   phase, TX/RX run at 85-97% of the link.  Parameter offload adds RX in forward/backward.
 * GPU memory: a base plus activations that rise through forward and fall through
-  backward; a growing rank adds ``growth_bytes_per_step`` per step.
+  backward; a growing rank adds ``growth_bytes_per_step`` per step.  With
+  ``cache_ratio``, as PyTorch's caching allocator shows it to NVML: each GPU climbs
+  through its first step to a level drawn within the bounds (95-99% of the total, say)
+  and stays there, freed activations kept in the cache; a growing rank's memory rises
+  above that level only once what it holds outgrows the cache.
 * Host memory: 55-70% available; a contended host drops to 2-4% with swap in use
   during its contended steps.
 
@@ -97,6 +101,9 @@ class TelemetryJob:
     growth_ranks: list[int]
     growth_bytes_per_step: int
     seed: int
+    #: PyTorch's caching allocator: the bounds (shares of the total) of the level NVML's
+    #: "used" sits at once the cache warmed up; ``None``: memory follows the activations
+    cache_ratio: tuple[float, float] | None = None
 
 
 def _uuid(host: int, local: int, seed: int) -> str:
@@ -138,6 +145,9 @@ def write_telemetry(job: TelemetryJob, out_dir: Path) -> dict[str, Any]:
     growth = set(job.growth_ranks)
     base_mem = [rnd.uniform(0.40, 0.55) * GPU_TOTAL_BYTES for _ in range(n)]
     act = [rnd.uniform(0.06, 0.12) * GPU_TOTAL_BYTES for _ in range(n)]
+    lo, hi = job.cache_ratio or (0.0, 0.0)
+    cache = [rnd.uniform(lo, hi) * GPU_TOTAL_BYTES for _ in range(n)]
+    warm = [False] * n  # the rank's cache reached its level (after its first step)
     gpus: list[dict[str, Any]] = []
     for r in range(n):
         h = job.rank_host[r]
@@ -182,6 +192,12 @@ def write_telemetry(job: TelemetryJob, out_dir: Path) -> dict[str, Any]:
                 mem += act[r] * (frac / 0.35 if frac < 0.35 else (1.0 - frac) / 0.65)
             if r in growth and k >= 0:
                 mem += job.growth_bytes_per_step * (k + frac if phase == "compute" else k + 1)
+            if job.cache_ratio is not None:
+                # freed blocks stay reserved: NVML sees the high-water mark, which the
+                # first step lifts to the cache's level and a leak lifts further
+                warm[r] = warm[r] or k >= 1
+                level = cache[r] if warm[r] else min(cache[r], base_mem[r] + act[r] * (k + 1))
+                mem = max(mem, level)
             mem = min(mem * rnd.uniform(0.998, 1.002), GPU_TOTAL_BYTES - (64 << 20))
             util = rnd.uniform(0.85, 0.98) if phase == "compute" else rnd.uniform(0.05, 0.3)
             for metric, value in (
@@ -220,6 +236,8 @@ def write_telemetry(job: TelemetryJob, out_dir: Path) -> dict[str, Any]:
         "gpus": gpus,
         "pcie_link_bytes_per_second": LINK_BYTES_PER_S,
         "gpu_total_bytes": GPU_TOTAL_BYTES,
+        # the allocator cache's bounds (shares of the total) when NVML shows one, else None
+        "gpu_cache_ratio": list(job.cache_ratio) if job.cache_ratio is not None else None,
         "contention": [
             {
                 "host": host,

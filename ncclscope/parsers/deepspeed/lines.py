@@ -84,6 +84,7 @@ __all__ = [
 #:     Invalidate trace cache @ step 5: expected module 12, but got module 14   (print)
 #:     Comm. Op            Message Size        Count               Total Latency(ms) ...
 #:     steps: 100 loss: 2.3456 iter time (s): 0.512 samples/sec: 125.000  (pipeline, print)
+#:     Parameter Offload: Total persistent parameters: 92160 in 81 params     (ZeRO-3, print)
 CANDIDATES: str = (
     r"\] \[[A-Z]+\] \[[^\]\s]+:[0-9]+:[^\]\s]+\]"
     r"|time \(ms\) \|"
@@ -91,6 +92,7 @@ CANDIDATES: str = (
     r"|Comm\. Op {2,}Message Size"
     r"|SamplesPerSec="
     r"|steps: [0-9]+ loss: "
+    r"|Parameter Offload: Total persistent parameters"
 )
 
 #: Lines that open a multi-line block: the engine configuration dump (its key lines carry
@@ -161,6 +163,11 @@ _MS = r"-?\d{1,15}\.\d{2}|-?inf|nan"
 #:     time (ms) | optimizer_allgather: 12.40 | optimizer_gradients: 5.67 | optimizer_step: 89.01
 TIMER_HEAD_RE = re.compile(r"(?:rank=(?P<rank>-?\d{1,9}) )?time \(ms\)(?= \|)", re.ASCII)
 
+#: From v0.16 the timers go through ``print_dist``: ``[Rank N] `` and no logger header.
+#:
+#: Sample: ``[Rank 0] time (ms) | fwd_microstep: 287.41 | bwd_microstep: 612.86``
+TIMER_PRINT_RANK_RE = re.compile(r"\[Rank (?P<rank>-?\d{1,9})\] $", re.ASCII)
+
 #: One `` | name: value`` of a timer line, with the MoE breakdown in parentheses; groups:
 #: name, milliseconds, the text inside the parentheses.
 #:
@@ -172,6 +179,15 @@ TIMER_PAIR_RE = re.compile(_PAIR, re.ASCII)
 #: All the pairs after the head, up to the end of the line (the pairs cannot overlap: each
 #: starts at `` | `` and no name holds ``|``, so this runs in linear time).
 TIMER_PAIRS_RE = re.compile(rf"(?:{_PAIR})+\s*", re.ASCII)
+
+#: ``memory_breakdown``: ``SynchronizedWallClockTimer.memory_usage()`` appended to the
+#: pairs (GiB, four decimals) by releases whose ``log`` took ``memory_breakdown=True``.
+#:
+#: Sample: `` | mem_allocated: 3.1416 GB | max_mem_allocated: 7.2500 GB | cache_allocated:
+#: 9.0000 GB | max_cache_allocated: 9.5000 GB``
+TIMER_MEM_RE = re.compile(
+    r"(?: \| (?:max_)?(?:mem|cache)_allocated: \d{1,9}\.\d{4} GB){1,4}\s*$", re.ASCII
+)
 
 #: One ``name: value`` inside the MoE parentheses (names with spaces up to v0.10.0).
 #:
@@ -378,6 +394,34 @@ INIT_LINE_RES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("stage", re.compile(r"^Creating (?:\S{1,64} )?ZeRO stage (?P<v>\d) optimizer", re.ASCII)),
 )
 
+#: Lines only ZeRO stage 3 prints, the weakest source of its stage (a job whose config
+#: dump and optimizer line were not kept, e.g. an excerpt around its offload setup):
+#: its modules' logger headers, ``see_memory_usage`` labels of the parameter offload
+#: (``DeepSpeedZeRoOffload``, ZeRO-3's parameter manager whether or not it offloads),
+#: and the persistent-parameters count.
+#:
+#: Samples::
+#:
+#:     [2024-03-07 14:02:11,481] [INFO] [stage3.py:412:_setup_for_real_optimizer] optimizer
+#:     state initialized
+#:     [2024-03-07 14:02:10,003] [INFO] [utils.py:781:see_memory_usage] DeepSpeedZeRoOffload
+#:     initialize [begin]
+#:     Parameter Offload: Total persistent parameters: 92160 in 81 params
+#:     [2024-03-07 14:02:09,990] [INFO] [logging.py:96:log_dist] [Rank 0] Creating ZeRO Offload
+ZERO3_FILES = frozenset(
+    {
+        "stage3.py",
+        "parameter_offload.py",
+        "partition_parameters.py",
+        "partitioned_param_coordinator.py",
+    }
+)
+ZERO3_LABELS = ("DeepSpeedZeRoOffload initialize", "Stage 3 initialize")
+ZERO3_PERSISTENT = "Parameter Offload: Total persistent parameters"
+#: The engine's line for a stage-3 job without an optimizer (``DummyOptim``: inference,
+#: or an optimizer the engine does not build).
+ZERO3_ENGINE = "Creating ZeRO Offload"
+
 #: ``zero.Init`` on rank 0 when the model was built under it (ZeRO-3): how many
 #: parameters (tensors) and elements it created; elements in billions, two decimals.
 #:
@@ -472,17 +516,22 @@ def _clean(raw: str) -> str:
 
     >>> _clean("host-1: \\r 7%|#  | 41/596\\r[2024-02-19 10:11:12,345] [INFO] x\\r\\n")
     'host-1: [2024-02-19 10:11:12,345] [INFO] x'
+    >>> _clean("[Rank 0] time (ms) | fwd: 80.20\\r 7%|#  | 41/596 [00:30<07:11]")
+    '[Rank 0] time (ms) | fwd: 80.20'
     """
     text = raw[-_MAX_LINE:] if len(raw) > _MAX_LINE else raw
     if "\x1b" in text:
         text = ANSI_RE.sub("", text)
     if "\r" in text:
-        # tqdm redraws with \r: the record is the last non-empty segment; keep the
-        # launcher tag of the physical line, which only the first segment carries.
+        # tqdm redraws with \r: the record is the last segment that holds one (a bar
+        # redrawn after the record, as an unbuffered stderr interleaves with stdout, must
+        # not hide it), else the last non-empty one; keep the launcher tag of the
+        # physical line, which only the first segment carries.
         segments = [s for s in text.split("\r") if s.strip()]
         if not segments:
             return ""
-        last = segments[-1]
+        records = [s for s in segments if "time (ms) |" in s or HEADER_RE.search(s)]
+        last = records[-1] if records else segments[-1]
         head, _ = _split_prefix(text)
         text = last if not head or last.startswith(head) else head + last
     return text.rstrip("\n")
@@ -819,7 +868,7 @@ def zero_from_repr(text: str) -> ZeroFields:
 
 
 #: Sources of ZeRO facts, best first.
-ZERO_SOURCES = ("json", "zero_config", "init_lines")
+ZERO_SOURCES = ("json", "zero_config", "init_lines", "zero3_lines")
 
 
 def merge_zero(sources: Mapping[str, ZeroFields]) -> ZeroConfig | None:
@@ -964,6 +1013,8 @@ class _Parser:
             # ("steps: 100 loss: ..."), not a host name.
             return _Line(line_no, text, prefix, body, text, False, None, None, None)
         self.seen = True
+        if hm["file"] in ZERO3_FILES:
+            self.zero3_seen()
         ts = _header_us(hm)
         if ts is not None and self.year is None:
             self.year = int(hm["date"][:4])
@@ -1049,6 +1100,8 @@ class _Parser:
         if head is None:
             return None
         pairs = line.msg[head.end() :]
+        if (mem := TIMER_MEM_RE.search(pairs)) is not None:
+            pairs = pairs[: mem.start()]  # memory figures, not timers
         if not TIMER_PAIRS_RE.fullmatch(pairs):
             return _Outcome.MALFORMED  # cut, spliced, or not a timer line after all
         values: list[tuple[str, str]] = []
@@ -1060,6 +1113,9 @@ class _Parser:
                     return _Outcome.MALFORMED
                 values += [(m["name"].strip(), m["ms"]) for m in matches if m is not None]
         rank = line.rank if line.rank is not None else _rank(head["rank"])
+        if rank is None:
+            printed = TIMER_PRINT_RANK_RE.search(line.msg, max(head.start() - 20, 0), head.start())
+            rank = _rank(printed["rank"]) if printed else None
         # Every row of the line shares these; only name and value differ.
         fid, no, step, ts, src = self.file_id, line.line_no, self.step, line.ts, line.ts_source
         self.timers += [
@@ -1249,7 +1305,17 @@ class _Parser:
 
     def memory_label_line(self, line: _Line) -> _Outcome | None:
         self.label = (line.line_no, line.msg.rstrip())
+        if line.msg.startswith(ZERO3_LABELS):
+            self.zero3_seen()
         return _Outcome.SEEN
+
+    def zero3_line(self, line: _Line) -> _Outcome | None:
+        self.zero3_seen()
+        return _Outcome.PARSED
+
+    def zero3_seen(self) -> None:
+        """A line only ZeRO stage 3 prints was read (see :data:`ZERO3_FILES`)."""
+        self.zero.setdefault("zero3_lines", {})["stage"] = 3
 
     def config_key_line(self, line: _Line) -> _Outcome | None:
         """A dump key line with no open block (its start was cut off by a gap)."""
@@ -1536,6 +1602,8 @@ _FAMILIES: tuple[tuple[str, Handler, re.Pattern[str] | None], ...] = (
     ("json = ", _Parser.json_start_line, None),
     ("Comm. Op", _Parser.comm_table_line, None),
     ("steps: ", _Parser.pipe_steps_line, None),
+    (ZERO3_PERSISTENT, _Parser.zero3_line, None),
+    (ZERO3_ENGINE, _Parser.zero3_line, None),
     ("", _Parser.by_func_line, None),
 )
 

@@ -40,7 +40,15 @@ import polars as pl
 
 from ncclscope.schema import FAILURES_SCHEMA, TIMEOUTS_SCHEMA, TORCH_EVENTS_SCHEMA, validate
 
-__all__ = ["BLOCK_LINES", "BLOCK_STARTS", "CANDIDATES", "TorchResult", "parse_torch"]
+__all__ = [
+    "BLOCK_LINES",
+    "BLOCK_STARTS",
+    "CANDIDATES",
+    "CudaOom",
+    "TorchResult",
+    "parse_cuda_oom",
+    "parse_torch",
+]
 
 #: Lines the caller delivers after each :data:`BLOCK_STARTS` line.
 BLOCK_LINES: int = 200
@@ -328,6 +336,56 @@ def _strip_prefixes(text: str, year: int | None) -> tuple[_Ctx, str]:
         else:
             break
     return ctx, text[pos:]
+
+
+#: Prefixes a launcher or job runner puts on every physical line it forwards (so on each
+#: piece of a line it hard-wrapped too), as opposed to the logger's own.
+_LAUNCHER_PREFIXES: tuple[re.Pattern[str], ...] = (_RAY_RE, _RANK_RE, _TEE_RE, _HOST_RE)
+
+
+def _launcher_prefix(text: str, within: str | None = None) -> str:
+    """The launcher tags at the start of ``text`` (pdsh/srun host, ``[rankN]:``, torchrun's
+    ``[default3]:``, Ray's ``(pid=..)``), up to the first logger prefix; with ``within``,
+    only as far as they are also the start of ``within`` (a wrapped piece carries the
+    runner's tags, not those that were inside the line it wrapped).
+
+    >>> _launcher_prefix("node-3: [rank9]:[E1108 03:12:48.117 4411 x.cpp:1] [Rank 1] W")
+    'node-3: [rank9]:'
+    >>> _launcher_prefix("node-3: out: WorkNCCL(SeqNum=7", within="node-3: [rank9]:")
+    'node-3: '
+    """
+    pos = 0
+    for _ in range(_MAX_PREFIXES):
+        for regex in _LAUNCHER_PREFIXES:
+            m = regex.match(text, pos)
+            if m is None or m.end() <= pos:
+                continue
+            end = m.end()
+            if within is not None:
+                # "[default3]: " takes a space the wrapped text may own: keep it there
+                if not within.startswith(text[:end]) and text[end - 1] == " ":
+                    end -= 1
+                if not within.startswith(text[:end]):
+                    continue
+            pos = end
+            break
+        else:
+            break
+    return text[:pos]
+
+
+def _other_host(host: str | None, mine: str | None) -> bool:
+    """``host`` (a continuation's ``word: ``) names another machine than ``mine``.
+
+    A wrapped message's own text can look like a pdsh tag (``work: 58, last ...``), so
+    only a tag shaped like a host name (digits, ``-`` or ``.`` in it) counts.
+
+    >>> _other_host("node-b", "node-a"), _other_host("work", "node-a"), _other_host("x1", None)
+    (True, False, False)
+    """
+    if host is None or mine is None or host == mine:
+        return False
+    return any(c.isdigit() or c in "-." for c in host)
 
 
 # --------------------------------------------------------------------------------------
@@ -753,12 +811,23 @@ class _Parser:
         if m is not None:
             return m, text
         variants = [text]
+        # A job runner that wraps long lines forwards each piece with its own tags
+        # (``srun -l``'s ``3: ``, ``[default3]:``): a piece that starts with (the outer
+        # part of) this line's tags, and holds no logger prefix after them, is glued
+        # without them.
+        tags = _launcher_prefix(self.items[i][1])
         for k in range(1, _MAX_JOIN + 1):
             j = i + k
             if not self.follows(j):
                 break
             ctx, _ = self.stripped(j)
             nxt = self.items[j][1]
+            shared = _launcher_prefix(nxt, within=tags) if tags else ""
+            if shared:
+                nxt = nxt[len(shared) :]
+                ctx, _ = _strip_prefixes(nxt, self.year)
+            elif _other_host(ctx.host, self.stripped(i)[0].host):
+                break  # another host's line, not a piece of this one
             if ctx.prefixed or not nxt.strip():
                 break
             variants = [v + sep + nxt for v in variants for sep in ("", " ")]
@@ -1061,6 +1130,20 @@ def _on_watchdog(p: _Parser, i: int, ctx: _Ctx, text: str) -> tuple[_Outcome, st
     return _Outcome.PARSED, text
 
 
+#: The watchdog line's head, whole: a line that holds it is read by ``watchdog_timeout``.
+_WD_HEAD = "Watchdog caught collective operation timeout"
+
+
+def _on_watchdog_cut(p: _Parser, i: int, ctx: _Ctx, text: str) -> tuple[_Outcome, str]:
+    """A watchdog line hard-wrapped inside its head (``... [Rank 2] Watchdog caught
+    collective ope`` / ``ration timeout: WorkNCCL(SeqNum=212, ...``): read glued."""
+    if _WD_HEAD in text:
+        return _Outcome.NONE, text
+    outcome, joined = _on_watchdog(p, i, ctx, text)
+    # a line ending in "Watchdog" that no continuation completes is not a watchdog line
+    return (_Outcome.NONE, text) if outcome is _Outcome.MALFORMED else (outcome, joined)
+
+
 def _on_terminated(p: _Parser, i: int, ctx: _Ctx, text: str) -> tuple[_Outcome, str]:
     m = _TERM_RE.search(text)
     if m is None:
@@ -1112,6 +1195,113 @@ def _on_stuck(p: _Parser, i: int, ctx: _Ctx, text: str) -> tuple[_Outcome, str]:
     if m is None:
         return _Outcome.MALFORMED, text
     p.event(i, ctx, "watchdog_stuck", value=_int(m["sec"]), message=text.strip()[:_MAX_MSG])
+    return _Outcome.PARSED, text
+
+
+#: The caching allocator's out-of-memory message, both eras, up to its last figure
+#: (hard-wrapped lines are glued until this matches; the advice that follows is not read).
+#:
+#: Samples (values invented)::
+#:
+#:     CUDA out of memory. Tried to allocate 2.00 GiB (GPU 3; 79.15 GiB total capacity;
+#:     74.10 GiB already allocated; 1.20 GiB free; 76.35 GiB reserved in total by PyTorch)
+#:     CUDA out of memory. Tried to allocate 1.50 GiB. GPU 3 has a total capacity of
+#:     79.14 GiB of which 610.00 MiB is free. Process 4242 has 78.52 GiB memory in use.
+#:     Of the allocated memory 75.31 GiB is allocated by PyTorch, and 2.27 GiB is
+#:     reserved by PyTorch but unallocated.
+_OOM_RE = re.compile(
+    r"CUDA out of memory\. Tried to allocate (?P<tried>[^.(]{1,40}?(?:\.\d{1,4} ?[KMGT]iB)?)"
+    r"(?: \((?P<old>GPU \d{1,4};.{0,400}?)\)|\. (?P<new>GPU \d{1,4} has a total "
+    r"capac.{0,1000}?is reserved by PyTorch but unallocated))",
+    re.ASCII,
+)
+_OOM_TRIGGER = r"CUDA out of memory\. Tried to allocate |CUDA error: out of memory"
+#: ``format_size``: ``0 bytes``, ``512 bytes``, ``12.00 MiB``, ``1.50 GiB``.
+_OOM_SIZE = r"(\d{1,15}(?:\.\d{1,4})?) ?(bytes|[KMGTP]iB)"
+_OOM_UNITS = {"bytes": 0, "KiB": 1, "MiB": 2, "GiB": 3, "TiB": 4, "PiB": 5}
+_OOM_FIELDS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+    (name, re.compile(rx.replace("SIZE", _OOM_SIZE), re.ASCII))
+    for name, rx in (
+        ("tried_bytes", r"Tried to allocate SIZE"),
+        ("total_bytes", r"SIZE total capacity|total capac\w{0,4} of SIZE"),
+        ("free_bytes", r"SIZE free|of which SIZE is free"),
+        ("allocated_bytes", r"SIZE already allocated|memory SIZE is allocated by PyTorch"),
+        ("reserved_bytes", r"SIZE reserved in total by PyTorch"),
+        ("unallocated_bytes", r"and SIZE is reserved by PyTorch but unallocated"),
+        ("process_bytes", r"this process has SIZE memory in use"),
+    )
+)
+_OOM_GPU_RE = re.compile(r"\(GPU (?P<a>\d{1,4});|\. GPU (?P<b>\d{1,4}) has a total", re.ASCII)
+
+
+@dataclass(frozen=True, slots=True)
+class CudaOom:
+    """The figures of one ``CUDA out of memory`` message (bytes; ``None`` where unsaid).
+
+    ``reserved_bytes`` is what PyTorch's caching allocator held (allocated plus cached);
+    the newer message prints the cached part alone, which is added back here.
+    """
+
+    gpu: int | None
+    tried_bytes: int | None
+    total_bytes: int | None
+    free_bytes: int | None
+    allocated_bytes: int | None
+    reserved_bytes: int | None
+
+
+def parse_cuda_oom(text: str) -> CudaOom | None:
+    """The figures of a ``CUDA out of memory`` message, or ``None`` when ``text`` holds none.
+
+    >>> o = parse_cuda_oom("CUDA out of memory. Tried to allocate 1.50 GiB. GPU 3 has a "
+    ...     "total capacity of 79.14 GiB of which 610.00 MiB is free. Of the allocated "
+    ...     "memory 75.31 GiB is allocated by PyTorch, and 2.27 GiB is reserved by "
+    ...     "PyTorch but unallocated.")
+    >>> o.gpu, o.tried_bytes == 3 << 29, round(o.reserved_bytes / 2**30, 2)
+    (3, True, 77.58)
+    """
+    k = text.find("CUDA out of memory")
+    if k < 0:
+        if "CUDA error: out of memory" in text:
+            return CudaOom(None, None, None, None, None, None)
+        return None
+    body = text[k : k + 4000]
+    got: dict[str, int | None] = {}
+    for name, regex in _OOM_FIELDS:
+        m = regex.search(body)
+        # each alternative has its own (number, unit) pair: the one that matched
+        pair = [g for g in m.groups() if g is not None] if m is not None else []
+        got[name] = _oom_bytes(pair[0], pair[1]) if len(pair) == 2 else None
+    reserved, alloc = got["reserved_bytes"], got["allocated_bytes"]
+    cached = got["unallocated_bytes"]
+    if reserved is None and alloc is not None and cached is not None:
+        reserved = alloc + cached
+    gm = _OOM_GPU_RE.search(body)
+    gpu = _int(gm["a"] or gm["b"], 32) if gm else None
+    return CudaOom(
+        gpu, got["tried_bytes"], got["total_bytes"], got["free_bytes"], got["allocated_bytes"],
+        reserved,
+    )  # fmt: skip
+
+
+def _oom_bytes(number: str, unit: str) -> int | None:
+    try:
+        return int(float(number) * 1024 ** _OOM_UNITS[unit])
+    except (KeyError, ValueError, OverflowError):
+        return None
+
+
+def _on_cuda_oom(p: _Parser, i: int, ctx: _Ctx, text: str) -> tuple[_Outcome, str]:
+    """``CUDA out of memory`` (the caching allocator) or ``CUDA error: out of memory``."""
+    if "CUDA out of memory" in text:
+        m, text = p.match(i, text, _OOM_RE)
+        if m is None and "Tried to allocate" not in text:
+            return _Outcome.MALFORMED, text
+    oom = parse_cuda_oom(text)
+    if oom is None:
+        return _Outcome.MALFORMED, text
+    k = max(text.find("CUDA out of memory"), text.find("CUDA error: out of memory"))
+    p.event(i, ctx, "cuda_oom", value=oom.tried_bytes, message=text[k:].strip()[:_MAX_MSG])
     return _Outcome.PARSED, text
 
 
@@ -1299,6 +1489,13 @@ _FAMILIES: tuple[_Family, ...] = (
         _on_watchdog,
     ),
     _Family(
+        "watchdog_cut",
+        r"\] (?:W|Wa|Wat|Watc|Watch|Watchd|Watchdo|Watchdog(?: [a-z]{1,10}){0,4}) ?$",
+        (),
+        _on_watchdog_cut,
+        on_raw=True,
+    ),
+    _Family(
         "watchdog_terminated",
         r"watchdog thread terminated with exception",
         ("watchdog thread terminated",),
@@ -1355,6 +1552,7 @@ _FAMILIES: tuple[_Family, ...] = (
     ),
     _Family("desync_head", _HEAD_TRIGGER, (), _on_head, on_raw=True),
     _Family("nccl_error", r"NCCL error(?: in)?: ", ("NCCL error",), _on_nccl_error),
+    _Family("cuda_oom", _OOM_TRIGGER, ("out of memory",), _on_cuda_oom),
     _Family("last_error", r"Last error:", ("Last error:",), _on_last_error),
     _Family("exception", r"Exception raised from ", (_EXC_RAISED,), _on_exception),
     _Family(
@@ -1395,6 +1593,10 @@ _FAMILIES: tuple[_Family, ...] = (
 
 _VERSION_TRIGGERS = (r"PyTorch version", r"torch version \.", r"torch==\d")
 
+#: Pieces of a watchdog line that a job runner wrapped over three or more lines: each
+#: is delivered (with the line after it), so the head's reader finds every piece.
+_WRAP_TRIGGERS = (r"WorkNCCL\(SeqNum=", r"milliseconds before timing out")
+
 #: Families that look at the whole line: tried even when no needle is present.
 _RAW_FAMILIES = tuple(f for f in _FAMILIES if f.on_raw or not f.needles)
 
@@ -1408,7 +1610,8 @@ _ALL_NEEDLES: tuple[str, ...] = (
 #: (no lookaround, no backreferences): matches every line this parser needs on its own.
 #: Every branch starts with a literal so the engine can prefilter millions of lines.
 CANDIDATES: str = "|".join(
-    [f"(?:{f.trigger})" for f in _FAMILIES] + [f"(?:{t})" for t in _VERSION_TRIGGERS]
+    [f"(?:{f.trigger})" for f in _FAMILIES]
+    + [f"(?:{t})" for t in (*_VERSION_TRIGGERS, *_WRAP_TRIGGERS)]
 )
 
 #: Regex (same syntax) for lines that open a multi-line block: the ChildFailedError
