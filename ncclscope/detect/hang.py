@@ -343,7 +343,7 @@ class HangDetector:
             return _mid_run(stall, ev, evidence, lines)
         v = judge_stall(ctx, stall)
         evidence.update(v.evidence)
-        evidence["culprit_basis"] = v.basis
+        evidence.update(v.basis_json())
         if v.withheld:
             evidence["withheld"] = v.withheld
         culprit = ranks_text(v.culprits)
@@ -401,7 +401,7 @@ class HangDetector:
         first = g.rows.sort("file_id", "line_no").row(0, named=True)
         evidence: dict[str, object] = {"watchdog": _watchdog(g.rows), **v.evidence}
         evidence["pg"] = g.pg
-        evidence["culprit_basis"] = v.basis
+        evidence.update(v.basis_json())
         if v.withheld:
             evidence["withheld"] = v.withheld
         lines = [LineRef(int(first["file_id"]), int(first["line_no"])), *v.lines]
@@ -439,6 +439,7 @@ def _mid_run(
         {
             "waited_for": stall.culprits,
             "culprit_basis": "withheld",
+            "culprit_bases": ["withheld"],
             "withheld": "nothing in the logs says the job stopped there",
             "confirm_if": [
                 "watchdog timeouts (Watchdog caught collective operation timeout) from the "
@@ -552,6 +553,12 @@ class Verdict:
     evidence: dict[str, Any] = field(default_factory=dict)
     lines: list[LineRef] = field(default_factory=list)
 
+    def basis_json(self) -> dict[str, Any]:
+        """``culprit_basis``: the strongest evidence (``non_reporting_member``,
+        ``died_first``, ``desync``, ``mismatch``, ``last_seen``, or ``withheld``), and
+        ``culprit_bases``: every piece that agreed."""
+        return {"culprit_basis": self.basis[0], "culprit_bases": list(self.basis)}
+
 
 def _withhold(
     reason: str, basis_evidence: dict[str, Any], hang_class: HangClass = "unknown"
@@ -633,7 +640,7 @@ def judge_stall(ctx: Context, stall: Stall) -> Verdict:
                 "watchdog timeout itself: it was waiting too, on something the logs do not show",
                 evidence,
             )
-        basis.append("non_reporting_member")
+        basis.insert(0, "non_reporting_member")
     hang_class: HangClass = "missing_rank"
     why = "never joined"
     cause = _first_cause(ctx, reported)
@@ -664,7 +671,7 @@ def judge_stall(ctx: Context, stall: Stall) -> Verdict:
                 f"{ranks_text(cands)} is the one behind",
                 evidence,
             )
-        cands, basis = both, [*basis, "desync"]
+        cands, basis = both, ["desync", *basis]
     errors = a.errors.filter(pl.col("severity") == "error")
     if hang_class == "missing_rank" and len(errors):
         e = errors.row(0, named=True)

@@ -119,8 +119,9 @@ class TimeoutImminentDetector:
                     kind="timeout_imminent",
                     severity=severity,
                     message=msg,
-                    ranks=list(r["culprit_ranks"]),
-                    hosts=list(r["culprit_hosts"]),
+                    # Nobody is blamed for a log that merely ends.
+                    ranks=list(r["culprit_ranks"]) if ev.stopped else [],
+                    hosts=list(r["culprit_hosts"]) if ev.stopped else [],
                     op=r["op"],
                     seq=r["seq"],
                     evidence={
@@ -132,6 +133,7 @@ class TimeoutImminentDetector:
                         "timeout_source": source,
                         "left_s": None if left is None else round(left, 3),
                         **ev.json(),
+                        **({} if ev.stopped else {"waited_for": list(r["culprit_ranks"])}),
                     },
                 )
             )
@@ -239,7 +241,8 @@ class TimeoutDetector:
                 "timeout_s": timeout,
                 "ran_for_s": ran_s,
                 "timeline": timeline,
-                "culprit_basis": basis,
+                "culprit_basis": basis[0] if basis else "withheld",
+                "culprit_bases": basis,
                 **extra,
             }
             if len(ops) > 1:
