@@ -18,6 +18,9 @@ from ncclscope.analysis import Analysis, run_analysis
 from ncclscope.detect.base import Finding, severity_at_least
 from ncclscope.synth import DeadProcess, StopRank, SynthSpec, generate
 
+#: Watchdog-only excerpts written for these tests in PyTorch 2.4's formats.
+_DATA = Path(__file__).parent / "data" / "hang"
+
 # --------------------------------------------------------------------------------------
 # Helpers
 
@@ -85,7 +88,7 @@ _HEALTHY = {
         seed=4,
         layout="per-rank",
         framework="torch",
-    ),  # fmt: skip
+    ),
 }
 
 
@@ -215,19 +218,14 @@ def test_a_death_before_the_stall_is_the_culprit_after_a_head_cut(tmp_path: Path
 # Watchdog lines alone
 
 
-_MISMATCH = """\
-[rank0]:[E1105 10:21:07.118204331 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=212, OpType=BROADCAST, NumelIn=5120, NumelOut=5120, Timeout(ms)=600000) ran for 600042 milliseconds before timing out.
-[rank0]:[E1105 10:21:07.118390102 ProcessGroupNCCL.cpp:1785] [PG 0 (default_pg) Rank 0] Exception (either an error or timeout) detected by watchdog at work: 212, last enqueued NCCL work: 212, last completed NCCL work: 211.
-[rank1]:[E1105 10:21:07.164519874 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=212, OpType=ALLREDUCE, NumelIn=2097152, NumelOut=2097152, Timeout(ms)=600000) ran for 600038 milliseconds before timing out.
-[rank1]:[E1105 10:21:07.164702113 ProcessGroupNCCL.cpp:1785] [PG 0 (default_pg) Rank 1] Exception (either an error or timeout) detected by watchdog at work: 212, last enqueued NCCL work: 212, last completed NCCL work: 211.
-"""
+_MISMATCH = _DATA / "watchdog-mismatch.log"
 
 
 def test_same_seqnum_different_collectives_is_a_mismatch(tmp_path: Path) -> None:
     """Two ranks of the default group time out at SeqNum 212, one in BROADCAST, the other
     in ALLREDUCE with other sizes: a collective mismatch, told once, with both sides."""
     (tmp_path / "in").mkdir()
-    (tmp_path / "in" / "train.log").write_text(_MISMATCH)
+    shutil.copy(_MISMATCH, tmp_path / "in" / "train.log")
     a = _run(tmp_path / "in", tmp_path / "work")
     m = _one(a, "mismatch")
     assert m.severity == "critical"
@@ -245,15 +243,7 @@ def test_same_seqnum_different_collectives_is_a_mismatch(tmp_path: Path) -> None
     assert t.evidence["pg"] == "0"
 
 
-_INSIDE = """\
-[7701] [rank0]:[E0321 02:07:08.408271257 ProcessGroupNCCL.cpp:607] [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1580, OpType=_ALLGATHER_BASE, NumelIn=4096, NumelOut=16384, Timeout(ms)=600000) ran for 600060 milliseconds before timing out.
-[7702] [rank2]:[E0321 02:07:08.414640780 ProcessGroupNCCL.cpp:607] [Rank 2] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1580, OpType=_ALLGATHER_BASE, NumelIn=4096, NumelOut=16384, Timeout(ms)=600000) ran for 600067 milliseconds before timing out.
-[7703] [rank0]:[E0321 02:07:08.465150152 ProcessGroupNCCL.cpp:1664] [PG 1 Rank 0] Exception (either an error or timeout) detected by watchdog at work: 1580, last enqueued NCCL work: 1582, last completed NCCL work: 1579.
-[7704] [rank3]:[E0321 02:07:08.465224069 ProcessGroupNCCL.cpp:1664] [PG 1 Rank 3] Exception (either an error or timeout) detected by watchdog at work: 1580, last enqueued NCCL work: 1582, last completed NCCL work: 1579.
-[7705] [rank1]:[E0321 02:07:08.432379535 ProcessGroupNCCL.cpp:607] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1580, OpType=_ALLGATHER_BASE, NumelIn=4096, NumelOut=16384, Timeout(ms)=600000) ran for 600067 milliseconds before timing out.
-[7706] [rank1]:[E0321 02:07:08.465301822 ProcessGroupNCCL.cpp:1664] [PG 1 Rank 1] Exception (either an error or timeout) detected by watchdog at work: 1580, last enqueued NCCL work: 1582, last completed NCCL work: 1579.
-[7707] [rank2]:[E0321 02:07:08.465388411 ProcessGroupNCCL.cpp:1664] [PG 1 Rank 2] Exception (either an error or timeout) detected by watchdog at work: 1580, last enqueued NCCL work: 1582, last completed NCCL work: 1579.
-"""
+_INSIDE = _DATA / "inside-collective.log"
 
 
 def test_companion_lines_join_and_every_member_entered(tmp_path: Path) -> None:
@@ -262,7 +252,7 @@ def test_companion_lines_join_and_every_member_entered(tmp_path: Path) -> None:
     those waiting.  All four members (NumelOut/NumelIn = 4) enqueued past #1580: the
     hang is inside the collective, not a missing rank."""
     (tmp_path / "in").mkdir()
-    (tmp_path / "in" / "excerpt.log").write_text(_INSIDE)
+    shutil.copy(_INSIDE, tmp_path / "in" / "excerpt.log")
     a = _run(tmp_path / "in", tmp_path / "work")
     t = a.frameworks.timeouts.sort("rank")
     assert t["pg"].to_list() == ["1", "1", "1"]
