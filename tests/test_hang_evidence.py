@@ -10,12 +10,16 @@ deepspeed-torch.md`` T2, T6), with our own values.
 from __future__ import annotations
 
 import shutil
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
 from ncclscope.analysis import Analysis, run_analysis
+from ncclscope.detect import Context
 from ncclscope.detect.base import Finding, severity_at_least
+from ncclscope.detect.hang import HangDetector
+from ncclscope.detect.watchdog import MIN_STALL_S
 from ncclscope.synth import DeadProcess, StopRank, SynthSpec, generate
 
 #: Watchdog-only excerpts written for these tests in PyTorch 2.4's formats.
@@ -317,3 +321,35 @@ def test_each_timeout_is_judged_in_its_own_process_group(tmp_path: Path) -> None
     assert world.ranks == [5]
     assert world.evidence["culprit_basis"] == "non_reporting_member"
     assert tp.ranks != world.ranks  # not one culprit reused for every group
+
+
+# --------------------------------------------------------------------------------------
+# Timestamps alone
+
+
+def test_no_progress_for_minutes_is_evidence_of_a_stop(tmp_path: Path) -> None:
+    """NCCL lines only, with timestamps.  Where the logs end right after the stall, it is
+    a mid-run note; where a later line (here: the end of the logs moved 20 minutes on)
+    shows nothing moved for far longer than the job's gaps and than the 5-minute floor,
+    the timestamps say the job stopped: a hang on rank 6, a warning (inferred, not
+    printed by the job)."""
+    spec = SynthSpec(
+        ranks=8, hosts=2, steps=4, era="2.27", timestamps=True, seed=6, faults=(StopRank(6, 30),)
+    )
+    generate(spec, tmp_path / "job")
+    a = _run(tmp_path / "job", tmp_path / "work")
+    assert _one(a, "hang").severity == "info"
+    ctx = Context(a)
+    end = ctx.last_ts
+    assert end is not None
+    detector = HangDetector()
+    # Just under the floor: still only a note.
+    ctx.__dict__["last_ts"] = end + timedelta(seconds=MIN_STALL_S - 1)
+    (note,) = detector.policy(detector.metric(ctx), ctx)
+    assert (note.severity, note.ranks) == ("info", [])
+    ctx.__dict__["last_ts"] = end + timedelta(minutes=20)
+    (hang,) = detector.policy(detector.metric(ctx), ctx)
+    assert (hang.severity, hang.ranks, hang.seq) == ("warning", [6], 30)
+    assert hang.evidence["stop_evidence"] == ["no_progress"]
+    assert hang.evidence["culprit_basis"] == "last_seen"
+    assert hang.evidence["idle_s"] > MIN_STALL_S
