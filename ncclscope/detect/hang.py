@@ -1,12 +1,19 @@
-"""Hangs and mismatches: which rank the others wait for, and why.
+"""Hangs and mismatches: whether the job stopped, which rank the others waited for,
+and on what evidence.
 
 Metric: per communicator member, the last collective it logged (``Context.progress``)
 and the instances whose members logged different ops, counts or datatypes
-(``Context.instances``).  Policy: at the end of the logs, the members behind the
-others, or on a different op/count/datatype at the same sequence, are the culprit;
-PyTorch watchdog lines name the ranks that waited, never the culprit.  The hang is
-classified from what else the logs hold: a mismatch, a process that died first, an NCCL
-error, or a rank that simply never arrived.
+(``Context.instances``).  Policy: a hang is a claim that the job stopped, made only on
+evidence (``watchdog.stop_evidence``: the watchdog's lines, an NCCL error, the
+launcher's failure summary, or timestamps showing no progress for far longer than the
+job's gaps).  A log that simply ends with its ranks a collective apart is ``info``, and
+blames nobody.  The culprit is named from evidence, never from how many ranks sit on
+each side: the members behind the others (``last_seen``), checked against the members
+of the process group that reported no timeout (``non_reporting_member``), a first death
+that is a cause and not the watchdog's abort or the launcher's SIGTERM
+(``died_first``), PyTorch's desync report, or a different op/count/datatype at the
+same sequence (``mismatch``).  Evidence that conflicts or is missing names nobody
+(``withheld``) and lowers the severity: a wrong culprit is worse than none.
 
 Sample of what the culprit looks like in a combined log (rank 5's last line is seq 14;
 every other rank logged seq 15 and waited)::
@@ -35,7 +42,17 @@ from ncclscope.detect.watchdog import (
 )
 from ncclscope.units import DTYPE_NAMES
 
-__all__ = ["Culprit", "HangDetector", "Stall", "culprit", "stalls"]
+__all__ = [
+    "Culprit",
+    "HangDetector",
+    "Stall",
+    "Verdict",
+    "culprit",
+    "judge_group",
+    "judge_stall",
+    "reported_ranks",
+    "stalls",
+]
 
 #: At most this many mismatched instances are reported one by one.
 _MAX_MISMATCHES = 5
@@ -48,9 +65,11 @@ class Stall:
     """A communicator whose members did not all reach the same collective.
 
     ``seq`` is the first collective some member never logged, and ``culprits`` the
-    members that never logged it (global ranks where known); or, when the culprit ran
-    ahead (``ahead``), the collective at which it made a call nobody else made.
-    ``waiting`` are the other members.
+    members that never logged it (global ranks where known): candidates, which the
+    policy names only on evidence that the job stopped.  Or, when members ran ahead
+    (``ahead``: one collective further, and a different op, count or datatype from
+    everyone's at the others' last sequence), the collective at which they made a call
+    nobody else made.  ``waiting`` are the other members.
     """
 
     comm_key: str
@@ -842,18 +861,6 @@ def _watchdog(timeouts: pl.DataFrame) -> dict[str, Any]:
         "timeout_s": first["timeout_s"],
         "waiting_ranks": sorted({int(r) for r in reporting}),
     }
-
-
-def _first_failure(failures: pl.DataFrame) -> int | None:
-    """The rank torchelastic observed failing first: the earliest of the agents' root
-    causes, else the earliest failure."""
-    if failures.is_empty():
-        return None
-    # Each host's torchrun agent names its own root cause: the job's is the earliest.
-    root = failures.filter(pl.col("root_cause").fill_null(value=False))
-    pick = (root if len(root) else failures).sort("ts", "file_id", "line_no", nulls_last=True)
-    rank = pick["rank"][0]
-    return int(rank) if rank is not None else None
 
 
 def _wait_cost(ctx: Context, stall: Stall) -> float | None:
