@@ -353,3 +353,21 @@ def test_no_progress_for_minutes_is_evidence_of_a_stop(tmp_path: Path) -> None:
     assert hang.evidence["stop_evidence"] == ["no_progress"]
     assert hang.evidence["culprit_basis"] == "last_seen"
     assert hang.evidence["idle_s"] > MIN_STALL_S
+
+
+@pytest.mark.parametrize("frac", [0.6, 0.85])
+def test_per_rank_files_cut_one_by_one_blame_nobody_wrong(tmp_path: Path, frac: float) -> None:
+    """One file per rank, each cut at the same fraction of its own lines: the files end
+    at scattered collectives, and some ranks' watchdog lines are gone.  Neither the rank
+    furthest behind nor the ranks without a report are the culprit: nobody is named
+    (the real culprit, rank 6, would do; any other rank is wrong)."""
+    spec = SynthSpec(
+        ranks=8, hosts=2, steps=4, era="2.21", seed=13, framework="torch", layout="per-rank",
+        faults=(StopRank(6, 30),),
+    )  # fmt: skip
+    generate(spec, tmp_path / "job")
+    a = _run(_cut(tmp_path / "job", tmp_path / "cut", head=frac), tmp_path / "work")
+    assert _blamed(a) <= {6}
+    for f in a.findings:
+        if f.kind == "hang" and not f.ranks and f.severity != "info":
+            assert f.evidence["culprit_basis"] == "withheld"

@@ -56,6 +56,11 @@ __all__ = [
 
 #: At most this many mismatched instances are reported one by one.
 _MAX_MISMATCHES = 5
+#: The members waiting for a stuck rank stop at the same point: the last collective they
+#: enqueue before the program syncs with the GPU (PyTorch enqueues ahead, then blocks).
+#: Their last sequences a few apart is timing; more is logs cut or lost at different
+#: points (files rotated or copied one by one), which says nothing about who stopped.
+_MAX_WAITER_SPREAD = 2
 #: Evidence lines quoted per side (culprits, waiters).
 _QUOTE = 3
 
@@ -83,6 +88,8 @@ class Stall:
     #: the culprit ran one collective ahead of everyone: an extra call at ``seq``
     ahead: bool = False
     extra_rows: pl.DataFrame | None = None  # its calls at ``seq``
+    #: the other members' last sequences: lowest and highest
+    others_last: tuple[int, int] | None = None
 
     @property
     def extra_op(self) -> str | None:
@@ -170,6 +177,9 @@ def stalls(ctx: Context) -> list[Stall]:
         ops = Counter(waiters["op"].to_list()) if len(waiters) else Counter()
         waiting = sorted(int(x) for x in group["who"].to_list() if int(x) not in culprits)
         extra = at.filter(pl.col("who").is_in(culprits)) if ahead and len(at) else None
+        rest = group.filter(~pl.col("who").is_in(culprits))["last_seq"]
+        lo, hi = rest.min(), rest.max()
+        others = (int(lo), int(hi)) if isinstance(lo, int) and isinstance(hi, int) else None
         out.append(
             Stall(
                 comm_key=comm_key,
@@ -182,6 +192,7 @@ def stalls(ctx: Context) -> list[Stall]:
                 waiter_rows=waiters,
                 ahead=ahead,
                 extra_rows=extra,
+                others_last=others,
             )
         )
     return out
@@ -646,9 +657,17 @@ def judge_stall(ctx: Context, stall: Stall) -> Verdict:
     a = ctx.analysis
     if stall.ahead:
         return Verdict(list(stall.culprits), ["mismatch"], "mismatch", "called one more")
+    evidence: dict[str, Any] = {}
+    spread = stall.others_last
+    if spread is not None and spread[1] - spread[0] > _MAX_WAITER_SPREAD:
+        return _withhold(
+            f"the other members' logs end at scattered collectives (#{spread[0]} to "
+            f"#{spread[1]}): stuck ranks stop together, so these logs were cut or lost at "
+            "different points",
+            evidence,
+        )
     reported = reported_ranks(ctx)
     cands = [c for c in stall.culprits if c not in reported]
-    evidence: dict[str, Any] = {}
     lines: list[LineRef] = []
     basis = ["last_seen"]
     if reported:
@@ -691,6 +710,12 @@ def judge_stall(ctx: Context, stall: Stall) -> Verdict:
                 evidence,
             )
         cands, basis = both, ["desync", *basis]
+    if basis == ["last_seen"] and len(cands) > len(stall.waiting):
+        return _withhold(
+            f"rank {ranks_text(cands)} logged nothing as far as the {len(stall.waiting)} "
+            "others: more ranks behind than ahead, whose logs are likelier lost than all stuck",
+            evidence,
+        )
     errors = a.errors.filter(pl.col("severity") == "error")
     if hang_class == "missing_rank" and len(errors):
         e = errors.row(0, named=True)

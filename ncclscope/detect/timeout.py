@@ -29,7 +29,7 @@ from ncclscope.detect.base import (
     register,
 )
 from ncclscope.detect.context import Context
-from ncclscope.detect.hang import culprit, judge_group, reported_ranks, stalls
+from ncclscope.detect.hang import culprit, judge_group, judge_stall, reported_ranks, stalls
 from ncclscope.detect.watchdog import pg_timeouts, stop_evidence
 from ncclscope.schema import COUNTDOWN_SCHEMA
 
@@ -89,11 +89,16 @@ class TimeoutImminentDetector:
 
     def policy(self, metric: pl.DataFrame, ctx: Context) -> list[Finding]:
         timeout_s, source = ctx.analysis.frameworks.timeout
+        # Post-mortem the countdown blames whom the evidence blames (the live countdown
+        # names the ranks behind: the clock is running, and the alarm is its own).
+        judged = {st.comm_key: judge_stall(ctx, st) for st in stalls(ctx) if not st.ahead}
         out = []
         for r in metric.filter(pl.col("age_s").is_not_null()).iter_rows(named=True):
             left = r["left_s"]
             if left is not None and left <= 0:
                 continue  # already timed out: the timeout finding says so
+            v = judged.get(r["comm_key"])
+            blamed = [x for x in r["culprit_ranks"] if v is not None and x in v.culprits]
             culprits = ranks_text(r["culprit_ranks"])
             of = f" of {duration_text(timeout_s)}" if timeout_s else ""
             msg = (
@@ -120,8 +125,8 @@ class TimeoutImminentDetector:
                     severity=severity,
                     message=msg,
                     # Nobody is blamed for a log that merely ends.
-                    ranks=list(r["culprit_ranks"]) if ev.stopped else [],
-                    hosts=list(r["culprit_hosts"]) if ev.stopped else [],
+                    ranks=blamed if ev.stopped else [],
+                    hosts=list(r["culprit_hosts"]) if ev.stopped and blamed else [],
                     op=r["op"],
                     seq=r["seq"],
                     evidence={
@@ -133,7 +138,11 @@ class TimeoutImminentDetector:
                         "timeout_source": source,
                         "left_s": None if left is None else round(left, 3),
                         **ev.json(),
-                        **({} if ev.stopped else {"waited_for": list(r["culprit_ranks"])}),
+                        **(
+                            {}
+                            if ev.stopped and blamed
+                            else {"waited_for": list(r["culprit_ranks"])}
+                        ),
                     },
                 )
             )
