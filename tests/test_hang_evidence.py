@@ -371,3 +371,28 @@ def test_per_rank_files_cut_one_by_one_blame_nobody_wrong(tmp_path: Path, frac: 
     for f in a.findings:
         if f.kind == "hang" and not f.ranks and f.severity != "info":
             assert f.evidence["culprit_basis"] == "withheld"
+
+
+def test_a_group_no_line_names_is_not_taken_for_the_world_when_its_size_differs(
+    tmp_path: Path,
+) -> None:
+    """Old releases print no PG.  Three ranks time out in an all-gather whose sizes say
+    the group has 4 members, in a world of 8 (DeepSpeed's launcher says so): the silent
+    member is counted in the group's own numbering, never as global ranks 3-7."""
+    lines = [
+        "[2025-11-05 10:01:02,118] [INFO] [launch.py:256:main] dist_world_size=8\n",
+    ]
+    lines += [
+        f"[rank{g}]:[E ProcessGroupNCCL.cpp:607] [Rank {g}] Watchdog caught collective "
+        f"operation timeout: WorkNCCL(SeqNum=77, OpType=_ALLGATHER_BASE, NumelIn=512, "
+        f"NumelOut=2048, Timeout(ms)=600000) ran for 600011 milliseconds before timing out.\n"
+        for g in range(3)
+    ]
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "train.log").write_text("".join(lines))
+    a = _run(tmp_path / "in", tmp_path / "work")
+    t = _one(a, "timeout")
+    assert t.evidence["waiting_ranks"] == [0, 1, 2]
+    assert a.frameworks.world_size == 8
+    assert t.evidence.get("non_reporting") in (None, [3])  # group rank 3, not 3-7
+    assert _blamed(a) == set()  # its global rank is not in the logs

@@ -262,7 +262,21 @@ def pg_timeouts(ctx: Context) -> list[PgTimeout]:
     for (pg, seq), rows in sorted(groups, key=lambda g: _first_line(g[1])):
         pg_s = str(pg) if pg is not None else None
         desc = descs.get(pg_s) if pg_s is not None else None
-        default = pg_s is None or _is_default(pg_s, desc)
+        size = None
+        for op, nin, nout in rows.select("op", "numel_in", "numel_out").iter_rows():
+            if op and nin is not None and nout is not None:
+                size = size or _world_from_numel(op, nin, nout)
+        # A group no line names is taken for the default one unless its lines say
+        # otherwise: a group size other than the world's, or a ``[Rank r]`` that is not
+        # the ``[rankG]:`` of its line.
+        renumbered = bool(
+            rows.select(
+                (pl.col("global_rank").is_not_null() & pl.col("rank").is_not_null())
+                & (pl.col("global_rank") != pl.col("rank"))
+            )[:, 0].any()
+        )
+        other_size = size is not None and world is not None and size != world
+        default = _is_default(pg_s, desc) or (pg_s is None and not renumbered and not other_size)
         # In the default group the global rank is the group rank; elsewhere only the
         # ``[rankG]:`` prefix gives it, and the ``[Rank r]`` inside is the group rank.
         who = pl.coalesce("global_rank", "rank") if default else pl.col("rank")
@@ -289,10 +303,6 @@ def pg_timeouts(ctx: Context) -> list[PgTimeout]:
             enq = _enqueued(msg)
             if enq is not None:
                 enqueued.setdefault(int(rank), enq)
-        size = None
-        for _r, op, nin, nout in calls:
-            if op and nin is not None and nout is not None:
-                size = size or _world_from_numel(op, nin, nout)
         members: list[int] | None = None
         if default and (world or size):
             members = list(range(int(world or size or 0)))
