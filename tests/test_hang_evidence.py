@@ -396,3 +396,18 @@ def test_a_group_no_line_names_is_not_taken_for_the_world_when_its_size_differs(
     assert a.frameworks.world_size == 8
     assert t.evidence.get("non_reporting") in (None, [3])  # group rank 3, not 3-7
     assert _blamed(a) == set()  # its global rank is not in the logs
+
+
+def test_heartbeat_monitor_alone_says_the_job_stopped(tmp_path: Path) -> None:
+    """No timeout line: the heartbeat monitor found two ranks' watchdogs stuck.  The
+    job stopped (a warning: inside a CUDA or NCCL call), and nobody is blamed."""
+    (tmp_path / "in").mkdir()
+    shutil.copy(_DATA / "heartbeat.log", tmp_path / "in" / "train.log")
+    a = _run(tmp_path / "in", tmp_path / "work")
+    hang = _one(a, "hang")
+    assert (hang.severity, hang.ranks) == ("warning", [])
+    assert hang.evidence["monitor_ranks"] == [1, 3]
+    assert hang.evidence["outstanding_works"] == [
+        {"rank": 1, "works": 14},
+        {"rank": 3, "works": 12},
+    ]

@@ -307,6 +307,8 @@ class HangDetector:
             findings.append(self._stall(stall, ctx))
         if not stall_list and not findings and len(ctx.analysis.frameworks.timeouts):
             findings += self._from_torch(ctx)
+        elif not stall_list and not findings:
+            findings += _from_monitor(ctx)
         return findings
 
     def _mismatch(self, m: Mismatched, ctx: Context, stall_list: list[Stall]) -> Finding:
@@ -455,6 +457,54 @@ class HangDetector:
                 hang_class=v.hang_class,
             )
         ]
+
+
+def _from_monitor(ctx: Context) -> list[Finding]:
+    """No timeout line, but the heartbeat monitor gave up on the watchdog::
+
+        [PG 0 Rank 3] Heartbeat monitor timed out! Process will be terminated after
+        dumping debug info. workMetaList_.size()=57
+
+    The watchdog itself was stuck (in a CUDA or NCCL call): the job stopped, inside
+    the library.  Which rank is behind these lines cannot say (the rank with the fewest
+    outstanding works enqueued the fewest, but the culprit may have printed nothing):
+    the hang is said, its culprit withheld."""
+    ev = ctx.analysis.frameworks.torch_events.filter(
+        pl.col("kind").is_in(["heartbeat_timeout", "watchdog_stuck"])
+    ).sort("file_id", "line_no")
+    if ev.is_empty():
+        return []
+    who = ev.select(pl.coalesce("global_rank", "rank").alias("who"), "value", "kind")
+    ranks = sorted({int(r) for r in who["who"].drop_nulls()})
+    outstanding = {
+        int(r): int(v)
+        for r, v, k in who.iter_rows()
+        if r is not None and v is not None and k == "heartbeat_timeout"
+    }
+    first = ev.row(0, named=True)
+    return [
+        Finding(
+            kind="hang",
+            severity="warning",
+            message=(
+                f"the heartbeat monitor found the watchdog stuck on {len(ranks) or len(ev)} "
+                "rank(s) and terminated them: the job stopped inside a CUDA or NCCL call; "
+                "the lines do not say which rank the others waited for"
+            ),
+            evidence={
+                "stop_evidence": ["watchdog"],
+                "monitor_ranks": ranks,
+                "outstanding_works": [
+                    {"rank": k, "works": v} for k, v in sorted(outstanding.items())
+                ],
+                "culprit_basis": "withheld",
+                "culprit_bases": ["withheld"],
+                "withheld": "no watchdog timeout or collective line names the missing rank",
+            },
+            lines=[LineRef(int(first["file_id"]), int(first["line_no"]))],
+            hang_class="unknown",
+        )
+    ]
 
 
 def _mid_run(
