@@ -348,6 +348,8 @@ class HangDetector:
                     for r in culprit_rows.iter_rows(named=True)
                 ],
                 "hung": hung,
+                "culprit_basis": "mismatch",
+                "culprit_bases": ["mismatch"],
             },
             lines=_lines(culprit_rows) + _lines(m.rows.filter(~pl.col("who").is_in(m.culprits)), 1),
             hang_class="mismatch" if hung else None,
