@@ -190,11 +190,10 @@ class PgTimeout:
 
     @property
     def label(self) -> str:
-        return f"{self.pg}" + (f" ({self.pg_desc})" if self.pg_desc else "") if self.pg else "?"
-
-    @property
-    def default(self) -> bool:
-        return self.global_ranks
+        """``0 (default_pg)``, ``1``, or ``(not printed)``."""
+        if self.pg is None:
+            return "(not printed)"
+        return self.pg + (f" ({self.pg_desc})" if self.pg_desc else "")
 
     @property
     def silent(self) -> list[int] | None:
