@@ -20,9 +20,17 @@ from datetime import datetime
 
 import polars as pl
 
-from ncclscope.detect.base import Finding, LineRef, duration_text, ranks_text, register
+from ncclscope.detect.base import (
+    Finding,
+    LineRef,
+    Severity,
+    duration_text,
+    ranks_text,
+    register,
+)
 from ncclscope.detect.context import Context
-from ncclscope.detect.hang import culprit, stalls
+from ncclscope.detect.hang import culprit, judge_group, judge_stall, reported_ranks, stalls
+from ncclscope.detect.watchdog import pg_timeouts, stop_evidence
 from ncclscope.schema import COUNTDOWN_SCHEMA
 
 __all__ = ["COUNTDOWN_SCHEMA", "TimeoutDetector", "TimeoutImminentDetector", "countdown"]
@@ -81,11 +89,16 @@ class TimeoutImminentDetector:
 
     def policy(self, metric: pl.DataFrame, ctx: Context) -> list[Finding]:
         timeout_s, source = ctx.analysis.frameworks.timeout
+        # Post-mortem the countdown blames whom the evidence blames (the live countdown
+        # names the ranks behind: the clock is running, and the alarm is its own).
+        judged = {st.comm_key: judge_stall(ctx, st) for st in stalls(ctx) if not st.ahead}
         out = []
         for r in metric.filter(pl.col("age_s").is_not_null()).iter_rows(named=True):
             left = r["left_s"]
             if left is not None and left <= 0:
                 continue  # already timed out: the timeout finding says so
+            v = judged.get(r["comm_key"])
+            blamed = [x for x in r["culprit_ranks"] if v is not None and x in v.culprits]
             culprits = ranks_text(r["culprit_ranks"])
             of = f" of {duration_text(timeout_s)}" if timeout_s else ""
             msg = (
@@ -94,15 +107,26 @@ class TimeoutImminentDetector:
             )
             if left is not None:
                 msg += f": the watchdog fires in {duration_text(left)}"
+            # Post-mortem, a countdown is an alarm only when the logs say the job stopped
+            # (live, the agent's countdown needs no such proof: the clock is running).
+            ev = stop_evidence(ctx, r["since"])
+            severity: Severity = (
+                "info"
+                if not ev.stopped
+                else "critical"
+                if left is not None and left < _CRITICAL_LEFT_S
+                else "warning"
+            )
+            if not ev.stopped:
+                msg = f"if the job was stuck at the end of the logs: {msg}"
             out.append(
                 Finding(
                     kind="timeout_imminent",
-                    severity="critical"
-                    if left is not None and left < _CRITICAL_LEFT_S
-                    else "warning",
+                    severity=severity,
                     message=msg,
-                    ranks=list(r["culprit_ranks"]),
-                    hosts=list(r["culprit_hosts"]),
+                    # Nobody is blamed for a log that merely ends.
+                    ranks=blamed if ev.stopped else [],
+                    hosts=list(r["culprit_hosts"]) if ev.stopped and blamed else [],
                     op=r["op"],
                     seq=r["seq"],
                     evidence={
@@ -113,6 +137,12 @@ class TimeoutImminentDetector:
                         "timeout_s": timeout_s,
                         "timeout_source": source,
                         "left_s": None if left is None else round(left, 3),
+                        **ev.json(),
+                        **(
+                            {}
+                            if ev.stopped and blamed
+                            else {"waited_for": list(r["culprit_ranks"])}
+                        ),
                     },
                 )
             )
@@ -121,7 +151,8 @@ class TimeoutImminentDetector:
 
 @register
 class TimeoutDetector:
-    """Each watchdog timeout: op, SeqNum, how long it ran, who it waited for."""
+    """Each watchdog timeout, per process group and SeqNum: what timed out, how long it
+    ran, who reported it, and who that group waited for, on that group's evidence."""
 
     name = "timeout"
 
@@ -143,49 +174,101 @@ class TimeoutDetector:
         )
 
     def policy(self, metric: pl.DataFrame, ctx: Context) -> list[Finding]:
-        who_ = culprit(ctx)
-        culprits = who_.ranks if who_ else []
-        hosts = who_.hosts if who_ else []
-        nccl_op = who_.op if who_ else None
-        nccl_seq = who_.seq if who_ else None
-        stall_at = who_.since if who_ else None
+        del metric  # read per process group through ``pg_timeouts``
+        groups = pg_timeouts(ctx)
+        if not groups:
+            return []
+        nccl = culprit(ctx)
+        reported = reported_ranks(ctx)
+        world = ctx.analysis.identity.world_size
         out = []
-        for r in metric.iter_rows(named=True):
-            ran = r["ran_for_s"]
-            who = f"; waiting for rank {ranks_text(culprits)}" if culprits else ""
-            pg = f" on process group {r['pg']}" if r["pg"] is not None else ""
+        for g in groups:
+            rows = g.rows.sort("file_id", "line_no")
+            at = rows.row(0, named=True)
+            ran = rows["ran_for_s"].max()
+            ran_s = float(ran) if isinstance(ran, int | float) else None
+            timeout = rows["timeout_s"].max()
+            first_ts = rows["ts"].min()
+            ops = sorted({str(o) for o in rows["op"].drop_nulls()})
+            # The NCCL lines judge the default group when its communicator is the world's;
+            # every other group is judged on its own reports.
+            on_world = (
+                g.global_ranks
+                and nccl is not None
+                and (g.members is None or world is None or len(g.members) == world)
+            )
+            basis: list[str]
+            extra: dict[str, object] = {}
+            if on_world and nccl is not None:
+                culprits, hosts, basis = nccl.ranks, nccl.hosts, nccl.basis
+                op, seq, stall_at, withheld = nccl.op, nccl.seq, nccl.since, nccl.withheld
+            else:
+                v = judge_group(ctx, g, reported)
+                culprits, basis, withheld = v.culprits, v.basis, v.withheld
+                hosts = sorted(
+                    {
+                        h
+                        for h in ctx.analysis.frameworks.failures.filter(
+                            pl.col("rank").is_in(culprits)
+                        )["host"]
+                        if h
+                    }
+                )
+                op = seq = stall_at = None
+                extra = {
+                    k: v.evidence[k]
+                    for k in ("non_reporting", "culprit_pg_ranks", "inside_collective")
+                    if k in v.evidence
+                }
+                if len(g.shapes) > 1:
+                    culprits, basis, withheld = [], ["mismatch"], None
+            who = (
+                f"; waiting for rank {ranks_text(culprits)}"
+                if culprits
+                else (f"; culprit withheld: {withheld}" if withheld else "")
+            )
+            pg = f" on process group {g.label}" if g.pg is not None else ""
             msg = (
-                f"{r['op'] or 'a collective'} SeqNum {r['seq']}{pg} timed out on "
-                f"{len(r['waiting']) or r['lines']} rank(s)"
-                + (f" after {duration_text(ran)}" if ran else "")
+                f"{' / '.join(ops) or 'a collective'} SeqNum {g.seq}{pg} timed out on "
+                f"{len(g.reporters) or len(rows)} rank(s)"
+                + (f" after {duration_text(ran_s)}" if ran_s else "")
                 + who
             )
             timeline: dict[str, object] = {}
             if stall_at is not None:
                 timeline["first_stall"] = stall_at.isoformat()
-            if r["first_ts"] is not None:
-                timeline["timeout"] = r["first_ts"].isoformat()
+            if isinstance(first_ts, datetime):
+                timeline["timeout"] = first_ts.isoformat()
                 if stall_at is not None:
-                    timeline["stall_to_timeout_s"] = (r["first_ts"] - stall_at).total_seconds()
-            at = r["at"]
+                    timeline["stall_to_timeout_s"] = (first_ts - stall_at).total_seconds()
+            evidence: dict[str, object] = {
+                "torch_op": at["op"],
+                "seq_num": g.seq,
+                "pg": g.pg,
+                "pg_desc": g.pg_desc,
+                "waiting_ranks": g.reporters,
+                "timeout_s": timeout,
+                "ran_for_s": ran_s,
+                "timeline": timeline,
+                "culprit_basis": basis[0] if basis else "withheld",
+                "culprit_bases": basis,
+                **extra,
+            }
+            if len(ops) > 1:
+                evidence["torch_ops"] = ops
+            if withheld:
+                evidence["withheld"] = withheld
             out.append(
                 Finding(
                     kind="timeout",
+                    # The watchdog fired: that the job stopped is certain.
                     severity="critical",
                     message=msg,
-                    ranks=culprits,
-                    hosts=hosts,
-                    op=nccl_op,
-                    seq=nccl_seq,
-                    evidence={
-                        "torch_op": r["op"],
-                        "seq_num": r["seq"],
-                        "pg": r["pg"],
-                        "waiting_ranks": list(r["waiting"]),
-                        "timeout_s": r["timeout_s"],
-                        "ran_for_s": ran,
-                        "timeline": timeline,
-                    },
+                    ranks=list(culprits),
+                    hosts=list(hosts),
+                    op=op,
+                    seq=seq,
+                    evidence=evidence,
                     lines=[LineRef(int(at["file_id"]), int(at["line_no"]))],
                     # The wait is the hang's cost; the hang finding carries it.
                     cost_gpu_s=None,

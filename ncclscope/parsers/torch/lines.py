@@ -222,6 +222,13 @@ _PG_RE = re.compile(
 #: ``[Rank 4] `` in front of a message (<= 2.2 logPrefix, WorkNCCL's prefix).
 _RANKMSG_RE = re.compile(r"\[Rank (?P<rank>\d{1,9})\] ?", re.ASCII)
 
+#: A bare number in brackets in front of the other prefixes, as log collectors and
+#: pasted excerpts tag each line with its line number or the writer's pid:
+#: ``[80746] [rank0]:[E321 02:07:08.408271257 ProcessGroupNCCL.cpp:1664] [PG 1 Rank 0] ...``.
+#: Only taken when another prefix follows, so the companion line keeps its ``[PG 1 Rank 0]``
+#: and can be joined to its timeout.
+_TAG_RE = re.compile(r"\[\d{1,12}\] (?=\[)", re.ASCII)
+
 
 def _apply_ray(ctx: _Ctx, m: re.Match[str], year: int | None) -> bool:
     if ctx.host is None and m["ip"]:
@@ -282,6 +289,10 @@ def _apply_rankmsg(ctx: _Ctx, m: re.Match[str], year: int | None) -> bool:
     return True
 
 
+def _apply_tag(ctx: _Ctx, m: re.Match[str], year: int | None) -> bool:
+    return True
+
+
 _Prefix = tuple[str, re.Pattern[str], _Apply]
 
 #: (name, pattern, apply) tried in order at the current position; the first accepted
@@ -298,6 +309,7 @@ _PREFIXES: dict[str, tuple[_Prefix, ...]] = {
         ("dslog", _DSLOG_RE, _apply_pylog),
         ("pg", _PG_RE, _apply_pg),
         ("rank_msg", _RANKMSG_RE, _apply_rankmsg),
+        ("tag", _TAG_RE, _apply_tag),
     ),
     "": (
         ("pyglog", _PYGLOG_RE, _apply_glog),
