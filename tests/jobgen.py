@@ -40,19 +40,32 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 from dataclasses import asdict, dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 __all__ = [
     "KINDS",
+    "Files",
     "Job",
     "JobSpec",
     "Line",
+    "Verdict",
+    "classify",
+    "cut_lines",
+    "cut_time",
+    "drop_file",
+    "drop_tags",
     "generate",
+    "join_runs",
+    "judge",
+    "kept_uids",
+    "load_files",
     "random_hosts",
     "random_spec",
+    "write_files",
 ]
 
 #: Fault kinds.  ``hang_*``: one rank never enters a collective; ``_end``: the log ends
@@ -994,3 +1007,226 @@ def _main() -> None:  # pragma: no cover - a manual look at one job
 
 if __name__ == "__main__":
     _main()
+
+
+# --------------------------------------------------------------------------- surgery
+#
+# Log surgery works on ``dict[str, list[Line]]`` (file name -> lines), for generated jobs
+# and for fixtures alike (``load_files`` tags a fixture's lines by what they say).
+
+Files = dict[str, list[Line]]
+
+#: Tags for lines of logs this module did not write (fixtures).
+_TAG_RES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("banner", re.compile(r"NCCL version \d")),
+    (
+        "init",
+        re.compile(r"Init (?:START|COMPLETE)|nNodes \d|Bootstrap ?:|NET/IB : Using|Using network"),
+    ),
+    ("coll", re.compile(r"NCCL INFO \w+: opCount [0-9a-f]+ ")),
+    ("watchdog", re.compile(r"Watchdog caught collective operation timeout")),
+)
+
+
+def classify(text: str) -> str:
+    """The tag of a line found in a fixture.
+
+    >>> classify("n1:4411:4411 [0] NCCL INFO comm 0x55 rank 0 nranks 2 busId 18000 - Init COMPLETE")
+    'init'
+    """
+    for tag, pat in _TAG_RES:
+        if pat.search(text):
+            return tag
+    return "other"
+
+
+def load_files(folder: Path) -> Files:
+    """A fixture's log files (as ``analyze`` would pick them: not README/expected/telemetry)."""
+    out: Files = {}
+    uid = 0
+    for path in sorted(folder.iterdir()):
+        if not path.is_file() or path.suffix in (".md", ".json", ".parquet"):
+            continue
+        lines = []
+        for k, text in enumerate(path.read_text(errors="replace").splitlines()):
+            lines.append(Line(text, float(k), None, classify(text), 0, uid))
+            uid += 1
+        out[path.name] = lines
+    return out
+
+
+def write_files(files: Files, folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, lines in files.items():
+        (folder / name).write_text("".join(ln.text + "\n" for ln in lines))
+    return folder
+
+
+def cut_lines(files: Files, keep_from: float, keep_to: float, only: str | None = None) -> Files:
+    """Keep each file's lines from ``keep_from`` to ``keep_to`` of its length (fractions;
+    ``only``: cut that file alone, the others whole)."""
+    out: Files = {}
+    for name, lines in files.items():
+        if only is not None and name != only:
+            out[name] = list(lines)
+            continue
+        n = len(lines)
+        out[name] = lines[math.floor(keep_from * n) : math.ceil(keep_to * n)]
+    return out
+
+
+def cut_time(files: Files, keep_from: float, keep_to: float) -> Files:
+    """Keep, in every file, the lines written between two moments of the job: the
+    ``keep_from`` and ``keep_to`` quantiles of all its lines' true times (a log copied
+    while the job runs; the tail of rotated logs)."""
+    times = sorted(ln.t for lines in files.values() for ln in lines)
+    if not times:
+        return dict(files)
+    lo = times[min(len(times) - 1, int(keep_from * len(times)))] if keep_from > 0 else -math.inf
+    hi = times[min(len(times) - 1, int(keep_to * len(times)))] if keep_to < 1 else math.inf
+    return {name: [ln for ln in lines if lo <= ln.t <= hi] for name, lines in files.items()}
+
+
+def drop_tags(files: Files, tags: tuple[str, ...] = ("init", "banner")) -> Files:
+    """Remove lines by tag (default: the init lines and version banners)."""
+    return {name: [ln for ln in lines if ln.tag not in tags] for name, lines in files.items()}
+
+
+def drop_file(files: Files, name: str) -> Files:
+    return {k: v for k, v in files.items() if k != name}
+
+
+_PID_RE = re.compile(r"(?<=:)(\d+):(\d+)(?= (?:\[-?\d+\] |NCCL ))")
+_PTR_RE = re.compile(r"(comm|commId|parent) 0x([0-9a-f]+)")
+_NCCL_TS_RE = re.compile(r"(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})")
+_GLOG_RE = re.compile(r"(?<=[IWEF])(\d{2})(\d{2}) (\d{2}:\d{2}:\d{2})(?=\.\d{6})")
+_ELAPSED_RE = re.compile(r"(\d{4}-\d{2}-\d{2})_(\d{2}:\d{2}:\d{2})")
+_AGENT_PID_RE = re.compile(r"(\(pid: |Sending process |received by PID )(\d+)")
+
+
+def _shift_text(text: str, seconds: float, pid_shift: int) -> str:
+    """The same line as a restarted job would write it: other pids, comm pointers and
+    commIds, times ``seconds`` later."""
+
+    def iso(m: re.Match[str]) -> str:
+        d = datetime.fromisoformat(f"{m.group(1)}T{m.group(2)}") + timedelta(seconds=seconds)
+        return f"{d:%Y-%m-%d}{m.group(0)[10]}{d:%H:%M:%S}"
+
+    def glog(m: re.Match[str]) -> str:
+        d = datetime(2025, int(m.group(1)), int(m.group(2)), *map(int, m.group(3).split(":")))
+        d += timedelta(seconds=seconds)
+        return f"{d:%m%d %H:%M:%S}"
+
+    def elapsed(m: re.Match[str]) -> str:
+        d = datetime.fromisoformat(f"{m.group(1)}T{m.group(2)}") + timedelta(seconds=seconds)
+        return f"{d:%Y-%m-%d_%H:%M:%S}"
+
+    text = _PID_RE.sub(
+        lambda m: f"{int(m.group(1)) + pid_shift}:{int(m.group(2)) + pid_shift}", text
+    )
+    text = _AGENT_PID_RE.sub(lambda m: f"{m.group(1)}{int(m.group(2)) + pid_shift}", text)
+    text = _PTR_RE.sub(lambda m: f"{m.group(1)} 0x{int(m.group(2), 16) ^ 0x5A5A50:x}", text)
+    text = _ELAPSED_RE.sub(elapsed, text)
+    text = _NCCL_TS_RE.sub(iso, text)
+    return _GLOG_RE.sub(glog, text)
+
+
+def join_runs(files: Files, first_part: float = 0.5, gap_s: float = 7200.0) -> Files:
+    """Two runs in each file: the job killed at ``first_part`` of its lines, then the
+    whole job again as a restart would write it (new pids, communicators, later times)."""
+    out: Files = {}
+    for name, lines in files.items():
+        head = lines[: int(len(lines) * first_part)]
+        again = [
+            Line(
+                _shift_text(ln.text, gap_s, 7919),
+                ln.t + gap_s,
+                ln.rank,
+                ln.tag,
+                ln.attempt + 1,
+                ln.uid,
+            )
+            for ln in lines
+        ]
+        out[name] = head + again
+    return out
+
+
+def kept_uids(files: Files) -> set[int]:
+    return {ln.uid for lines in files.values() for ln in lines}
+
+
+# --------------------------------------------------------------------------- judging
+
+#: Kinds whose ranks are a blame (a culprit, a straggler); ``nccl_error`` names where an
+#: error happened, which is a fact rather than a guess, and is judged on its own.
+BLAME_KINDS = (
+    "hang",
+    "timeout",
+    "timeout_imminent",
+    "mismatch",
+    "straggler",
+    "oom_risk",
+    "pcie_contention",
+)
+SEVERE = ("warning", "critical")
+
+
+@dataclass
+class Verdict:
+    """What a job's findings say against its truth."""
+
+    alarms: list[str]  # warning+ findings on a healthy job (kind: ranks)
+    wrong: list[str]  # warning+ findings blaming a rank or host outside the truth
+    named: bool  # a warning+ finding of an expected kind names exactly the culprit
+    withheld: bool  # no warning+ finding of an expected kind blames anyone
+
+    def describe(self) -> str:
+        return (
+            f"alarms={self.alarms} wrong={self.wrong} named={self.named} withheld={self.withheld}"
+        )
+
+
+def severe(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return [f for f in doc.get("findings", []) if f.get("severity") in SEVERE]
+
+
+def _fmt(f: dict[str, Any]) -> str:
+    return f"{f['kind']}/{f['severity']}: ranks={f.get('ranks')} hosts={f.get('hosts')}"
+
+
+def judge(
+    doc: dict[str, Any],
+    culprits: set[int],
+    *,
+    hosts: set[str] | frozenset[str] = frozenset(),
+    kinds: tuple[str, ...] = ("hang", "timeout", "mismatch"),
+    allowed: set[int] | None = None,
+    by_host: bool = False,
+) -> Verdict:
+    """Judge ``analyze``'s JSON ``doc``.  Healthy (no culprits): every warning+ finding is
+    an alarm.  Faulty: a warning+ finding of a blaming kind that names a rank outside
+    ``allowed`` (default: the culprits) or a host outside ``hosts`` is wrong; ``named``
+    when one of ``kinds`` names the culprits (``by_host``: names the hosts)."""
+    found = severe(doc)
+    if not culprits and not hosts:
+        return Verdict([_fmt(f) for f in found], [], False, True)
+    ok = culprits if allowed is None else allowed
+    wrong, named, blamed = [], False, False
+    for f in found:
+        ranks, fhosts = set(f.get("ranks") or []), set(f.get("hosts") or [])
+        if f["kind"] not in BLAME_KINDS or not (ranks or fhosts):
+            continue
+        if f["kind"] in kinds:
+            blamed = True
+        bad_rank = bool(ranks - ok)
+        bad_host = bool(hosts) and bool(fhosts - set(hosts))
+        if bad_rank or bad_host:
+            wrong.append(_fmt(f))
+            continue
+        if f["kind"] in kinds:
+            if by_host and fhosts == set(hosts):
+                named = True
+            elif not by_host and ranks == culprits:
+                named = True
+    return Verdict([], wrong, named, not blamed)
