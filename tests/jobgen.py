@@ -17,11 +17,14 @@ Time model.  The world communicator runs ``COLLS_PER_STEP`` collectives a step; 
 each, every rank computes for that phase's gap (forward gaps are short, the optimizer's
 long; each step's gaps vary by +-10%, the same on every rank: same work).  A rank's
 arrival at collective k is the end of collective k-1 plus the gap, plus a small jitter
-(exponential, 0.4 ms mean), plus its lateness: ``slowdown * gap`` for a slow rank (every
-rank of a slow node), inside the window for an intermittent one.  A collective ends 2-6 ms
-after its last arrival.  Lines carry the *host's* clock: true time plus the host's offset,
-so a skewed clock looks like a constant lateness while a slow node's lateness follows the
-gap (and makes the others wait).
+(exponential, 0.4 ms mean), plus its lateness for a slow rank (every rank of a slow node;
+inside the window for an intermittent one).  A collective ends 2-6 ms after its last
+arrival.  A slowdown ``s`` is lateness over the gap between consecutive collectives as
+they are then seen (lateness + compute gap + the collective's ~4 ms), the meaning of
+``evidence.slowdown`` in the JSON contract: lateness = ``s / (1 - s) * (gap + 4 ms)``.
+Lines carry the *host's* clock: true time plus the host's offset, so a skewed clock looks
+like a constant lateness while a slow node's lateness follows the gap (and makes the
+others wait).
 
 A COLL line as written (NCCL 2.27, INFO timestamps, torchrun ``--tee``)::
 
@@ -58,6 +61,7 @@ __all__ = [
     "cut_time",
     "drop_file",
     "drop_tags",
+    "evidence_kept",
     "generate",
     "join_runs",
     "judge",
@@ -109,6 +113,8 @@ BUS_IDS = ("18000", "2a000", "3a000", "5d000", "9a000", "ab000", "ba000", "db000
 GPU_TOTAL_BYTES = 81_559 << 20
 START = datetime(2025, 3, 14, 9, 0, 0, tzinfo=UTC).timestamp()
 TIMEOUT_MS = 600_000
+#: a collective's typical time once its last member arrived (2-6 ms)
+_COLL_S = 0.004
 _ELASTIC = "torch/distributed/elastic/multiprocessing/api.py"
 
 
@@ -503,7 +509,9 @@ def _late(spec: JobSpec, rank: int, host: int, k: int, gap: float) -> float:
         slow = host == spec.culprit_host
     if slow and spec.window is not None:
         slow = spec.window[0] <= k < spec.window[1]
-    return spec.slowdown * gap if slow else 0.0
+    if not slow or spec.slowdown <= 0:
+        return 0.0
+    return spec.slowdown / (1.0 - spec.slowdown) * (gap + _COLL_S)
 
 
 def _run(
@@ -1154,6 +1162,30 @@ def join_runs(files: Files, first_part: float = 0.5, gap_s: float = 7200.0) -> F
 
 def kept_uids(files: Files) -> set[int]:
     return {ln.uid for lines in files.values() for ln in lines}
+
+
+def evidence_kept(job: Job, cut: Files) -> bool:
+    """Whether ``cut`` (surgery on ``job.files``) kept what names the culprit: every
+    waiting rank's watchdog line and a line that gives the group's size (and, with
+    several process groups, the init lines that say who is in which); half of a slow
+    rank's (node's) timed collectives and the init lines; everything, for intermittent
+    stragglers and leaks (their window or trend may be what was cut)."""
+    kept = kept_uids(cut)
+    lines = [ln for lines in job.files.values() for ln in lines]
+    truth = job.truth
+    culprits = set(truth["culprit_ranks"])
+    init = {ln.uid for ln in lines if ln.tag in ("init", "banner")}
+    if "watchdog" in truth.get("evidence", []) or truth["kind"] == "restart_hang":
+        wd = {ln.uid for ln in lines if ln.tag == "watchdog"}
+        size = {ln.uid for ln in lines if ln.tag in ("coll", "init")}
+        need_init = "init" in truth.get("evidence", [])
+        return wd <= kept and bool(size & kept) and (not need_init or init <= kept)
+    if truth["kind"] in ("slow_rank", "slow_node"):
+        mine = {ln.uid for ln in lines if ln.tag == "coll" and ln.rank in culprits}
+        return len(mine & kept) >= 0.5 * len(mine) and init <= kept
+    if truth["kind"] in ("intermittent_rank", "intermittent_node", "memory_leak"):
+        return kept == {ln.uid for ln in lines}
+    return False
 
 
 # --------------------------------------------------------------------------- judging

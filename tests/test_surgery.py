@@ -356,26 +356,6 @@ def _generated_cases() -> list[Any]:
     return cases
 
 
-def generated_evidence_kept(job: jobgen.Job, cut: Files) -> bool:
-    """Whether ``cut`` kept what names the culprit (see the module docstring)."""
-    kept = jobgen.kept_uids(cut)
-    lines = [ln for lines in job.files.values() for ln in lines]
-    truth = job.truth
-    culprits = set(truth["culprit_ranks"])
-    init = {ln.uid for ln in lines if ln.tag in ("init", "banner")}
-    if "watchdog" in truth.get("evidence", []) or truth["kind"] == "restart_hang":
-        wd = {ln.uid for ln in lines if ln.tag == "watchdog"}
-        size = {ln.uid for ln in lines if ln.tag in ("coll", "init")}
-        need_init = "init" in truth.get("evidence", [])
-        return wd <= kept and bool(size & kept) and (not need_init or init <= kept)
-    if truth["kind"] in ("slow_rank", "slow_node"):
-        mine = {ln.uid for ln in lines if ln.tag == "coll" and ln.rank in culprits}
-        return len(mine & kept) >= 0.5 * len(mine) and init <= kept
-    if truth["kind"] in ("intermittent_rank", "intermittent_node", "memory_leak"):
-        return kept == {ln.uid for ln in lines}
-    return False
-
-
 @pytest.mark.parametrize(("name", "index", "surgery"), _generated_cases())
 def test_generated_surgery(name: str, index: int, surgery: str) -> None:
     job = _job(name)
@@ -407,7 +387,7 @@ def test_generated_surgery(name: str, index: int, surgery: str) -> None:
     else:
         verdict = jobgen.judge(doc, culprits)
     assert not verdict.wrong, f"{name} after {surgery}: wrong culprit: {verdict.describe()}"
-    if generated_evidence_kept(job, cut):
+    if jobgen.evidence_kept(job, cut):
         assert verdict.named, f"{name} after {surgery} kept its evidence: {verdict.describe()}"
 
 
@@ -419,8 +399,8 @@ def test_surgery_keeps_what_it_says() -> None:
     half = jobgen.cut_time(job.files, 0.0, 0.5)
     assert 0.45 * total <= sum(len(v) for v in half.values()) <= 0.55 * total
     assert not any(ln.tag == "watchdog" for v in half.values() for ln in v)
-    assert not generated_evidence_kept(job, half)
-    assert generated_evidence_kept(job, job.files)
+    assert not jobgen.evidence_kept(job, half)
+    assert jobgen.evidence_kept(job, job.files)
     joined = jobgen.join_runs(job.files)
     name = sorted(job.files)[0]
     first = job.files[name][0].text
