@@ -36,6 +36,7 @@ import argparse
 import json
 import os
 import random
+import re
 import sys
 import tempfile
 import time
@@ -183,15 +184,21 @@ def run_one(item: dict[str, Any], max_ranks: int) -> dict[str, Any]:
 
 
 def _cause_class(cause: str | None) -> str:
-    """What a slow node's ``evidence.cause`` says: ``slow``, ``clock``, ``either`` (both
-    named, with what to check), or ``none`` (no such key)."""
+    """What a slow node's ``evidence.cause`` says: ``slow``, ``clock``, ``either`` (a value
+    that names both, such as ``clock_or_constant_delay``: the logs cannot tell them apart),
+    or ``none`` (no such key).
+
+    >>> [_cause_class(c) for c in ("slow", "clock", "clock_or_constant_delay", None)]
+    ['slow', 'clock', 'either', 'none']
+    """
     if not cause:
         return "none"
-    text = cause.lower()
-    slow, clock = "slow" in text, ("clock" in text or "skew" in text)
-    if slow and clock:
+    words = set(re.split(r"[^a-z]+", cause.lower()))
+    if "or" in words or ({"slow"} <= words and {"clock", "skew"} & words):
         return "either"
-    return "slow" if slow else "clock" if clock else "none"
+    if "slow" in words:
+        return "slow"
+    return "clock" if {"clock", "skew"} & words else "none"
 
 
 def _frac(num: int, den: int) -> str:
