@@ -42,6 +42,7 @@ import tempfile
 import time
 from collections import Counter, defaultdict
 from concurrent.futures import ProcessPoolExecutor
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -175,9 +176,25 @@ def run_one(item: dict[str, Any], max_ranks: int) -> dict[str, Any]:
         named = [1] if v.named else []
         result["evidence"] = jobgen.evidence_kept(job, cut)
     result["named"] = bool(named)
+    if truth.get("window") and named:
+        result["window_ok"] = _window_ok(named[0], truth["window"]["true_time"])
     result["wrong"] = v.wrong
     result["withheld"] = v.withheld
     return result
+
+
+def _window_ok(finding: Any, true_window: list[float]) -> bool:
+    """A straggler's ``window_start``/``window_end`` within 10% of the true window's
+    length (plus the 50 ms a host clock may be off) of its true start and end."""
+    ev = finding["evidence"] if isinstance(finding, dict) else {}
+    start, end = ev.get("window_start"), ev.get("window_end")
+    if not start or not end:
+        return False
+    a, b = true_window
+    slack = 0.1 * (b - a) + 0.05
+    found_a = datetime.fromisoformat(str(start)).timestamp()
+    found_b = datetime.fromisoformat(str(end)).timestamp()
+    return abs(found_a - a) <= slack and abs(found_b - b) <= slack
 
 
 # --------------------------------------------------------------------------- report
@@ -263,13 +280,14 @@ def report(results: list[dict[str, Any]]) -> str:
     inter = by["intermittent"]
     for kind in ("intermittent_rank", "intermittent_node"):
         sub = [r for r in inter if r["kind"] == kind]
+        named = sum(r["named"] for r in sub)
+        window = f"(window within 10%: {sum(bool(r.get('window_ok')) for r in sub)}/{named})"
         lines.append(
             f"| {kind.replace('_', ' ')} 25% | "
             + (
-                f"{_frac(sum(r['named'] for r in sub), len(sub))} | "
-                f"{sum(bool(r['wrong']) for r in sub)} | | | |"
+                f"{_frac(named, len(sub))} {window} | {sum(bool(r['wrong']) for r in sub)} | | | |"
                 if kind.endswith("rank")
-                else f" | | {_frac(sum(r['named'] for r in sub), len(sub))} | | "
+                else f" | | {_frac(named, len(sub))} {window} | | "
                 f"{sum(bool(r['wrong']) for r in sub)} |"
             )
         )
