@@ -17,14 +17,27 @@ Sample: rank 5's lines come ~4 ms after the others' at every instance::
 
 from __future__ import annotations
 
+import math
+import statistics
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
 import polars as pl
 
-from ncclscope.detect.base import Finding, LineRef, duration_text, register
+from ncclscope.detect.base import (
+    Finding,
+    LineRef,
+    Severity,
+    duration_text,
+    ranks_text,
+    register,
+)
 from ncclscope.detect.config import subsecond_digits_unreliable
 from ncclscope.detect.context import Context
 from ncclscope.schema import LATENESS_SCHEMA
 
-__all__ = ["MIN_SLOWDOWN", "StragglerDetector", "lateness"]
+__all__ = ["MIN_SLOWDOWN", "StragglerDetector", "Window", "find_window", "lateness"]
 
 #: Excess median lateness, as a share of the median gap between collectives, from which
 #: a member is a straggler.
@@ -41,6 +54,25 @@ _MIN_INSTANCES = 20
 _MIN_Z = 4.0
 #: Excess, as a share of the gap, from which a straggler is critical.
 _CRITICAL_SLOWDOWN = 0.25
+#: File order.  In a stream merged as its lines were written (one launcher reading every
+#: worker's pipe), a host that truly arrives after the others has its lines after theirs;
+#: a host whose clock is ahead has later times on lines that still sit among theirs.
+#: Simultaneous arrivals put a host after the reference in about half the instances, so
+#: from this share on the host truly came after the others ...
+_ORDER_SLOW = 0.9
+#: ... and up to this share its timestamps' lateness is not in the order: its clock's.
+_ORDER_CLOCK = 0.65
+#: A constant shift this large (seconds) is beyond what synchronised clocks drift apart
+#: (NTP keeps hosts within milliseconds, tens at worst): either the clock is not
+#: synchronised or the node is that slow, and either needs a look.
+_UNSYNCED_S = 0.1
+#: A clock offset from which the clock is broken (chrony steps a clock that is off by
+#: more than a second: it is not being disciplined at all).
+_BROKEN_CLOCK_S = 1.0
+#: Instances a window of slowness must span.
+_MIN_WINDOW = 10
+#: A window that covers this share of the run is the whole run.
+_WHOLE_RUN = 0.8
 
 
 def timing_usable(ctx: Context) -> bool:
@@ -109,9 +141,141 @@ def lateness(ctx: Context) -> pl.DataFrame:
     )
 
 
+@dataclass(frozen=True)
+class Window:
+    """A stretch of instances (indices into a unit's series, inclusive) over which a
+    unit's lateness stood ``excess_s`` above its baseline, ``z`` robust standard errors."""
+
+    first: int
+    last: int
+    excess_s: float
+    z: float
+
+
+def _mad(xs: list[float], centre: float) -> float:
+    return statistics.median(abs(x - centre) for x in xs) * 1.4826 if xs else 0.0
+
+
+def find_window(xs: list[float], baseline: float, effect_s: float) -> Window | None:
+    """The stretch of ``xs`` (a unit's lateness, instance after instance) that stands
+    highest above ``baseline``: the largest sum of ``x - baseline - effect_s / 2`` over a
+    contiguous stretch (a CUSUM with half the effect as allowance, as for a change in
+    mean that starts and ends), kept only when it spans ``_MIN_WINDOW`` instances, its
+    median is at least ``effect_s`` above the median outside it (or the baseline, when
+    it is the whole series) and that difference stands ``_MIN_Z`` robust standard errors
+    above the noise.
+
+    >>> w = find_window([0.0] * 40 + [0.01] * 20 + [0.0] * 40, 0.0, 0.002)
+    >>> (w.first, w.last, round(w.excess_s, 3))
+    (40, 59, 0.01)
+    >>> find_window([0.0005, -0.0005] * 50, 0.0, 0.002) is None
+    True
+    """
+    best = run = 0.0
+    start = 0
+    span: tuple[int, int] | None = None
+    for i, x in enumerate(xs):
+        if run <= 0.0:
+            run, start = 0.0, i
+        run += x - baseline - effect_s / 2
+        if run > best:
+            best, span = run, (start, i)
+    if span is None or span[1] - span[0] + 1 < _MIN_WINDOW:
+        return None
+    inside = xs[span[0] : span[1] + 1]
+    outside = xs[: span[0]] + xs[span[1] + 1 :]
+    level = statistics.median(inside)
+    if len(outside) >= _MIN_WINDOW:
+        ref = statistics.median(outside)
+        noise = _mad(outside, ref)
+    else:
+        ref = baseline
+        noise = _mad(inside, level)
+    excess = level - ref
+    # The median's standard error is about 1.25 sigma / sqrt(n); the floor keeps a
+    # noiseless series (synthetic, or rounded times) from dividing by zero.
+    se = 1.253 * max(noise, 1e-6) / math.sqrt(len(inside))
+    if excess < effect_s or excess / se < _MIN_Z:
+        return None
+    return Window(span[0], span[1], excess, excess / se)
+
+
+def _iso(t: datetime) -> str:
+    return t.isoformat(timespec="microseconds")
+
+
+def _host_instances(ctx: Context) -> pl.DataFrame:
+    """Per (communicator spanning >= 2 hosts, sampled instance, host): the host's median
+    arrival (``t_us``, its own clock), its members' median line (``pos``), the file its
+    lines are in, and the instance's reference arrival (``ref_us``: the median host's, or
+    the earlier host's when there are two) and ``delta_s`` = the host's arrival minus it.
+    ``merged``: all the instance's lines are in one file (a merged stream)."""
+    rows = _with_lateness(ctx)
+    if rows.is_empty():
+        return pl.DataFrame()
+    rows = rows.filter(pl.col("host").n_unique().over("comm_key") >= 2)
+    if rows.is_empty():
+        return pl.DataFrame()
+    per = rows.group_by("comm_key", "seq", "host").agg(
+        pl.col("ts").dt.epoch("us").median().alias("t_us"),
+        pl.col("line_no").median().alias("pos"),
+        pl.col("file_id").min().alias("f0"),
+        pl.col("file_id").max().alias("f1"),
+        pl.col("ts").min().alias("ts_first"),
+        pl.len().alias("k"),
+    )
+    inst = ["comm_key", "seq"]
+    hosts = pl.len().over(inst)
+    return (
+        per.with_columns(
+            pl.when(hosts >= 3)
+            .then(pl.col("t_us").median().over(inst))
+            .otherwise(pl.col("t_us").min().over(inst))
+            .alias("ref_us"),
+            pl.when(hosts >= 3)
+            .then(pl.col("pos").median().over(inst))
+            .otherwise(pl.col("pos").min().over(inst))
+            .alias("ref_pos"),
+            (pl.col("f0").min().over(inst) == pl.col("f1").max().over(inst)).alias("merged"),
+            pl.col("ts_first").min().over(inst).alias("at"),
+        )
+        .with_columns(((pl.col("t_us") - pl.col("ref_us")) / 1e6).alias("delta_s"))
+        .sort("comm_key", "host", "seq")
+    )
+
+
+def _cause(shift_s: float, order_after: float | None, window: Window | None, whole: bool) -> str:
+    """What a host's lateness is, from the signals that do not read its clock.
+
+    ``order_after``: the share of instances whose lines (in a stream merged as they were
+    written) show the host after the others.  A real delay puts its lines after the
+    others'; a clock offset only changes the times printed on them.
+
+    >>> _cause(0.02, 0.98, None, True), _cause(0.02, 0.5, None, True)
+    ('slow', 'clock')
+    >>> _cause(0.02, None, None, True)
+    'clock_or_constant_delay'
+    """
+    if order_after is not None and order_after >= _ORDER_SLOW:
+        return "slow"
+    if window is not None and not whole:
+        return "slow"  # a clock does not come and go
+    if order_after is not None and order_after <= _ORDER_CLOCK:
+        return "clock"
+    del shift_s
+    return "clock_or_constant_delay"
+
+
+_CLOCK_CHECK = (
+    "compare the hosts' clocks: `chronyc tracking` (System time, Last offset) or "
+    "`timedatectl timesync-status` on each host, or the PTP daemon's offset (`pmc -u -b 0 "
+    "'GET CURRENT_DATA_SET'`)"
+)
+
+
 @register
 class StragglerDetector:
-    """Members that arrive late at collective after collective."""
+    """Ranks and nodes that arrive late at collective after collective, or for a while."""
 
     name = "straggler"
 
@@ -121,31 +285,30 @@ class StragglerDetector:
     def policy(self, metric: pl.DataFrame, ctx: Context) -> list[Finding]:
         if metric.is_empty():
             return []
+        return self._ranks(metric, ctx) + self._hosts(metric, ctx)
+
+    # ---- ranks within their host (one clock: offsets cancel) -------------------------
+
+    def _ranks(self, metric: pl.DataFrame, ctx: Context) -> list[Finding]:
         ranked = metric.filter(pl.col("instances") >= _MIN_INSTANCES).with_columns(
-            pl.col("median_s").median().over("comm_key").alias("comm_typical"),
-            pl.col("median_s").median().over("comm_key", "host").alias("host_typical"),
+            pl.col("median_s").median().over("comm_key", "host").alias("typical"),
             pl.len().over("comm_key", "host").alias("host_members"),
         )
-        typical = (
-            pl.when(pl.col("host_members") >= _HOST_BASELINE_MEMBERS)
-            .then(pl.col("host_typical"))
-            .otherwise(pl.col("comm_typical"))
-        )
-        # How far members' medians stray from their own typical one: each host's clock
-        # offset is taken out with the host's typical member.
+        # Only hosts with enough members to have a typical one: a host's own members
+        # share its clock.  Ranks of smaller hosts are compared host against host.
+        ranked = ranked.filter(pl.col("host_members") >= _HOST_BASELINE_MEMBERS)
+        # How far members' medians stray from their own host's typical one.
         spread = pl.col("excess_s").abs().median().over("comm_key") * 1.4826
-        flagged = (
-            ranked.with_columns(
-                (pl.col("median_s") - typical).alias("excess_s"),
-                (pl.col("mean_s") - typical).clip(lower_bound=0).alias("mean_excess_s"),
-            )
-            .with_columns(spread.alias("spread_s"))
-            .filter(
-                (pl.col("excess_s") >= MIN_SLOWDOWN * pl.col("gap_s"))
-                & (pl.col("excess_s") >= MIN_EXCESS_S)
-                & (pl.col("excess_s") >= _MIN_Z * pl.col("spread_s"))
-            )
+        scored = ranked.with_columns(
+            (pl.col("median_s") - pl.col("typical")).alias("excess_s"),
+            (pl.col("mean_s") - pl.col("typical")).clip(lower_bound=0).alias("mean_excess_s"),
+        ).with_columns(spread.alias("spread_s"))
+        flagged = scored.filter(
+            (pl.col("excess_s") >= MIN_SLOWDOWN * pl.col("gap_s"))
+            & (pl.col("excess_s") >= MIN_EXCESS_S)
+            & (pl.col("excess_s") >= _MIN_Z * pl.col("spread_s"))
         )
+        series = self._rank_series(ctx, scored)
         out: list[Finding] = []
         seen: set[int] = set()
         # The largest communicator first: a straggler is late on every communicator it is
@@ -156,44 +319,315 @@ class StragglerDetector:
             if who in seen:
                 continue
             seen.add(who)
-            slowdown = r["excess_s"] / r["gap_s"] if r["gap_s"] else None
-            cost = r["mean_excess_s"] * r["instances"] * max(0, r["members"] - 1)
-            share_last = r["last"] / r["instances"]
-            ops = self._per_op(ctx, r["comm_key"], r["comm_rank"])
-            msg = (
-                f"rank {who} on {r['host']} arrives late at collectives: median "
-                f"{duration_text(r['median_s'])} after the first rank (p95 "
-                f"{duration_text(r['p95_s'])}), last in {share_last:.0%} of "
-                f"{r['instances']:,} collectives"
-                + (f", {slowdown:.0%} of the gap between collectives" if slowdown else "")
-            )
+            out.append(self._rank_finding(ctx, r, who, series.get((r["comm_key"], who))))
+        out += self._rank_spells(ctx, scored, series, seen)
+        return out
+
+    def _rank_series(
+        self, ctx: Context, scored: pl.DataFrame
+    ) -> dict[tuple[str, int], tuple[list[float], list[datetime]]]:
+        """Per (communicator, rank) of the largest communicator: its lateness over its
+        host's typical member, instance after instance, and the instances' times."""
+        if scored.is_empty():
+            return {}
+        top = scored.sort("members", descending=True)["comm_key"][0]
+        rows = _with_lateness(ctx).filter(pl.col("comm_key") == top)
+        rows = rows.join(
+            scored.filter(pl.col("comm_key") == top).select("comm_rank"), on="comm_rank"
+        )
+        rows = rows.with_columns(
+            (pl.col("late") - pl.col("late").median().over("seq", "host")).alias("x")
+        ).sort("rank", "seq")
+        out: dict[tuple[str, int], tuple[list[float], list[datetime]]] = {}
+        for (rank,), g in rows.group_by(["rank"], maintain_order=True):
+            if rank is None:
+                continue
+            out[(top, int(rank))] = (g["x"].to_list(), g["ts_min"].to_list())
+        return out
+
+    def _rank_finding(
+        self,
+        ctx: Context,
+        r: dict[str, Any],
+        who: int,
+        series: tuple[list[float], list[datetime]] | None,
+    ) -> Finding:
+        slowdown = r["excess_s"] / r["gap_s"] if r["gap_s"] else None
+        cost = r["mean_excess_s"] * r["instances"] * max(0, r["members"] - 1)
+        share_last = r["last"] / r["instances"]
+        ops = self._per_op(ctx, r["comm_key"], r["comm_rank"])
+        msg = (
+            f"rank {who} on {r['host']} arrives late at collectives: median "
+            f"{duration_text(r['median_s'])} after the first rank (p95 "
+            f"{duration_text(r['p95_s'])}), last in {share_last:.0%} of "
+            f"{r['instances']:,} collectives"
+            + (f", {slowdown:.0%} of the gap between collectives" if slowdown else "")
+        )
+        evidence: dict[str, Any] = {
+            "communicator": r["comm_key"],
+            "instances": r["instances"],
+            "sampled_every": ctx.stride,
+            "last": r["last"],
+            "median_lateness_s": round(r["median_s"], 6),
+            "p95_lateness_s": round(r["p95_s"], 6),
+            "typical_lateness_s": round(r["median_s"] - r["excess_s"], 6),
+            "median_gap_s": round(r["gap_s"], 6) if r["gap_s"] else None,
+            "slowdown": round(slowdown, 4) if slowdown is not None else None,
+            # its own host's members share its clock: the lateness is not a clock's
+            "cause": "slow",
+            "compared_with": "host",
+            "by_op": ops,
+        }
+        if series is not None:
+            effect = max(MIN_SLOWDOWN * (r["gap_s"] or 0.0), MIN_EXCESS_S)
+            xs, times = series
+            # The baseline of a unit late all along: its lower decile, where it was not.
+            base = _quantile(xs, 0.1)
+            w = find_window(xs, base, effect)
+            evidence.update(self._window_evidence(ctx, w, xs, times, base, None))
+        return Finding(
+            kind="straggler",
+            severity="critical"
+            if slowdown is not None and slowdown >= _CRITICAL_SLOWDOWN
+            else "warning",
+            message=msg,
+            ranks=[int(who)],
+            hosts=[r["host"]] if r["host"] else [],
+            op=str(ops[0]["op"]) if ops else None,
+            evidence=evidence,
+            lines=[LineRef(int(r["file_id"]), int(r["line_no"]))],
+            cost_gpu_s=round(cost, 3),
+        )
+
+    def _window_evidence(
+        self,
+        ctx: Context,
+        w: Window | None,
+        xs: list[float],
+        times: list[datetime],
+        base: float,
+        others: int | None,
+    ) -> dict[str, Any]:
+        """``window_start``/``window_end`` (the first and last late instance's time),
+        the instances in it, and ``window_cost_s``: the time the job lost in it (each
+        instance's lateness over the baseline, times the sampling stride)."""
+        if not xs:
+            return {}
+        first, last = (w.first, w.last) if w is not None else (0, len(xs) - 1)
+        lost = sum(max(0.0, x - base) for x in xs[first : last + 1]) * ctx.stride
+        out: dict[str, Any] = {
+            "window_start": _iso(times[first]),
+            "window_end": _iso(times[last]),
+            "window_instances": last - first + 1,
+            "window_whole_run": w is None or (last - first + 1) >= _WHOLE_RUN * len(xs),
+            "window_cost_s": round(lost, 6),
+        }
+        if others is not None:
+            out["window_cost_gpu_s"] = round(lost * others, 3)
+        return out
+
+    def _rank_spells(
+        self,
+        ctx: Context,
+        scored: pl.DataFrame,
+        series: dict[tuple[str, int], tuple[list[float], list[datetime]]],
+        seen: set[int],
+    ) -> list[Finding]:
+        """Ranks late over their host's members for part of the run only."""
+        out: list[Finding] = []
+        info = {
+            (r["comm_key"], r["rank"]): r
+            for r in scored.iter_rows(named=True)
+            if r["rank"] is not None
+        }
+        for (comm, rank), (xs, times) in series.items():
+            r = info.get((comm, rank))
+            if r is None or rank in seen or len(xs) < 2 * _MIN_WINDOW:
+                continue
+            gap = r["gap_s"] or 0.0
+            effect = max(MIN_SLOWDOWN * gap, MIN_EXCESS_S)
+            base = statistics.median(xs)
+            w = find_window(xs, base, effect)
+            if w is None or w.last - w.first + 1 >= _WHOLE_RUN * len(xs):
+                continue
+            ev = self._window_evidence(ctx, w, xs, times, base, int(r["members"]) - 1)
+            slowdown = w.excess_s / gap if gap else None
             out.append(
                 Finding(
                     kind="straggler",
-                    severity="critical"
-                    if slowdown is not None and slowdown >= _CRITICAL_SLOWDOWN
-                    else "warning",
-                    message=msg,
-                    ranks=[int(who)],
+                    severity="warning",
+                    message=(
+                        f"rank {rank} on {r['host']} was late at collectives from "
+                        f"{ev['window_start']} to {ev['window_end']} "
+                        f"({ev['window_instances']:,} sampled collectives): "
+                        f"{duration_text(w.excess_s)} after its host's other ranks"
+                        + (f", {slowdown:.0%} of the gap between collectives" if slowdown else "")
+                        + f"; the job lost {duration_text(ev['window_cost_s'])} to it"
+                    ),
+                    ranks=[int(rank)],
                     hosts=[r["host"]] if r["host"] else [],
-                    op=str(ops[0]["op"]) if ops else None,
                     evidence={
-                        "communicator": r["comm_key"],
-                        "instances": r["instances"],
-                        "sampled_every": ctx.stride,
-                        "last": r["last"],
-                        "median_lateness_s": round(r["median_s"], 6),
-                        "p95_lateness_s": round(r["p95_s"], 6),
-                        "typical_lateness_s": round(r["median_s"] - r["excess_s"], 6),
-                        "median_gap_s": round(r["gap_s"], 6) if r["gap_s"] else None,
+                        "communicator": comm,
+                        "cause": "slow",
+                        "compared_with": "host",
+                        "intermittent": True,
+                        "excess_s": round(w.excess_s, 6),
+                        "z": round(w.z, 1),
+                        "median_gap_s": round(gap, 6) if gap else None,
                         "slowdown": round(slowdown, 4) if slowdown is not None else None,
-                        "by_op": ops,
+                        "sampled_every": ctx.stride,
+                        **ev,
                     },
                     lines=[LineRef(int(r["file_id"]), int(r["line_no"]))],
-                    cost_gpu_s=round(cost, 3),
+                    cost_gpu_s=ev.get("window_cost_gpu_s"),
                 )
             )
+            seen.add(rank)
         return out
+
+    # ---- hosts against each other (clocks differ) ------------------------------------
+
+    def _hosts(self, metric: pl.DataFrame, ctx: Context) -> list[Finding]:
+        per = _host_instances(ctx)
+        if per.is_empty():
+            return []
+        gaps = metric.group_by("comm_key").agg(pl.col("gap_s").first(), pl.col("members").max())
+        # The communicator with the most members first; each host is reported once.
+        comms = gaps.sort("members", descending=True).iter_rows(named=True)
+        out: list[Finding] = []
+        done: set[str] = set()
+        for c in comms:
+            sub = per.filter(pl.col("comm_key") == c["comm_key"])
+            if sub.is_empty():
+                continue
+            for (host,), g in sub.group_by(["host"], maintain_order=True):
+                if host in done or g.height < _MIN_INSTANCES:
+                    continue
+                f = self._host_finding(ctx, c, str(host), g, metric)
+                if f is not None:
+                    out.append(f)
+                    done.add(str(host))
+        return out
+
+    def _host_finding(
+        self,
+        ctx: Context,
+        comm: dict[str, Any],
+        host: str,
+        g: pl.DataFrame,
+        metric: pl.DataFrame,
+    ) -> Finding | None:
+        xs: list[float] = g["delta_s"].to_list()
+        times: list[datetime] = g["at"].to_list()
+        gap = float(comm["gap_s"] or 0.0)
+        effect = max(MIN_SLOWDOWN * gap, MIN_EXCESS_S)
+        shift = statistics.median(xs)
+        noise = _mad(xs, shift)
+        se = 1.253 * max(noise, 1e-6) / math.sqrt(len(xs))
+        whole = shift >= effect and shift / se >= _MIN_Z
+        base = _quantile(xs, 0.1) if whole else shift
+        w = find_window(xs, base, effect)
+        spell = w is not None and (w.last - w.first + 1) < _WHOLE_RUN * len(xs)
+        if not whole and not spell:
+            return None
+        merged = g.filter(pl.col("merged"))
+        order_after: float | None = None
+        if merged.height >= _MIN_INSTANCES:
+            sel = (
+                merged
+                if not spell or w is None
+                else merged.filter(pl.col("seq").is_between(g["seq"][w.first], g["seq"][w.last]))
+            )
+            if sel.height >= _MIN_INSTANCES or (spell and sel.height >= _MIN_WINDOW):
+                after = (sel["pos"] > sel["ref_pos"]).sum()
+                order_after = int(after) / sel.height
+        cause = _cause(shift, order_after, w, not spell)
+        members = metric.filter((pl.col("comm_key") == comm["comm_key"]) & (pl.col("host") == host))
+        ranks = sorted(int(r) for r in members["rank"].drop_nulls().to_list())
+        everyone = int(comm["members"] or 0)
+        ev = self._window_evidence(ctx, w if spell else None, xs, times, base, None)
+        lost = ev.get("window_cost_s", 0.0) if cause == "slow" else 0.0
+        excess = w.excess_s if spell and w is not None else shift
+        slowdown = excess / gap if gap else None
+        first = members.sort("line_no").row(0, named=True) if members.height else None
+        evidence: dict[str, Any] = {
+            "communicator": comm["comm_key"],
+            "cause": cause,
+            "compared_with": "hosts",
+            "unit": "host",
+            "ranks": ranks,
+            "instances": len(xs),
+            "sampled_every": ctx.stride,
+            "median_lateness_s": round(shift, 6),
+            "lateness_noise_s": round(noise, 6),
+            "median_gap_s": round(gap, 6) if gap else None,
+            "slowdown": round(slowdown, 4) if slowdown is not None else None,
+            "order_after": round(order_after, 4) if order_after is not None else None,
+            "intermittent": spell,
+            **ev,
+        }
+        if spell and w is not None:
+            evidence["excess_s"] = round(w.excess_s, 6)
+            evidence["z"] = round(w.z, 1)
+        severity, msg = self._host_verdict(host, ranks, cause, excess, slowdown, evidence)
+        if cause == "slow":
+            evidence["window_cost_gpu_s"] = round(lost * max(0, everyone - len(ranks)), 3)
+        else:
+            evidence["check"] = _CLOCK_CHECK
+        return Finding(
+            kind="straggler",
+            severity=severity,
+            message=msg,
+            ranks=ranks if cause == "slow" else [],
+            hosts=[host],
+            evidence=evidence,
+            lines=[LineRef(int(first["file_id"]), int(first["line_no"]))] if first else [],
+            cost_gpu_s=evidence.get("window_cost_gpu_s") if cause == "slow" else None,
+        )
+
+    def _host_verdict(
+        self,
+        host: str,
+        ranks: list[int],
+        cause: str,
+        excess: float,
+        slowdown: float | None,
+        ev: dict[str, Any],
+    ) -> tuple[Severity, str]:
+        who = f"host {host} (ranks {ranks_text(ranks)})" if ranks else f"host {host}"
+        share = f", {slowdown:.0%} of the gap between collectives" if slowdown else ""
+        if cause == "slow":
+            when = (
+                f" from {ev['window_start']} to {ev['window_end']}"
+                if ev.get("intermittent")
+                else ""
+            )
+            why = (
+                "its lines come after the other hosts' in the merged log"
+                if (ev.get("order_after") or 0.0) >= _ORDER_SLOW
+                else "its lateness comes and goes, which a clock offset does not"
+            )
+            critical = slowdown is not None and slowdown >= _CRITICAL_SLOWDOWN
+            sev: Severity = "critical" if critical and not ev.get("intermittent") else "warning"
+            return sev, (
+                f"{who} is slow: its ranks arrive {duration_text(excess)} after the other "
+                f"hosts' at collectives{when}{share} ({why})"
+            )
+        if cause == "clock":
+            sev = "warning" if abs(excess) >= _BROKEN_CLOCK_S else "info"
+            return sev, (
+                f"host clocks differ by {duration_text(abs(excess))}: {who}'s times run "
+                f"ahead of the other hosts', but its lines do not come after theirs in the "
+                f"merged log (a clock offset, not a slow node); {_CLOCK_CHECK}"
+            )
+        sev = "warning" if abs(excess) >= _UNSYNCED_S else "info"
+        return sev, (
+            f"{who}'s collectives are stamped {duration_text(excess)} after the other "
+            f"hosts'{share}, the same at every collective: either its clock is "
+            f"{duration_text(excess)} ahead or the node is slow by a constant delay; these "
+            f"logs cannot tell them apart (no merged log, no change over time); "
+            f"{_CLOCK_CHECK}"
+        )
 
     def _per_op(self, ctx: Context, comm_key: str, comm_rank: int) -> list[dict[str, object]]:
         """The straggler's lateness per collective type, AllGather first."""
@@ -208,3 +642,13 @@ class StragglerDetector:
             {"op": r["op"], "calls": r["calls"], "median_lateness_s": round(r["median_s"], 6)}
             for r in rows.iter_rows(named=True)
         ]
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    """``q``-quantile (nearest rank) of ``xs``.
+
+    >>> _quantile([3.0, 1.0, 2.0, 4.0], 0.1), _quantile([3.0, 1.0, 2.0], 0.5)
+    (1.0, 2.0)
+    """
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))]
