@@ -208,7 +208,7 @@ def _host_instances(ctx: Context) -> pl.DataFrame:
     """Per (communicator spanning >= 2 hosts, sampled instance, host): the host's median
     arrival (``t_us``, its own clock), its members' median line (``pos``), the file its
     lines are in, and the instance's reference arrival (``ref_us``: the median host's, or
-    the earlier host's when there are two) and ``delta_s`` = the host's arrival minus it.
+    the other host's when there are two) and ``delta_s`` = the host's arrival minus it.
     ``merged``: all the instance's lines are in one file (a merged stream)."""
     rows = _with_lateness(ctx)
     if rows.is_empty():
@@ -228,13 +228,14 @@ def _host_instances(ctx: Context) -> pl.DataFrame:
     hosts = pl.len().over(inst)
     return (
         per.with_columns(
+            # Two hosts: each against the other (a signed difference).
             pl.when(hosts >= 3)
             .then(pl.col("t_us").median().over(inst))
-            .otherwise(pl.col("t_us").min().over(inst))
+            .otherwise(pl.col("t_us").sum().over(inst) - pl.col("t_us"))
             .alias("ref_us"),
             pl.when(hosts >= 3)
             .then(pl.col("pos").median().over(inst))
-            .otherwise(pl.col("pos").min().over(inst))
+            .otherwise(pl.col("pos").sum().over(inst) - pl.col("pos"))
             .alias("ref_pos"),
             (pl.col("f0").min().over(inst) == pl.col("f1").max().over(inst)).alias("merged"),
             pl.col("ts_first").min().over(inst).alias("at"),
@@ -528,9 +529,10 @@ class StragglerDetector:
         base = _quantile(xs, 0.1) if whole else shift
         w = find_window(xs, base, effect)
         spell = w is not None and (w.last - w.first + 1) < _WHOLE_RUN * len(xs)
-        if not whole and not spell:
-            return None
         merged = g.filter(pl.col("merged"))
+        behind = self._clock_behind(merged, shift, effect)
+        if not whole and not spell and not behind:
+            return None
         order_after: float | None = None
         if merged.height >= _MIN_INSTANCES:
             sel = (
@@ -542,6 +544,8 @@ class StragglerDetector:
                 after = (sel["pos"] > sel["ref_pos"]).sum()
                 order_after = int(after) / sel.height
         cause = _cause(shift, order_after, w, not spell)
+        if behind and not whole and not spell:
+            return self._behind_finding(ctx, comm, host, g, metric, shift, order_after or 0.0)
         members = metric.filter((pl.col("comm_key") == comm["comm_key"]) & (pl.col("host") == host))
         ranks = sorted(int(r) for r in members["rank"].drop_nulls().to_list())
         everyone = int(comm["members"] or 0)
@@ -583,6 +587,64 @@ class StragglerDetector:
             evidence=evidence,
             lines=[LineRef(int(first["file_id"]), int(first["line_no"]))] if first else [],
             cost_gpu_s=evidence.get("window_cost_gpu_s") if cause == "slow" else None,
+        )
+
+    def _clock_behind(self, merged: pl.DataFrame, shift: float, effect: float) -> bool:
+        """The merged log shows the host after the others at collective after collective
+        (binomial z of at least ``_MIN_Z`` against the half that simultaneous arrivals
+        give), while its times do not say it came ``effect`` after them: the node is late
+        and its clock behind by about as much, amounts these logs cannot separate."""
+        n = merged.height
+        if n < _MIN_INSTANCES or shift >= effect:
+            return False
+        after = int((merged["pos"] > merged["ref_pos"]).sum())
+        return after / n >= _ORDER_SLOW and (after - n / 2) / math.sqrt(n / 4) >= _MIN_Z
+
+    def _behind_finding(
+        self,
+        ctx: Context,
+        comm: dict[str, Any],
+        host: str,
+        g: pl.DataFrame,
+        metric: pl.DataFrame,
+        shift: float,
+        order_after: float,
+    ) -> Finding:
+        members = metric.filter((pl.col("comm_key") == comm["comm_key"]) & (pl.col("host") == host))
+        ranks = sorted(int(r) for r in members["rank"].drop_nulls().to_list())
+        first = members.sort("line_no").row(0, named=True) if members.height else None
+        times: list[datetime] = g["at"].to_list()
+        return Finding(
+            kind="straggler",
+            severity="warning",
+            message=(
+                f"host {host} (ranks {ranks_text(ranks)}) is slow: its lines come after the "
+                f"other hosts' in the merged log at {order_after:.0%} of collectives, yet its "
+                f"clock stamps them {duration_text(abs(shift))} "
+                f"{'before' if shift < 0 else 'after'} theirs: its clock is behind theirs, "
+                f"and how late the node is cannot be read from the times; {_CLOCK_CHECK}"
+            ),
+            ranks=ranks,
+            hosts=[host],
+            evidence={
+                "communicator": comm["comm_key"],
+                "cause": "slow",
+                "clock_behind": True,
+                "compared_with": "hosts",
+                "unit": "host",
+                "ranks": ranks,
+                "instances": g.height,
+                "sampled_every": ctx.stride,
+                "median_lateness_s": round(shift, 6),
+                "order_after": round(order_after, 4),
+                "slowdown": None,
+                "intermittent": False,
+                "window_start": _iso(times[0]),
+                "window_end": _iso(times[-1]),
+                "window_whole_run": True,
+                "check": _CLOCK_CHECK,
+            },
+            lines=[LineRef(int(first["file_id"]), int(first["line_no"]))] if first else [],
         )
 
     def _host_verdict(
