@@ -160,10 +160,10 @@ def find_window(xs: list[float], baseline: float, effect_s: float) -> Window | N
     """The stretch of ``xs`` (a unit's lateness, instance after instance) that stands
     highest above ``baseline``: the largest sum of ``x - baseline - effect_s / 2`` over a
     contiguous stretch (a CUSUM with half the effect as allowance, as for a change in
-    mean that starts and ends), kept only when it spans ``_MIN_WINDOW`` instances, its
-    median is at least ``effect_s`` above the median outside it (or the baseline, when
-    it is the whole series) and that difference stands ``_MIN_Z`` robust standard errors
-    above the noise.
+    mean that starts and ends; each term clipped to twice the effect), kept only when it
+    spans ``_MIN_WINDOW`` instances, its median is at least ``effect_s`` above the median
+    outside it (or the baseline, when it is the whole series) and that difference stands
+    ``_MIN_Z`` robust standard errors above the noise.
 
     >>> w = find_window([0.0] * 40 + [0.01] * 20 + [0.0] * 40, 0.0, 0.002)
     >>> (w.first, w.last, round(w.excess_s, 3))
@@ -177,7 +177,9 @@ def find_window(xs: list[float], baseline: float, effect_s: float) -> Window | N
     for i, x in enumerate(xs):
         if run <= 0.0:
             run, start = 0.0, i
-        run += x - baseline - effect_s / 2
+        # Each instance counts at most twice the effect either way: one large one-off
+        # delay must not stretch a window over the quiet instances around it.
+        run += min(max(x - baseline - effect_s / 2, -2 * effect_s), 2 * effect_s)
         if run > best:
             best, span = run, (start, i)
     if span is None or span[1] - span[0] + 1 < _MIN_WINDOW:
