@@ -1,13 +1,28 @@
-"""Stragglers: the rank every collective waits for.
+"""Stragglers: the rank or the node every collective waits for, all along or for a while.
 
 NCCL logs a COLL line when the call is enqueued, so with sub-second timestamps on those
-lines a rank's arrival at each collective instance is known.  Metric, per communicator
-member: its lateness at every instance (its arrival minus the earliest member's), as
-median and p95, how often it arrived last, and the mean.  Policy: a member is a
-straggler when its median lateness exceeds its host's (or, on hosts with too few ranks,
-the communicator's) typical median by at least ``MIN_SLOWDOWN`` of the median gap
-between consecutive collectives.  Comparing with the same host's ranks cancels the
-host's clock offset; medians ignore one-off delays.
+lines a rank's arrival at each collective instance is known.  Three comparisons:
+
+* **A rank against its own host's members** (hosts of at least 3 members): its median
+  lateness over the host's typical member's.  One clock: offsets cancel, the lateness is
+  real (``cause`` ``slow``).
+* **A host against the other hosts**: per instance, each host's median arrival against
+  the median host's (the other host's when there are two), so a node whose ranks are all
+  late is named as a node, and a host of one rank is a host like the others.  Hosts'
+  clocks differ (NTP: milliseconds; a broken one: seconds), so a constant shift is
+  either a clock or a constant delay.  What does not read the clocks decides: in a log
+  merged as lines were written (one launcher reading every worker's pipe) a late host's
+  lines come *after* the others', a host whose clock is ahead only prints later times on
+  lines that sit among theirs (``order_after``); a lateness that comes and goes is not a
+  clock.  Where nothing tells (separate files, a constant shift) the finding says both
+  and what to check (``chronyc tracking``), as ``info`` within what NTP drifts.
+* **A unit against itself in time**: the stretch of collectives over which its lateness
+  stood highest above its baseline (a CUSUM-like search with half the minimum effect as
+  allowance, kept when its median exceeds the rest's by the minimum effect and stands
+  ``_MIN_Z`` robust standard errors above the noise), with its start, end and cost.
+
+Every threshold is a minimum effect (``MIN_SLOWDOWN`` of the gap between collectives,
+``MIN_EXCESS_S``) and a noise bound (robust z from the median absolute deviation).
 
 Sample: rank 5's lines come ~4 ms after the others' at every instance::
 
@@ -474,8 +489,8 @@ class StragglerDetector:
                         "cause": "slow",
                         "compared_with": "host",
                         "intermittent": True,
-                        "excess_s": round(w.excess_s, 6),
-                        "z": round(w.z, 1),
+                        "window_excess_s": round(w.excess_s, 6),
+                        "window_z": round(w.z, 1),
                         "median_gap_s": round(gap, 6) if gap else None,
                         "slowdown": round(slowdown, 4) if slowdown is not None else None,
                         "sampled_every": ctx.stride,
@@ -573,8 +588,8 @@ class StragglerDetector:
             **ev,
         }
         if spell and w is not None:
-            evidence["excess_s"] = round(w.excess_s, 6)
-            evidence["z"] = round(w.z, 1)
+            evidence["window_excess_s"] = round(w.excess_s, 6)
+            evidence["window_z"] = round(w.z, 1)
         severity, msg = self._host_verdict(host, ranks, cause, excess, slowdown, evidence)
         if cause == "slow":
             evidence["window_cost_gpu_s"] = round(lost * max(0, everyone - len(ranks)), 3)
