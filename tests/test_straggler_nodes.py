@@ -8,6 +8,7 @@ which lines were written.
 
 from __future__ import annotations
 
+import statistics
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -200,3 +201,33 @@ def test_find_window_rejects_noise() -> None:
     assert w is not None
     assert abs(w.first - 100) <= 2
     assert abs(w.last - 139) <= 2
+
+
+@pytest.mark.parametrize("offsets", [(0.0, 0.0, 0.0), (0.0, -0.03, 0.02), (0.01, 0.04, -0.02)])
+def test_slowdown_that_grows_with_the_compute_is_slow_in_separate_files(
+    tmp_path: Path, offsets: tuple[float, float, float]
+) -> None:
+    """Per-rank files (no merged order), a node 25% slower at computing: its lateness is
+    larger after the optimizer step than after a layer, which no clock does; the slowdown
+    is read from that growth, clock-free, and the rest of the shift is the clock."""
+    spec = SynthSpec(
+        ranks=24, hosts=3, steps=20, timestamps=True, seed=3, layout="per-rank",
+        telemetry=True, clock_offsets_s=offsets, faults=(SlowHost("node-1", slowdown=0.25),),
+    )  # fmt: skip
+    a, _ = _run(tmp_path, spec)
+    found = [f for f in _stragglers(a) if severity_at_least(f.severity, "warning")]
+    assert [(f.hosts, f.evidence["cause"]) for f in found] == [(["node-1"], "slow")]
+    f = found[0]
+    assert f.evidence["slowdown"] == pytest.approx(0.25, abs=0.05)
+    clock = offsets[1] - statistics.median([offsets[0], offsets[2]])
+    assert f.evidence["clock_offset_estimate_s"] == pytest.approx(clock, abs=0.004)
+
+
+def test_constant_clock_offsets_do_not_grow_with_the_compute(tmp_path: Path) -> None:
+    spec = SynthSpec(
+        ranks=24, hosts=3, steps=20, timestamps=True, seed=3, layout="per-rank",
+        telemetry=True, clock_offsets_s=(0.0, 0.04, -0.02),
+    )  # fmt: skip
+    a, _ = _run(tmp_path, spec)
+    assert not [f.message for f in a.findings if severity_at_least(f.severity, "warning")]
+    assert all(f.evidence["cause"] != "slow" for f in _stragglers(a))

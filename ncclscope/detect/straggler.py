@@ -84,6 +84,9 @@ _UNSYNCED_S = 0.1
 #: A clock offset from which the clock is broken (chrony steps a clock that is off by
 #: more than a second: it is not being disciplined at all).
 _BROKEN_CLOCK_S = 1.0
+#: Hosts up to which each is compared with the median of the others (exact, a join of
+#: hosts x hosts per collective); beyond, with the median of all.
+_LOO_HOSTS = 16
 #: Instances a window of slowness must span.
 _MIN_WINDOW = 10
 #: A window that covers this share of the run is the whole run.
@@ -224,9 +227,10 @@ def _iso(t: datetime) -> str:
 def _host_instances(ctx: Context) -> pl.DataFrame:
     """Per (communicator spanning >= 2 hosts, sampled instance, host): the host's median
     arrival (``t_us``, its own clock), its members' median line (``pos``), the file its
-    lines are in, and the instance's reference arrival (``ref_us``: the median host's, or
-    the other host's when there are two) and ``delta_s`` = the host's arrival minus it.
-    ``merged``: all the instance's lines are in one file (a merged stream)."""
+    lines are in, and the instance's reference arrival (``ref_us``: the median of the
+    other hosts' arrivals; of all hosts' from ``_LOO_HOSTS`` hosts on, where one host
+    moves the median little) and ``delta_s`` = the host's arrival minus it.  ``merged``:
+    all the instance's lines are in one file (a merged stream)."""
     rows = _with_lateness(ctx)
     if rows.is_empty():
         return pl.DataFrame()
@@ -243,44 +247,66 @@ def _host_instances(ctx: Context) -> pl.DataFrame:
     )
     inst = ["comm_key", "seq"]
     hosts = pl.len().over(inst)
+    # A host's own time from the previous collective to this one (its clock cancels);
+    # only between consecutive ones (every collective sampled).
+    step = pl.col("seq").diff().over("comm_key", "host")
+    own_gap = (
+        pl.when(step == 1)
+        .then(pl.col("t_us").diff().over("comm_key", "host") / 1e6)
+        .otherwise(None)
+        .alias("own_gap_s")
+    )
+    per = per.with_columns(hosts.alias("hosts"))
+    # Leave-one-out: a host is compared with the others only (with two hosts, each with
+    # the other: a signed difference), so that it is never its own reference.
+    few = per.filter(pl.col("hosts") <= _LOO_HOSTS)
+    others = (
+        few.select(*inst, "host", "t_us", "pos")
+        .join(
+            few.select(*inst, pl.col("host").alias("o_host"), pl.col("t_us").alias("o_t"),
+                       pl.col("pos").alias("o_pos")),
+            on=inst,
+        )
+        .filter(pl.col("host") != pl.col("o_host"))
+        .group_by(*inst, "host")
+        .agg(pl.col("o_t").median().alias("loo_t"), pl.col("o_pos").median().alias("loo_pos"))
+    )  # fmt: skip
+    per = per.join(others, on=[*inst, "host"], how="left")
     return (
         per.with_columns(
-            # Two hosts: each against the other (a signed difference).
-            pl.when(hosts >= 3)
-            .then(pl.col("t_us").median().over(inst))
-            .otherwise(pl.col("t_us").sum().over(inst) - pl.col("t_us"))
-            .alias("ref_us"),
-            pl.when(hosts >= 3)
-            .then(pl.col("pos").median().over(inst))
-            .otherwise(pl.col("pos").sum().over(inst) - pl.col("pos"))
-            .alias("ref_pos"),
+            pl.coalesce("loo_t", pl.col("t_us").median().over(inst)).alias("ref_us"),
+            pl.coalesce("loo_pos", pl.col("pos").median().over(inst)).alias("ref_pos"),
             (pl.col("f0").min().over(inst) == pl.col("f1").max().over(inst)).alias("merged"),
             pl.col("ts_first").min().over(inst).alias("at"),
         )
         .with_columns(((pl.col("t_us") - pl.col("ref_us")) / 1e6).alias("delta_s"))
         .sort("comm_key", "host", "seq")
+        .with_columns(own_gap)
+        # The instance's gap: the median host's own (each by its own clock).
+        .with_columns(pl.col("own_gap_s").median().over(inst).alias("gap_ref_s"))
     )
 
 
-def _cause(shift_s: float, order_after: float | None, window: Window | None, whole: bool) -> str:
+def _cause(order_after: float | None, spell: bool, grows: bool) -> str:
     """What a host's lateness is, from the signals that do not read its clock.
 
     ``order_after``: the share of instances whose lines (in a stream merged as they were
     written) show the host after the others.  A real delay puts its lines after the
-    others'; a clock offset only changes the times printed on them.
+    others'; a clock offset only changes the times printed on them.  ``spell``: the
+    lateness held for part of the run; ``grows``: it is larger after a longer compute
+    phase.  A clock offset does neither.
 
-    >>> _cause(0.02, 0.98, None, True), _cause(0.02, 0.5, None, True)
-    ('slow', 'clock')
-    >>> _cause(0.02, None, None, True)
+    >>> _cause(0.98, False, False), _cause(0.5, False, False), _cause(None, False, True)
+    ('slow', 'clock', 'slow')
+    >>> _cause(None, False, False)
     'clock_or_constant_delay'
     """
     if order_after is not None and order_after >= _ORDER_SLOW:
         return "slow"
-    if window is not None and not whole:
-        return "slow"  # a clock does not come and go
     if order_after is not None and order_after <= _ORDER_CLOCK:
         return "clock"
-    del shift_s
+    if spell or grows:
+        return "slow"
     return "clock_or_constant_delay"
 
 
@@ -548,7 +574,8 @@ class StragglerDetector:
         spell = w is not None and (w.last - w.first + 1) < _WHOLE_RUN * len(xs)
         merged = g.filter(pl.col("merged"))
         behind = self._clock_behind(merged, shift, effect)
-        if not whole and not spell and not behind:
+        grows = self._grows_with_gap(g, effect)
+        if not whole and not spell and not behind and grows is None:
             return None
         order_after: float | None = None
         if merged.height >= _MIN_INSTANCES:
@@ -560,15 +587,24 @@ class StragglerDetector:
             if sel.height >= _MIN_INSTANCES or (spell and sel.height >= _MIN_WINDOW):
                 after = (sel["pos"] > sel["ref_pos"]).sum()
                 order_after = int(after) / sel.height
-        cause = _cause(shift, order_after, w, not spell)
+        cause = _cause(order_after, spell, grows is not None)
         if behind and not whole and not spell:
             return self._behind_finding(ctx, comm, host, g, metric, shift, order_after or 0.0)
+        if not whole and not spell and cause != "slow":
+            return None
         members = metric.filter((pl.col("comm_key") == comm["comm_key"]) & (pl.col("host") == host))
         ranks = sorted(int(r) for r in members["rank"].drop_nulls().to_list())
         everyone = int(comm["members"] or 0)
         ev = self._window_evidence(ctx, w if spell else None, xs, times, base, None)
         lost = ev.get("window_cost_s", 0.0) if cause == "slow" else 0.0
-        excess = w.excess_s if spell and w is not None else shift
+        if spell and w is not None:
+            excess = w.excess_s
+        elif grows is not None and gap:
+            # The growth with the gap is the node's own slowdown, whatever its clock:
+            # its lateness at a typical collective, and the rest of the shift is the clock.
+            excess = grows[2] * gap
+        else:
+            excess = shift
         slowdown = excess / gap if gap else None
         first = members.sort("line_no").row(0, named=True) if members.height else None
         evidence: dict[str, Any] = {
@@ -587,6 +623,11 @@ class StragglerDetector:
             "intermittent": spell,
             **ev,
         }
+        if grows is not None:
+            evidence["lateness_after_long_gaps_s"] = round(grows[0], 6)
+            evidence["lateness_after_short_gaps_s"] = round(grows[1], 6)
+            if not spell:
+                evidence["clock_offset_estimate_s"] = round(shift - excess, 6)
         if spell and w is not None:
             evidence["window_excess_s"] = round(w.excess_s, 6)
             evidence["window_z"] = round(w.z, 1)
@@ -605,6 +646,36 @@ class StragglerDetector:
             lines=[LineRef(int(first["file_id"]), int(first["line_no"]))] if first else [],
             cost_gpu_s=evidence.get("window_cost_gpu_s") if cause == "slow" else None,
         )
+
+    def _grows_with_gap(self, g: pl.DataFrame, effect: float) -> tuple[float, float, float] | None:
+        """The host's median lateness after the longest gaps between collectives (the
+        instances whose gap, by each host's own clock, is at least 1.5 times the median:
+        a step boundary, an optimizer step) and after the others, where the first exceeds
+        the second by ``effect`` and ``_MIN_Z`` robust standard errors: a slower node
+        loses more time in a longer compute phase, a clock the same everywhere.  The
+        third value is the growth per second of gap (long minus short, by the hosts' own
+        clocks): the node's slowdown as a share of the time between collectives, which no
+        clock offset enters."""
+        sub = g.filter(pl.col("gap_ref_s").is_not_null())
+        if sub.height < 2 * _MIN_WINDOW:
+            return None
+        typical = sub["gap_ref_s"].median()
+        if not isinstance(typical, float) or typical <= 0:
+            return None
+        is_long = pl.col("gap_ref_s") >= 1.5 * typical
+        long = sub.filter(is_long)["delta_s"].to_list()
+        short = sub.filter(~is_long)["delta_s"].to_list()
+        if len(long) < _MIN_WINDOW or len(short) < _MIN_WINDOW:
+            return None
+        hi, lo = statistics.median(long), statistics.median(short)
+        se = 1.253 * max(_mad(short, lo), _mad(long, hi), 1e-6) / math.sqrt(len(long))
+        if hi - lo < effect or (hi - lo) / se < _MIN_Z:
+            return None
+        g_long = sub.filter(is_long)["gap_ref_s"].median()
+        g_short = sub.filter(~is_long)["gap_ref_s"].median()
+        if not isinstance(g_long, float) or not isinstance(g_short, float):
+            return None
+        return hi, lo, (hi - lo) / (g_long - g_short)
 
     def _clock_behind(self, merged: pl.DataFrame, shift: float, effect: float) -> bool:
         """The merged log shows the host after the others at collective after collective
@@ -681,11 +752,23 @@ class StragglerDetector:
                 if ev.get("intermittent")
                 else ""
             )
-            why = (
-                "its lines come after the other hosts' in the merged log"
-                if (ev.get("order_after") or 0.0) >= _ORDER_SLOW
-                else "its lateness comes and goes, which a clock offset does not"
-            )
+            if (ev.get("order_after") or 0.0) >= _ORDER_SLOW:
+                why = "its lines come after the other hosts' in the merged log"
+            elif ev.get("intermittent"):
+                why = "its lateness comes and goes, which a clock offset does not"
+            else:
+                why = (
+                    f"its lateness grows with the compute before the collective: "
+                    f"{duration_text(ev['lateness_after_long_gaps_s'])} after the longest "
+                    f"gaps, {duration_text(ev['lateness_after_short_gaps_s'])} after the "
+                    f"others, which a clock offset does not do"
+                )
+                clock = ev.get("clock_offset_estimate_s") or 0.0
+                if abs(clock) >= MIN_EXCESS_S:
+                    why += (
+                        f"; the rest of what its times show, {duration_text(abs(clock))} "
+                        f"{'ahead' if clock > 0 else 'behind'}, is its clock"
+                    )
             critical = slowdown is not None and slowdown >= _CRITICAL_SLOWDOWN
             sev: Severity = "critical" if critical and not ev.get("intermittent") else "warning"
             return sev, (
