@@ -282,8 +282,6 @@ def _host_instances(ctx: Context) -> pl.DataFrame:
         .with_columns(((pl.col("t_us") - pl.col("ref_us")) / 1e6).alias("delta_s"))
         .sort("comm_key", "host", "seq")
         .with_columns(own_gap)
-        # The instance's gap: the median host's own (each by its own clock).
-        .with_columns(pl.col("own_gap_s").median().over(inst).alias("gap_ref_s"))
     )
 
 
@@ -648,21 +646,22 @@ class StragglerDetector:
         )
 
     def _grows_with_gap(self, g: pl.DataFrame, effect: float) -> tuple[float, float, float] | None:
-        """The host's median lateness after the longest gaps between collectives (the
-        instances whose gap, by each host's own clock, is at least 1.5 times the median:
-        a step boundary, an optimizer step) and after the others, where the first exceeds
-        the second by ``effect`` and ``_MIN_Z`` robust standard errors: a slower node
-        loses more time in a longer compute phase, a clock the same everywhere.  The
-        third value is the growth per second of gap (long minus short, by the hosts' own
-        clocks): the node's slowdown as a share of the time between collectives, which no
+        """The host's median lateness after its longest gaps between collectives (the
+        instances whose gap from its previous one, by its own clock, is at least 1.5 times
+        its median: a step boundary, an optimizer step) and after the others, where the
+        first exceeds the second by ``effect`` and ``_MIN_Z`` robust standard errors: a
+        slower node loses more time in a longer compute phase, a clock the same
+        everywhere (a slow node arrives last, so its own gap is its compute).  The
+        third value is the growth per second of gap (long minus short, by the host's own
+        clock): the node's slowdown as a share of the time between collectives, which no
         clock offset enters."""
-        sub = g.filter(pl.col("gap_ref_s").is_not_null())
+        sub = g.filter(pl.col("own_gap_s").is_not_null())
         if sub.height < 2 * _MIN_WINDOW:
             return None
-        typical = sub["gap_ref_s"].median()
+        typical = sub["own_gap_s"].median()
         if not isinstance(typical, float) or typical <= 0:
             return None
-        is_long = pl.col("gap_ref_s") >= 1.5 * typical
+        is_long = pl.col("own_gap_s") >= 1.5 * typical
         long = sub.filter(is_long)["delta_s"].to_list()
         short = sub.filter(~is_long)["delta_s"].to_list()
         if len(long) < _MIN_WINDOW or len(short) < _MIN_WINDOW:
@@ -671,8 +670,8 @@ class StragglerDetector:
         se = 1.253 * max(_mad(short, lo), _mad(long, hi), 1e-6) / math.sqrt(len(long))
         if hi - lo < effect or (hi - lo) / se < _MIN_Z:
             return None
-        g_long = sub.filter(is_long)["gap_ref_s"].median()
-        g_short = sub.filter(~is_long)["gap_ref_s"].median()
+        g_long = sub.filter(is_long)["own_gap_s"].median()
+        g_short = sub.filter(~is_long)["own_gap_s"].median()
         if not isinstance(g_long, float) or not isinstance(g_short, float):
             return None
         return hi, lo, (hi - lo) / (g_long - g_short)
