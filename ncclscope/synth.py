@@ -125,6 +125,7 @@ import random
 import statistics
 import time
 import zlib
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
@@ -3227,6 +3228,8 @@ class _Job:
             if isinstance(f, SlowHost | SlowSpell)
         ]
         self.spell_seen: list[list[float]] = [[] for _ in self.spells]
+        # Per spell: how many slots it delayed by each amount (few distinct amounts).
+        self.spell_delays: list[Counter[float]] = [Counter() for _ in self.spells]
         # World instance at which the job ends (-1: it does not end early).
         self.halt_at = spec.halt_instance
         # Ranks that never enter halt_at: stopped (stuck elsewhere) or dead.
@@ -3887,6 +3890,7 @@ class _Job:
                 seen += [base, base, d]
             seen[1] = base
             seen[2] = max(seen[2], d)
+            self.spell_delays[i][d] += 1
             for r in ranks:
                 extra[r] = extra.get(r, 0.0) + d
         if not extra:
@@ -4461,7 +4465,17 @@ class _Job:
         i = next(k for k, (g, _) in enumerate(self.spells) if g is f)
         ranks = self.spells[i][1]
         seen = self.spell_seen[i]
-        gap = self._median_world_gap() if self.world_slots is not None else self.slot_gap
+        counts = self.spell_delays[i]
+        typical = 0.0
+        if counts:  # the median slot's delay
+            half, run = sum(counts.values()) / 2, 0
+            for d in sorted(counts):
+                run += counts[d]
+                if run >= half:
+                    typical = d
+                    break
+        # The gap between world collectives the delay makes (it holds everyone up).
+        gap = self._median_world_gap() if self.world_slots is not None else self.slot_gap + typical
         details: dict[str, Json] = {
             "ranks": list(ranks),
             "host": self.ranks[ranks[0]].host,
@@ -4472,7 +4486,9 @@ class _Job:
             "start": _iso(seen[0]) if seen else None,
             "end": _iso(seen[1]) if seen else None,
             "max_delay_s": seen[2] if seen else 0.0,
-            "slowdown": (seen[2] / gap if seen and gap > 0 else 0.0),
+            "median_delay_s": typical,
+            # the median slot's delay over the median gap between world collectives
+            "slowdown": typical / gap if gap > 0 else 0.0,
             "visible_in_timestamps": self.spec.timestamps,
         }
         return FaultOutcome(type(f).__name__, _fault_json(f), bool(seen) and seen[2] > 0, details)
