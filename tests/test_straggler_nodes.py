@@ -233,3 +233,18 @@ def test_constant_clock_offsets_do_not_grow_with_the_compute(tmp_path: Path) -> 
     a, _ = _run(tmp_path, spec)
     assert not [f.message for f in a.findings if severity_at_least(f.severity, "warning")]
     assert all(f.evidence["cause"] != "slow" for f in _stragglers(a))
+
+
+def test_several_clock_offsets_are_said_once(tmp_path: Path) -> None:
+    spec = SynthSpec(
+        ranks=40, hosts=5, steps=10, timestamps=True, seed=6, layout="per-rank",
+        clock_offsets_s=(0.0, 0.03, -0.001, 0.012, 0.001),
+    )  # fmt: skip
+    a, _ = _run(tmp_path, spec)
+    (f,) = _stragglers(a)
+    assert (f.severity, f.ranks, f.evidence["cause"]) == ("info", [], "clock_or_constant_delay")
+    assert f.hosts == ["node-1", "node-3"]
+    by_host = {h["host"]: h["median_lateness_s"] for h in f.evidence["by_host"]}
+    # against the median of the other hosts' clocks (0.0005 s for both)
+    assert by_host["node-1"] == pytest.approx(0.0295, abs=0.001)
+    assert by_host["node-3"] == pytest.approx(0.0115, abs=0.001)

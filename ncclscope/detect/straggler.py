@@ -41,6 +41,7 @@ from typing import Any
 import polars as pl
 
 from ncclscope.detect.base import (
+    SEVERITIES,
     Finding,
     LineRef,
     Severity,
@@ -350,7 +351,7 @@ class StragglerDetector:
             & (pl.col("excess_s") >= MIN_EXCESS_S)
             & (pl.col("excess_s") >= _MIN_Z * pl.col("spread_s"))
         )
-        series = self._rank_series(ctx, scored)
+        series = self._rank_series(ctx, scored, set(flagged["rank"].drop_nulls().to_list()))
         out: list[Finding] = []
         seen: set[int] = set()
         # The largest communicator first: a straggler is late on every communicator it is
@@ -366,10 +367,12 @@ class StragglerDetector:
         return out
 
     def _rank_series(
-        self, ctx: Context, scored: pl.DataFrame
+        self, ctx: Context, scored: pl.DataFrame, flagged: set[int]
     ) -> dict[tuple[str, int], tuple[list[float], list[datetime]]]:
         """Per (communicator, rank) of the largest communicator: its lateness over its
-        host's typical member, instance after instance, and the instances' times."""
+        host's typical member, instance after instance, and the instances' times.  Only
+        the flagged ranks and those that could hold a window: at least half a window's
+        instances ``effect`` above their lower decile (a window's median is that high)."""
         if scored.is_empty():
             return {}
         top = scored.sort("members", descending=True)["comm_key"][0]
@@ -377,9 +380,22 @@ class StragglerDetector:
         rows = rows.join(
             scored.filter(pl.col("comm_key") == top).select("comm_rank"), on="comm_rank"
         )
-        rows = rows.with_columns(
-            (pl.col("late") - pl.col("late").median().over("seq", "host")).alias("x")
-        ).sort("rank", "seq")
+        gap = scored.filter(pl.col("comm_key") == top)["gap_s"].max()
+        effect = max(MIN_SLOWDOWN * (gap if isinstance(gap, float) else 0.0), MIN_EXCESS_S)
+        x = pl.col("x")
+        rows = (
+            rows.with_columns(
+                (pl.col("late") - pl.col("late").median().over("seq", "host")).alias("x")
+            )
+            .filter(
+                pl.col("rank").is_in(pl.Series(sorted(flagged), dtype=pl.Int32).implode())
+                | (
+                    (x >= x.quantile(0.1).over("rank") + effect).sum().over("rank")
+                    >= _MIN_WINDOW // 2
+                )
+            )
+            .sort("rank", "seq")
+        )
         out: dict[tuple[str, int], tuple[list[float], list[datetime]]] = {}
         for (rank,), g in rows.group_by(["rank"], maintain_order=True):
             if rank is None:
@@ -549,7 +565,12 @@ class StragglerDetector:
                 if f is not None:
                     out.append(f)
                     done.add(str(host))
-        return out
+        slow = [f for f in out if f.evidence["cause"] == "slow"]
+        by_cause: dict[str, list[Finding]] = {}
+        for f in out:
+            if f.evidence["cause"] != "slow":
+                by_cause.setdefault(f.evidence["cause"], []).append(f)
+        return slow + [fs[0] if len(fs) == 1 else _merged(fs) for fs in by_cause.values()]
 
     def _host_finding(
         self,
@@ -803,6 +824,47 @@ class StragglerDetector:
             {"op": r["op"], "calls": r["calls"], "median_lateness_s": round(r["median_s"], 6)}
             for r in rows.iter_rows(named=True)
         ]
+
+
+def _merged(findings: list[Finding]) -> Finding:
+    """One finding for several hosts whose shift has the same cause (a clock, or a clock
+    or a constant delay): a job whose clocks all differ a little says it once."""
+    fs = sorted(findings, key=lambda f: -abs(f.evidence["median_lateness_s"]))
+    cause = fs[0].evidence["cause"]
+    worst = max((f.severity for f in fs), key=SEVERITIES.index)
+    shifts = ", ".join(f"{f.hosts[0]} {f.evidence['median_lateness_s'] * 1000:+.1f} ms" for f in fs)
+    what = (
+        "a clock offset (their lines do not come after the others' in the merged log)"
+        if cause == "clock"
+        else "either a clock offset or a constant delay (these logs cannot tell them apart)"
+    )
+    return Finding(
+        kind="straggler",
+        severity=worst,
+        message=(
+            f"{len(fs)} hosts' collectives are stamped after the other hosts' ({shifts}), "
+            f"the same at every collective: {what}; {_CLOCK_CHECK}"
+        ),
+        ranks=[],
+        hosts=sorted(f.hosts[0] for f in fs),
+        evidence={
+            "communicator": fs[0].evidence["communicator"],
+            "cause": cause,
+            "compared_with": "hosts",
+            "unit": "host",
+            "check": _CLOCK_CHECK,
+            "by_host": [
+                {
+                    "host": f.hosts[0],
+                    "ranks": f.evidence["ranks"],
+                    "median_lateness_s": f.evidence["median_lateness_s"],
+                    "order_after": f.evidence["order_after"],
+                }
+                for f in fs
+            ],
+        },
+        lines=[ln for f in fs for ln in f.lines[:1]],
+    )
 
 
 def _quantile(xs: list[float], q: float) -> float:
