@@ -773,7 +773,10 @@ class StragglerDetector:
                 else ""
             )
             if (ev.get("order_after") or 0.0) >= _ORDER_SLOW:
-                why = "its lines come after the other hosts' in the merged log"
+                why = (
+                    "its lines come after the other hosts' in the merged log; the times "
+                    "include any offset of its clock"
+                )
             elif ev.get("intermittent"):
                 why = "its lateness comes and goes, which a clock offset does not"
             else:
