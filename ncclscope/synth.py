@@ -125,6 +125,7 @@ import random
 import statistics
 import time
 import zlib
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
@@ -165,7 +166,9 @@ __all__ = [
     "MismatchField",
     "Offload",
     "RankRecord",
+    "SlowHost",
     "SlowRank",
+    "SlowSpell",
     "StopRank",
     "SynthSpec",
     "TorchEra",
@@ -317,7 +320,42 @@ class DeadProcess:
         return -_SIGNUM[self.signal]
 
 
-Fault: TypeAlias = SlowRank | StopRank | Mismatch | IbError | ExtraCollective | DeadProcess
+@dataclass(frozen=True)
+class SlowHost:
+    """A slow node: every rank of ``host`` enqueues each collective late by ``lateness_s``
+    plus ``slowdown`` x the slot's compute time (the time between collectives without
+    stragglers; in the phased model the optimizer step counts for the slot after it),
+    from world instance ``from_instance`` up to (not including) ``to_instance`` (``None``:
+    to the end).  Unlike SlowRank's constant lateness, the delay holds the collective up
+    for everyone as a one-off delay does: every later collective starts that much later,
+    so a window of slowness is paid for in the job's time, and a lateness proportional to
+    the compute time changes with the phase.
+    """
+
+    host: str
+    lateness_s: float = 0.0
+    slowdown: float = 0.0
+    from_instance: int = 0
+    to_instance: int | None = None
+
+
+@dataclass(frozen=True)
+class SlowSpell:
+    """An intermittent straggler: ``rank`` is late as a SlowHost's ranks are (``lateness_s``
+    plus ``slowdown`` x the slot's compute time), only from world instance
+    ``from_instance`` up to ``to_instance`` (thermal throttling, a noisy neighbour, a
+    checkpoint write)."""
+
+    rank: int
+    lateness_s: float = 0.0
+    slowdown: float = 0.0
+    from_instance: int = 0
+    to_instance: int | None = None
+
+
+Fault: TypeAlias = (
+    SlowRank | StopRank | Mismatch | IbError | ExtraCollective | DeadProcess | SlowHost | SlowSpell
+)
 
 
 def _is_terminal(
@@ -423,6 +461,9 @@ class SynthSpec:
             nodes). Only printed times change: the order of the combined layout stays the
             true order, and truth.json's times are true times; it records each host's
             offset (``clock_offsets``). 0 (the default) = one true clock.
+        clock_offsets_s: Each host's clock offset, given (one per host, any size up to a
+            minute: a host whose NTP is broken is seconds off); replaces the draw of
+            ``clock_offset_max_s``. Empty (the default): drawn, or none.
         jitter_events: One-off delays, which are not faults: this many distinct random
             (world instance, rank) pairs where that rank enqueues that collective late by a
             random 5-50 ms. Like a straggler's lateness, the delay holds the collective up for
@@ -480,6 +521,7 @@ class SynthSpec:
     comms_summary: bool = False
     desync_report: bool = False
     clock_offset_max_s: float = 0.0
+    clock_offsets_s: tuple[float, ...] = ()
     jitter_events: int = 0
     truth_format: int = 1
     telemetry: bool = False
@@ -560,6 +602,14 @@ class SynthSpec:
             raise ValueError(
                 "jitter_events are drawn over the steps' world instances: they need steps, "
                 "not target_size_bytes"
+            )
+        if self.clock_offsets_s and (
+            len(self.clock_offsets_s) != self.hosts
+            or not all(math.isfinite(x) and abs(x) <= 60.0 for x in self.clock_offsets_s)
+        ):
+            raise ValueError(
+                f"clock_offsets_s must give one offset in [-60, 60] s per host ({self.hosts}), "
+                f"got {self.clock_offsets_s}"
             )
         if not (0.0 <= self.clock_offset_max_s <= 1.0):
             raise ValueError(
@@ -693,6 +743,19 @@ class SynthSpec:
         """Name of host ``index``."""
         return self.host_names[index] if self.host_names else f"node-{index}"
 
+    def _validate_spell(self, fault: SlowHost | SlowSpell, names: list[str]) -> None:
+        if isinstance(fault, SlowHost) and fault.host not in names:
+            raise ValueError(f"{fault}: unknown host {fault.host!r}")
+        if isinstance(fault, SlowSpell) and not (0 <= fault.rank < self.ranks):
+            raise ValueError(f"{fault}: rank must be in [0, {self.ranks - 1}]")
+        for what in (fault.lateness_s, fault.slowdown):
+            if not (what >= 0 and math.isfinite(what)):
+                raise ValueError(f"{fault}: lateness_s and slowdown must be finite and >= 0")
+        if fault.from_instance < 0 or (
+            fault.to_instance is not None and fault.to_instance <= fault.from_instance
+        ):
+            raise ValueError(f"{fault}: need 0 <= from_instance < to_instance")
+
     def _validate_faults(self) -> None:
         limit = self.steps * self.world_per_step if self.target_size_bytes is None else None
         slow_seen: set[int] = set()
@@ -718,6 +781,9 @@ class SynthSpec:
                         f"{fault}: rank {fault.rank} already has {other} at that instance"
                     )
                 placed.setdefault((fault.rank, fault.at_instance), fault)
+            if isinstance(fault, SlowHost | SlowSpell):
+                self._validate_spell(fault, names)
+                continue
             if isinstance(fault, SlowRank):
                 if not (fault.lateness_s >= 0 and math.isfinite(fault.lateness_s)):
                     raise ValueError(f"{fault}: lateness_s must be a finite number >= 0")
@@ -777,6 +843,7 @@ _FRAMEWORK_FIELDS = frozenset(
 # while at the default, so that a spec without them writes the truth.json it always wrote.
 _BENCH_DEFAULTS: dict[str, Json] = {
     "clock_offset_max_s": 0.0,
+    "clock_offsets_s": [],
     "jitter_events": 0,
     "truth_format": 1,
     "telemetry": False,
@@ -3138,6 +3205,8 @@ class _Job:
         clock_rnd = random.Random(spec.seed * 7919 + 4)
         m = spec.clock_offset_max_s
         self.host_off = [clock_rnd.uniform(-m, m) if m > 0 else 0.0 for _ in range(spec.hosts)]
+        if spec.clock_offsets_s:
+            self.host_off = list(spec.clock_offsets_s)
         self.rank_off = [self.host_off[rk.host_index] for rk in self.ranks]
         self.world, self.host_comms = self._make_comms()
         self.comms = [self.world, *self.host_comms]
@@ -3146,6 +3215,21 @@ class _Job:
         for f in spec.faults:
             if isinstance(f, SlowRank):
                 self.late[f.rank] = f.lateness_s
+        # Slow spells (SlowHost, SlowSpell): the ranks each slows down, and per spell the
+        # true times of the first and last slot it delayed and the largest delay.
+        self.spells: list[tuple[SlowHost | SlowSpell, list[int]]] = [
+            (
+                f,
+                [rk.rank for rk in self.ranks if rk.host == f.host]
+                if isinstance(f, SlowHost)
+                else [f.rank],
+            )
+            for f in spec.faults
+            if isinstance(f, SlowHost | SlowSpell)
+        ]
+        self.spell_seen: list[list[float]] = [[] for _ in self.spells]
+        # Per spell: how many slots it delayed by each amount (few distinct amounts).
+        self.spell_delays: list[Counter[float]] = [Counter() for _ in self.spells]
         # World instance at which the job ends (-1: it does not end early).
         self.halt_at = spec.halt_instance
         # Ranks that never enter halt_at: stopped (stuck elsewhere) or dead.
@@ -3791,6 +3875,37 @@ class _Job:
             self.fw.delayed(call.phase, push)
         return push
 
+    def _spell_slot(
+        self, times: list[float], wseq: int, compute: float, call: _Call, base: float
+    ) -> float:
+        """Delay the ranks of the spells active at world instance ``wseq``; return how
+        much later everything after starts (the collective waits for its last member)."""
+        extra: dict[int, float] = {}
+        for i, (f, ranks) in enumerate(self.spells):
+            if wseq < f.from_instance or (f.to_instance is not None and wseq >= f.to_instance):
+                continue
+            d = f.lateness_s + f.slowdown * compute
+            seen = self.spell_seen[i]
+            if not seen:
+                seen += [base, base, d]
+            seen[1] = base
+            seen[2] = max(seen[2], d)
+            self.spell_delays[i][d] += 1
+            for r in ranks:
+                extra[r] = extra.get(r, 0.0) + d
+        if not extra:
+            return 0.0
+        late = self.late
+        max_late = max(late)
+        push = 0.0
+        for r, d in extra.items():
+            times[r] += d
+            push = max(push, late[r] + d - max_late)
+        self.pushed += push
+        if self.fw is not None:
+            self.fw.delayed(call.phase, push)
+        return push
+
     # ---- steps (the hot loop) --------------------------------------------------------
 
     def _coll_parts(
@@ -3867,6 +3982,8 @@ class _Job:
         opt_at = next((i for i, c in enumerate(prog) if c.phase == "optim_ag"), 0)
         opt_before = (opt_at - 1) % len(prog)  # the slot the optimizer step follows
         self.slot_gap = gap
+        slot_compute = gap - max(late)
+        spells = self.spells
         rnd = self.rnd.random
         p_noise = self.p_noise
         noise = self.noise.line
@@ -3937,6 +4054,11 @@ class _Job:
                     times = [base + rnd() * _JITTER_S for _ in rr]
                 if call.world and world_slots is not None:
                     world_slots.append((step * n_prog + j, self.pushed))
+                if spells:
+                    # The compute before this slot: the optimizer step counts for the
+                    # slot after it.
+                    compute = slot_compute + (opt_gap if j == opt_at else 0.0)
+                    base += self._spell_slot(times, world.seq, compute, call, base)
                 if delays and call.world and seq in delays:
                     base += self._delay_slot(times, delays[seq], call)
                 if j == opt_at and pending_extra:
@@ -4317,7 +4439,8 @@ class _Job:
         )
 
     def _clock_truth(self) -> list[dict[str, Json]] | None:
-        if self.spec.clock_offset_max_s <= 0 and self.spec.truth_format < 2:
+        spec = self.spec
+        if spec.clock_offset_max_s <= 0 and not spec.clock_offsets_s and spec.truth_format < 2:
             return None
         return [
             {"host_index": h, "host": self.spec.host_name(h), "offset_s": off}
@@ -4338,9 +4461,43 @@ class _Job:
         j = instance % self.spec.world_per_step
         return [call for call in self.prog if call.world][j]
 
+    def _spell_outcome(self, f: SlowHost | SlowSpell) -> FaultOutcome:
+        i = next(k for k, (g, _) in enumerate(self.spells) if g is f)
+        ranks = self.spells[i][1]
+        seen = self.spell_seen[i]
+        counts = self.spell_delays[i]
+        typical = 0.0
+        if counts:  # the median slot's delay
+            half, run = sum(counts.values()) / 2, 0
+            for d in sorted(counts):
+                run += counts[d]
+                if run >= half:
+                    typical = d
+                    break
+        # The gap between world collectives the delay makes (it holds everyone up).
+        gap = self._median_world_gap() if self.world_slots is not None else self.slot_gap + typical
+        details: dict[str, Json] = {
+            "ranks": list(ranks),
+            "host": self.ranks[ranks[0]].host,
+            "from_instance": f.from_instance,
+            "to_instance": f.to_instance,
+            # true times (not shifted by any clock offset) of the first and last slot
+            # the spell delayed, and its largest delay of one slot
+            "start": _iso(seen[0]) if seen else None,
+            "end": _iso(seen[1]) if seen else None,
+            "max_delay_s": seen[2] if seen else 0.0,
+            "median_delay_s": typical,
+            # the median slot's delay over the median gap between world collectives
+            "slowdown": typical / gap if gap > 0 else 0.0,
+            "visible_in_timestamps": self.spec.timestamps,
+        }
+        return FaultOutcome(type(f).__name__, _fault_json(f), bool(seen) and seen[2] > 0, details)
+
     def _outcome(self, f: Fault, last: dict[str, dict[str, int | None]]) -> FaultOutcome:
         kind = type(f).__name__
         details: dict[str, Json] = {}
+        if isinstance(f, SlowHost | SlowSpell):
+            return self._spell_outcome(f)
         if isinstance(f, SlowRank):
             rk = self.ranks[f.rank]
             details = {

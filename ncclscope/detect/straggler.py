@@ -1,13 +1,28 @@
-"""Stragglers: the rank every collective waits for.
+"""Stragglers: the rank or the node every collective waits for, all along or for a while.
 
 NCCL logs a COLL line when the call is enqueued, so with sub-second timestamps on those
-lines a rank's arrival at each collective instance is known.  Metric, per communicator
-member: its lateness at every instance (its arrival minus the earliest member's), as
-median and p95, how often it arrived last, and the mean.  Policy: a member is a
-straggler when its median lateness exceeds its host's (or, on hosts with too few ranks,
-the communicator's) typical median by at least ``MIN_SLOWDOWN`` of the median gap
-between consecutive collectives.  Comparing with the same host's ranks cancels the
-host's clock offset; medians ignore one-off delays.
+lines a rank's arrival at each collective instance is known.  Three comparisons:
+
+* **A rank against its own host's members** (hosts of at least 3 members): its median
+  lateness over the host's typical member's.  One clock: offsets cancel, the lateness is
+  real (``cause`` ``slow``).
+* **A host against the other hosts**: per instance, each host's median arrival against
+  the median host's (the other host's when there are two), so a node whose ranks are all
+  late is named as a node, and a host of one rank is a host like the others.  Hosts'
+  clocks differ (NTP: milliseconds; a broken one: seconds), so a constant shift is
+  either a clock or a constant delay.  What does not read the clocks decides: in a log
+  merged as lines were written (one launcher reading every worker's pipe) a late host's
+  lines come *after* the others', a host whose clock is ahead only prints later times on
+  lines that sit among theirs (``order_after``); a lateness that comes and goes is not a
+  clock.  Where nothing tells (separate files, a constant shift) the finding says both
+  and what to check (``chronyc tracking``), as ``info`` within what NTP drifts.
+* **A unit against itself in time**: the stretch of collectives over which its lateness
+  stood highest above its baseline (a CUSUM-like search with half the minimum effect as
+  allowance, kept when its median exceeds the rest's by the minimum effect and stands
+  ``_MIN_Z`` robust standard errors above the noise), with its start, end and cost.
+
+Every threshold is a minimum effect (``MIN_SLOWDOWN`` of the gap between collectives,
+``MIN_EXCESS_S``) and a noise bound (robust z from the median absolute deviation).
 
 Sample: rank 5's lines come ~4 ms after the others' at every instance::
 
@@ -17,14 +32,28 @@ Sample: rank 5's lines come ~4 ms after the others' at every instance::
 
 from __future__ import annotations
 
+import math
+import statistics
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
 import polars as pl
 
-from ncclscope.detect.base import Finding, LineRef, duration_text, register
+from ncclscope.detect.base import (
+    SEVERITIES,
+    Finding,
+    LineRef,
+    Severity,
+    duration_text,
+    ranks_text,
+    register,
+)
 from ncclscope.detect.config import subsecond_digits_unreliable
 from ncclscope.detect.context import Context
 from ncclscope.schema import LATENESS_SCHEMA
 
-__all__ = ["MIN_SLOWDOWN", "StragglerDetector", "lateness"]
+__all__ = ["MIN_SLOWDOWN", "StragglerDetector", "Window", "find_window", "lateness"]
 
 #: Excess median lateness, as a share of the median gap between collectives, from which
 #: a member is a straggler.
@@ -41,6 +70,28 @@ _MIN_INSTANCES = 20
 _MIN_Z = 4.0
 #: Excess, as a share of the gap, from which a straggler is critical.
 _CRITICAL_SLOWDOWN = 0.25
+#: File order.  In a stream merged as its lines were written (one launcher reading every
+#: worker's pipe), a host that truly arrives after the others has its lines after theirs;
+#: a host whose clock is ahead has later times on lines that still sit among theirs.
+#: Simultaneous arrivals put a host after the reference in about half the instances, so
+#: from this share on the host truly came after the others ...
+_ORDER_SLOW = 0.9
+#: ... and up to this share its timestamps' lateness is not in the order: its clock's.
+_ORDER_CLOCK = 0.65
+#: A constant shift this large (seconds) is beyond what synchronised clocks drift apart
+#: (NTP keeps hosts within milliseconds, tens at worst): either the clock is not
+#: synchronised or the node is that slow, and either needs a look.
+_UNSYNCED_S = 0.1
+#: A clock offset from which the clock is broken (chrony steps a clock that is off by
+#: more than a second: it is not being disciplined at all).
+_BROKEN_CLOCK_S = 1.0
+#: Hosts up to which each is compared with the median of the others (exact, a join of
+#: hosts x hosts per collective); beyond, with the median of all.
+_LOO_HOSTS = 16
+#: Instances a window of slowness must span.
+_MIN_WINDOW = 10
+#: A window that covers this share of the run is the whole run.
+_WHOLE_RUN = 0.8
 
 
 def timing_usable(ctx: Context) -> bool:
@@ -109,9 +160,165 @@ def lateness(ctx: Context) -> pl.DataFrame:
     )
 
 
+@dataclass(frozen=True)
+class Window:
+    """A stretch of instances (indices into a unit's series, inclusive) over which a
+    unit's lateness stood ``excess_s`` above its baseline, ``z`` robust standard errors."""
+
+    first: int
+    last: int
+    excess_s: float
+    z: float
+
+
+def _mad(xs: list[float], centre: float) -> float:
+    return statistics.median(abs(x - centre) for x in xs) * 1.4826 if xs else 0.0
+
+
+def find_window(xs: list[float], baseline: float, effect_s: float) -> Window | None:
+    """The stretch of ``xs`` (a unit's lateness, instance after instance) that stands
+    highest above ``baseline``: the largest sum of ``x - baseline - effect_s / 2`` over a
+    contiguous stretch (a CUSUM with half the effect as allowance, as for a change in
+    mean that starts and ends; each term clipped to twice the effect), kept only when it
+    spans ``_MIN_WINDOW`` instances, its median is at least ``effect_s`` above the median
+    outside it (or the baseline, when it is the whole series) and that difference stands
+    ``_MIN_Z`` robust standard errors above the noise.
+
+    >>> w = find_window([0.0] * 40 + [0.01] * 20 + [0.0] * 40, 0.0, 0.002)
+    >>> (w.first, w.last, round(w.excess_s, 3))
+    (40, 59, 0.01)
+    >>> find_window([0.0005, -0.0005] * 50, 0.0, 0.002) is None
+    True
+    """
+    best = run = 0.0
+    start = 0
+    span: tuple[int, int] | None = None
+    for i, x in enumerate(xs):
+        if run <= 0.0:
+            run, start = 0.0, i
+        # Each instance counts at most twice the effect either way: one large one-off
+        # delay must not stretch a window over the quiet instances around it.
+        run += min(max(x - baseline - effect_s / 2, -2 * effect_s), 2 * effect_s)
+        if run > best:
+            best, span = run, (start, i)
+    if span is None or span[1] - span[0] + 1 < _MIN_WINDOW:
+        return None
+    inside = xs[span[0] : span[1] + 1]
+    outside = xs[: span[0]] + xs[span[1] + 1 :]
+    level = statistics.median(inside)
+    if len(outside) >= _MIN_WINDOW:
+        ref = statistics.median(outside)
+        noise = _mad(outside, ref)
+    else:
+        ref = baseline
+        noise = _mad(inside, level)
+    excess = level - ref
+    # The median's standard error is about 1.25 sigma / sqrt(n); the floor keeps a
+    # noiseless series (synthetic, or rounded times) from dividing by zero.
+    se = 1.253 * max(noise, 1e-6) / math.sqrt(len(inside))
+    if excess < effect_s or excess / se < _MIN_Z:
+        return None
+    return Window(span[0], span[1], excess, excess / se)
+
+
+def _iso(t: datetime) -> str:
+    return t.isoformat(timespec="microseconds")
+
+
+def _host_instances(ctx: Context) -> pl.DataFrame:
+    """Per (communicator spanning >= 2 hosts, sampled instance, host): the host's median
+    arrival (``t_us``, its own clock), its members' median line (``pos``), the file its
+    lines are in, and the instance's reference arrival (``ref_us``: the median of the
+    other hosts' arrivals; of all hosts' from ``_LOO_HOSTS`` hosts on, where one host
+    moves the median little) and ``delta_s`` = the host's arrival minus it.  ``merged``:
+    all the instance's lines are in one file (a merged stream)."""
+    rows = _with_lateness(ctx)
+    if rows.is_empty():
+        return pl.DataFrame()
+    rows = rows.filter(pl.col("host").n_unique().over("comm_key") >= 2)
+    if rows.is_empty():
+        return pl.DataFrame()
+    per = rows.group_by("comm_key", "seq", "host").agg(
+        pl.col("ts").dt.epoch("us").median().alias("t_us"),
+        pl.col("line_no").median().alias("pos"),
+        pl.col("file_id").min().alias("f0"),
+        pl.col("file_id").max().alias("f1"),
+        pl.col("ts").min().alias("ts_first"),
+        pl.len().alias("k"),
+    )
+    inst = ["comm_key", "seq"]
+    hosts = pl.len().over(inst)
+    # A host's own time from the previous collective to this one (its clock cancels);
+    # only between consecutive ones (every collective sampled).
+    step = pl.col("seq").diff().over("comm_key", "host")
+    own_gap = (
+        pl.when(step == 1)
+        .then(pl.col("t_us").diff().over("comm_key", "host") / 1e6)
+        .otherwise(None)
+        .alias("own_gap_s")
+    )
+    per = per.with_columns(hosts.alias("hosts"))
+    # Leave-one-out: a host is compared with the others only (with two hosts, each with
+    # the other: a signed difference), so that it is never its own reference.
+    few = per.filter(pl.col("hosts") <= _LOO_HOSTS)
+    others = (
+        few.select(*inst, "host", "t_us", "pos")
+        .join(
+            few.select(*inst, pl.col("host").alias("o_host"), pl.col("t_us").alias("o_t"),
+                       pl.col("pos").alias("o_pos")),
+            on=inst,
+        )
+        .filter(pl.col("host") != pl.col("o_host"))
+        .group_by(*inst, "host")
+        .agg(pl.col("o_t").median().alias("loo_t"), pl.col("o_pos").median().alias("loo_pos"))
+    )  # fmt: skip
+    per = per.join(others, on=[*inst, "host"], how="left")
+    return (
+        per.with_columns(
+            pl.coalesce("loo_t", pl.col("t_us").median().over(inst)).alias("ref_us"),
+            pl.coalesce("loo_pos", pl.col("pos").median().over(inst)).alias("ref_pos"),
+            (pl.col("f0").min().over(inst) == pl.col("f1").max().over(inst)).alias("merged"),
+            pl.col("ts_first").min().over(inst).alias("at"),
+        )
+        .with_columns(((pl.col("t_us") - pl.col("ref_us")) / 1e6).alias("delta_s"))
+        .sort("comm_key", "host", "seq")
+        .with_columns(own_gap)
+    )
+
+
+def _cause(order_after: float | None, spell: bool, grows: bool) -> str:
+    """What a host's lateness is, from the signals that do not read its clock.
+
+    ``order_after``: the share of instances whose lines (in a stream merged as they were
+    written) show the host after the others.  A real delay puts its lines after the
+    others'; a clock offset only changes the times printed on them.  ``spell``: the
+    lateness held for part of the run; ``grows``: it is larger after a longer compute
+    phase.  A clock offset does neither.
+
+    >>> _cause(0.98, False, False), _cause(0.5, False, False), _cause(None, False, True)
+    ('slow', 'clock', 'slow')
+    >>> _cause(None, False, False)
+    'clock_or_constant_delay'
+    """
+    if order_after is not None and order_after >= _ORDER_SLOW:
+        return "slow"
+    if order_after is not None and order_after <= _ORDER_CLOCK:
+        return "clock"
+    if spell or grows:
+        return "slow"
+    return "clock_or_constant_delay"
+
+
+_CLOCK_CHECK = (
+    "compare the hosts' clocks: `chronyc tracking` (System time, Last offset) or "
+    "`timedatectl timesync-status` on each host, or the PTP daemon's offset (`pmc -u -b 0 "
+    "'GET CURRENT_DATA_SET'`)"
+)
+
+
 @register
 class StragglerDetector:
-    """Members that arrive late at collective after collective."""
+    """Ranks and nodes that arrive late at collective after collective, or for a while."""
 
     name = "straggler"
 
@@ -121,31 +328,30 @@ class StragglerDetector:
     def policy(self, metric: pl.DataFrame, ctx: Context) -> list[Finding]:
         if metric.is_empty():
             return []
+        return self._ranks(metric, ctx) + self._hosts(metric, ctx)
+
+    # ---- ranks within their host (one clock: offsets cancel) -------------------------
+
+    def _ranks(self, metric: pl.DataFrame, ctx: Context) -> list[Finding]:
         ranked = metric.filter(pl.col("instances") >= _MIN_INSTANCES).with_columns(
-            pl.col("median_s").median().over("comm_key").alias("comm_typical"),
-            pl.col("median_s").median().over("comm_key", "host").alias("host_typical"),
+            pl.col("median_s").median().over("comm_key", "host").alias("typical"),
             pl.len().over("comm_key", "host").alias("host_members"),
         )
-        typical = (
-            pl.when(pl.col("host_members") >= _HOST_BASELINE_MEMBERS)
-            .then(pl.col("host_typical"))
-            .otherwise(pl.col("comm_typical"))
-        )
-        # How far members' medians stray from their own typical one: each host's clock
-        # offset is taken out with the host's typical member.
+        # Only hosts with enough members to have a typical one: a host's own members
+        # share its clock.  Ranks of smaller hosts are compared host against host.
+        ranked = ranked.filter(pl.col("host_members") >= _HOST_BASELINE_MEMBERS)
+        # How far members' medians stray from their own host's typical one.
         spread = pl.col("excess_s").abs().median().over("comm_key") * 1.4826
-        flagged = (
-            ranked.with_columns(
-                (pl.col("median_s") - typical).alias("excess_s"),
-                (pl.col("mean_s") - typical).clip(lower_bound=0).alias("mean_excess_s"),
-            )
-            .with_columns(spread.alias("spread_s"))
-            .filter(
-                (pl.col("excess_s") >= MIN_SLOWDOWN * pl.col("gap_s"))
-                & (pl.col("excess_s") >= MIN_EXCESS_S)
-                & (pl.col("excess_s") >= _MIN_Z * pl.col("spread_s"))
-            )
+        scored = ranked.with_columns(
+            (pl.col("median_s") - pl.col("typical")).alias("excess_s"),
+            (pl.col("mean_s") - pl.col("typical")).clip(lower_bound=0).alias("mean_excess_s"),
+        ).with_columns(spread.alias("spread_s"))
+        flagged = scored.filter(
+            (pl.col("excess_s") >= MIN_SLOWDOWN * pl.col("gap_s"))
+            & (pl.col("excess_s") >= MIN_EXCESS_S)
+            & (pl.col("excess_s") >= _MIN_Z * pl.col("spread_s"))
         )
+        series = self._rank_series(ctx, scored, set(flagged["rank"].drop_nulls().to_list()))
         out: list[Finding] = []
         seen: set[int] = set()
         # The largest communicator first: a straggler is late on every communicator it is
@@ -156,44 +362,457 @@ class StragglerDetector:
             if who in seen:
                 continue
             seen.add(who)
-            slowdown = r["excess_s"] / r["gap_s"] if r["gap_s"] else None
-            cost = r["mean_excess_s"] * r["instances"] * max(0, r["members"] - 1)
-            share_last = r["last"] / r["instances"]
-            ops = self._per_op(ctx, r["comm_key"], r["comm_rank"])
-            msg = (
-                f"rank {who} on {r['host']} arrives late at collectives: median "
-                f"{duration_text(r['median_s'])} after the first rank (p95 "
-                f"{duration_text(r['p95_s'])}), last in {share_last:.0%} of "
-                f"{r['instances']:,} collectives"
-                + (f", {slowdown:.0%} of the gap between collectives" if slowdown else "")
+            out.append(self._rank_finding(ctx, r, who, series.get((r["comm_key"], who))))
+        out += self._rank_spells(ctx, scored, series, seen)
+        return out
+
+    def _rank_series(
+        self, ctx: Context, scored: pl.DataFrame, flagged: set[int]
+    ) -> dict[tuple[str, int], tuple[list[float], list[datetime]]]:
+        """Per (communicator, rank) of the largest communicator: its lateness over its
+        host's typical member, instance after instance, and the instances' times.  Only
+        the flagged ranks and those that could hold a window: at least half a window's
+        instances ``effect`` above their lower decile (a window's median is that high)."""
+        if scored.is_empty():
+            return {}
+        top = scored.sort("members", descending=True)["comm_key"][0]
+        rows = _with_lateness(ctx).filter(pl.col("comm_key") == top)
+        rows = rows.join(
+            scored.filter(pl.col("comm_key") == top).select("comm_rank"), on="comm_rank"
+        )
+        gap = scored.filter(pl.col("comm_key") == top)["gap_s"].max()
+        effect = max(MIN_SLOWDOWN * (gap if isinstance(gap, float) else 0.0), MIN_EXCESS_S)
+        x = pl.col("x")
+        rows = (
+            rows.with_columns(
+                (pl.col("late") - pl.col("late").median().over("seq", "host")).alias("x")
             )
+            .filter(
+                pl.col("rank").is_in(pl.Series(sorted(flagged), dtype=pl.Int32).implode())
+                | (
+                    (x >= x.quantile(0.1).over("rank") + effect).sum().over("rank")
+                    >= _MIN_WINDOW // 2
+                )
+            )
+            .sort("rank", "seq")
+        )
+        out: dict[tuple[str, int], tuple[list[float], list[datetime]]] = {}
+        for (rank,), g in rows.group_by(["rank"], maintain_order=True):
+            if rank is None:
+                continue
+            out[(top, int(rank))] = (g["x"].to_list(), g["ts_min"].to_list())
+        return out
+
+    def _rank_finding(
+        self,
+        ctx: Context,
+        r: dict[str, Any],
+        who: int,
+        series: tuple[list[float], list[datetime]] | None,
+    ) -> Finding:
+        slowdown = r["excess_s"] / r["gap_s"] if r["gap_s"] else None
+        cost = r["mean_excess_s"] * r["instances"] * max(0, r["members"] - 1)
+        share_last = r["last"] / r["instances"]
+        ops = self._per_op(ctx, r["comm_key"], r["comm_rank"])
+        msg = (
+            f"rank {who} on {r['host']} arrives late at collectives: median "
+            f"{duration_text(r['median_s'])} after the first rank (p95 "
+            f"{duration_text(r['p95_s'])}), last in {share_last:.0%} of "
+            f"{r['instances']:,} collectives"
+            + (f", {slowdown:.0%} of the gap between collectives" if slowdown else "")
+        )
+        evidence: dict[str, Any] = {
+            "communicator": r["comm_key"],
+            "instances": r["instances"],
+            "sampled_every": ctx.stride,
+            "last": r["last"],
+            "median_lateness_s": round(r["median_s"], 6),
+            "p95_lateness_s": round(r["p95_s"], 6),
+            "typical_lateness_s": round(r["median_s"] - r["excess_s"], 6),
+            "median_gap_s": round(r["gap_s"], 6) if r["gap_s"] else None,
+            "slowdown": round(slowdown, 4) if slowdown is not None else None,
+            # its own host's members share its clock: the lateness is not a clock's
+            "cause": "slow",
+            "compared_with": "host",
+            "by_op": ops,
+        }
+        if series is not None:
+            effect = max(MIN_SLOWDOWN * (r["gap_s"] or 0.0), MIN_EXCESS_S)
+            xs, times = series
+            # The baseline of a unit late all along: its lower decile, where it was not.
+            base = _quantile(xs, 0.1)
+            w = find_window(xs, base, effect)
+            evidence.update(self._window_evidence(ctx, w, xs, times, base, None))
+        return Finding(
+            kind="straggler",
+            severity="critical"
+            if slowdown is not None and slowdown >= _CRITICAL_SLOWDOWN
+            else "warning",
+            message=msg,
+            ranks=[int(who)],
+            hosts=[r["host"]] if r["host"] else [],
+            op=str(ops[0]["op"]) if ops else None,
+            evidence=evidence,
+            lines=[LineRef(int(r["file_id"]), int(r["line_no"]))],
+            cost_gpu_s=round(cost, 3),
+        )
+
+    def _window_evidence(
+        self,
+        ctx: Context,
+        w: Window | None,
+        xs: list[float],
+        times: list[datetime],
+        base: float,
+        others: int | None,
+    ) -> dict[str, Any]:
+        """``window_start``/``window_end`` (the first and last late instance's time),
+        the instances in it, and ``window_cost_s``: the time the job lost in it (each
+        instance's lateness over the baseline, times the sampling stride)."""
+        if not xs:
+            return {}
+        first, last = (w.first, w.last) if w is not None else (0, len(xs) - 1)
+        lost = sum(max(0.0, x - base) for x in xs[first : last + 1]) * ctx.stride
+        out: dict[str, Any] = {
+            "window_start": _iso(times[first]),
+            "window_end": _iso(times[last]),
+            "window_instances": last - first + 1,
+            "window_whole_run": w is None or (last - first + 1) >= _WHOLE_RUN * len(xs),
+            "window_cost_s": round(lost, 6),
+        }
+        if others is not None:
+            out["window_cost_gpu_s"] = round(lost * others, 3)
+        return out
+
+    def _rank_spells(
+        self,
+        ctx: Context,
+        scored: pl.DataFrame,
+        series: dict[tuple[str, int], tuple[list[float], list[datetime]]],
+        seen: set[int],
+    ) -> list[Finding]:
+        """Ranks late over their host's members for part of the run only."""
+        out: list[Finding] = []
+        info = {
+            (r["comm_key"], r["rank"]): r
+            for r in scored.iter_rows(named=True)
+            if r["rank"] is not None
+        }
+        for (comm, rank), (xs, times) in series.items():
+            r = info.get((comm, rank))
+            if r is None or rank in seen or len(xs) < 2 * _MIN_WINDOW:
+                continue
+            gap = r["gap_s"] or 0.0
+            effect = max(MIN_SLOWDOWN * gap, MIN_EXCESS_S)
+            base = statistics.median(xs)
+            w = find_window(xs, base, effect)
+            if w is None or w.last - w.first + 1 >= _WHOLE_RUN * len(xs):
+                continue
+            ev = self._window_evidence(ctx, w, xs, times, base, int(r["members"]) - 1)
+            slowdown = w.excess_s / gap if gap else None
             out.append(
                 Finding(
                     kind="straggler",
-                    severity="critical"
-                    if slowdown is not None and slowdown >= _CRITICAL_SLOWDOWN
-                    else "warning",
-                    message=msg,
-                    ranks=[int(who)],
+                    severity="warning",
+                    message=(
+                        f"rank {rank} on {r['host']} was late at collectives from "
+                        f"{ev['window_start']} to {ev['window_end']} "
+                        f"({ev['window_instances']:,} sampled collectives): "
+                        f"{duration_text(w.excess_s)} after its host's other ranks"
+                        + (f", {slowdown:.0%} of the gap between collectives" if slowdown else "")
+                        + f"; the job lost {duration_text(ev['window_cost_s'])} to it"
+                    ),
+                    ranks=[int(rank)],
                     hosts=[r["host"]] if r["host"] else [],
-                    op=str(ops[0]["op"]) if ops else None,
                     evidence={
-                        "communicator": r["comm_key"],
-                        "instances": r["instances"],
-                        "sampled_every": ctx.stride,
-                        "last": r["last"],
-                        "median_lateness_s": round(r["median_s"], 6),
-                        "p95_lateness_s": round(r["p95_s"], 6),
-                        "typical_lateness_s": round(r["median_s"] - r["excess_s"], 6),
-                        "median_gap_s": round(r["gap_s"], 6) if r["gap_s"] else None,
+                        "communicator": comm,
+                        "cause": "slow",
+                        "compared_with": "host",
+                        "intermittent": True,
+                        "window_excess_s": round(w.excess_s, 6),
+                        "window_z": round(w.z, 1),
+                        "median_gap_s": round(gap, 6) if gap else None,
                         "slowdown": round(slowdown, 4) if slowdown is not None else None,
-                        "by_op": ops,
+                        "sampled_every": ctx.stride,
+                        **ev,
                     },
                     lines=[LineRef(int(r["file_id"]), int(r["line_no"]))],
-                    cost_gpu_s=round(cost, 3),
+                    cost_gpu_s=ev.get("window_cost_gpu_s"),
                 )
             )
+            seen.add(rank)
         return out
+
+    # ---- hosts against each other (clocks differ) ------------------------------------
+
+    def _hosts(self, metric: pl.DataFrame, ctx: Context) -> list[Finding]:
+        per = _host_instances(ctx)
+        if per.is_empty():
+            return []
+        gaps = metric.group_by("comm_key").agg(pl.col("gap_s").first(), pl.col("members").max())
+        # The communicator with the most members first; each host is reported once.
+        comms = gaps.sort("members", descending=True).iter_rows(named=True)
+        out: list[Finding] = []
+        done: set[str] = set()
+        for c in comms:
+            sub = per.filter(pl.col("comm_key") == c["comm_key"])
+            if sub.is_empty():
+                continue
+            for (host,), g in sub.group_by(["host"], maintain_order=True):
+                if host in done or g.height < _MIN_INSTANCES:
+                    continue
+                f = self._host_finding(ctx, c, str(host), g, metric)
+                if f is not None:
+                    out.append(f)
+                    done.add(str(host))
+        slow = [f for f in out if f.evidence["cause"] == "slow"]
+        by_cause: dict[str, list[Finding]] = {}
+        for f in out:
+            if f.evidence["cause"] != "slow":
+                by_cause.setdefault(f.evidence["cause"], []).append(f)
+        return slow + [fs[0] if len(fs) == 1 else _merged(fs) for fs in by_cause.values()]
+
+    def _host_finding(
+        self,
+        ctx: Context,
+        comm: dict[str, Any],
+        host: str,
+        g: pl.DataFrame,
+        metric: pl.DataFrame,
+    ) -> Finding | None:
+        xs: list[float] = g["delta_s"].to_list()
+        times: list[datetime] = g["at"].to_list()
+        gap = float(comm["gap_s"] or 0.0)
+        effect = max(MIN_SLOWDOWN * gap, MIN_EXCESS_S)
+        shift = statistics.median(xs)
+        noise = _mad(xs, shift)
+        se = 1.253 * max(noise, 1e-6) / math.sqrt(len(xs))
+        whole = shift >= effect and shift / se >= _MIN_Z
+        base = _quantile(xs, 0.1) if whole else shift
+        w = find_window(xs, base, effect)
+        spell = w is not None and (w.last - w.first + 1) < _WHOLE_RUN * len(xs)
+        merged = g.filter(pl.col("merged"))
+        behind = self._clock_behind(merged, shift, effect)
+        grows = self._grows_with_gap(g, effect)
+        if not whole and not spell and not behind and grows is None:
+            return None
+        order_after: float | None = None
+        if merged.height >= _MIN_INSTANCES:
+            sel = (
+                merged
+                if not spell or w is None
+                else merged.filter(pl.col("seq").is_between(g["seq"][w.first], g["seq"][w.last]))
+            )
+            if sel.height >= _MIN_INSTANCES or (spell and sel.height >= _MIN_WINDOW):
+                after = (sel["pos"] > sel["ref_pos"]).sum()
+                order_after = int(after) / sel.height
+        cause = _cause(order_after, spell, grows is not None)
+        if behind and not whole and not spell:
+            return self._behind_finding(ctx, comm, host, g, metric, shift, order_after or 0.0)
+        if not whole and not spell and cause != "slow":
+            return None
+        members = metric.filter((pl.col("comm_key") == comm["comm_key"]) & (pl.col("host") == host))
+        ranks = sorted(int(r) for r in members["rank"].drop_nulls().to_list())
+        everyone = int(comm["members"] or 0)
+        ev = self._window_evidence(ctx, w if spell else None, xs, times, base, None)
+        lost = ev.get("window_cost_s", 0.0) if cause == "slow" else 0.0
+        if spell and w is not None:
+            excess = w.excess_s
+        elif grows is not None and gap:
+            # The growth with the gap is the node's own slowdown, whatever its clock:
+            # its lateness at a typical collective, and the rest of the shift is the clock.
+            excess = grows[2] * gap
+        else:
+            excess = shift
+        slowdown = excess / gap if gap else None
+        first = members.sort("line_no").row(0, named=True) if members.height else None
+        evidence: dict[str, Any] = {
+            "communicator": comm["comm_key"],
+            "cause": cause,
+            "compared_with": "hosts",
+            "unit": "host",
+            "ranks": ranks,
+            "instances": len(xs),
+            "sampled_every": ctx.stride,
+            "median_lateness_s": round(shift, 6),
+            "lateness_noise_s": round(noise, 6),
+            "median_gap_s": round(gap, 6) if gap else None,
+            "slowdown": round(slowdown, 4) if slowdown is not None else None,
+            "order_after": round(order_after, 4) if order_after is not None else None,
+            "intermittent": spell,
+            **ev,
+        }
+        if grows is not None:
+            evidence["lateness_after_long_gaps_s"] = round(grows[0], 6)
+            evidence["lateness_after_short_gaps_s"] = round(grows[1], 6)
+            if not spell:
+                evidence["clock_offset_estimate_s"] = round(shift - excess, 6)
+        if spell and w is not None:
+            evidence["window_excess_s"] = round(w.excess_s, 6)
+            evidence["window_z"] = round(w.z, 1)
+        severity, msg = self._host_verdict(host, ranks, cause, excess, slowdown, evidence)
+        if cause == "slow":
+            evidence["window_cost_gpu_s"] = round(lost * max(0, everyone - len(ranks)), 3)
+        else:
+            evidence["check"] = _CLOCK_CHECK
+        return Finding(
+            kind="straggler",
+            severity=severity,
+            message=msg,
+            ranks=ranks if cause == "slow" else [],
+            hosts=[host],
+            evidence=evidence,
+            lines=[LineRef(int(first["file_id"]), int(first["line_no"]))] if first else [],
+            cost_gpu_s=evidence.get("window_cost_gpu_s") if cause == "slow" else None,
+        )
+
+    def _grows_with_gap(self, g: pl.DataFrame, effect: float) -> tuple[float, float, float] | None:
+        """The host's median lateness after its longest gaps between collectives (the
+        instances whose gap from its previous one, by its own clock, is at least 1.5 times
+        its median: a step boundary, an optimizer step) and after the others, where the
+        first exceeds the second by ``effect`` and ``_MIN_Z`` robust standard errors: a
+        slower node loses more time in a longer compute phase, a clock the same
+        everywhere (a slow node arrives last, so its own gap is its compute).  The
+        third value is the growth per second of gap (long minus short, by the host's own
+        clock): the node's slowdown as a share of the time between collectives, which no
+        clock offset enters."""
+        sub = g.filter(pl.col("own_gap_s").is_not_null())
+        if sub.height < 2 * _MIN_WINDOW:
+            return None
+        typical = sub["own_gap_s"].median()
+        if not isinstance(typical, float) or typical <= 0:
+            return None
+        is_long = pl.col("own_gap_s") >= 1.5 * typical
+        long = sub.filter(is_long)["delta_s"].to_list()
+        short = sub.filter(~is_long)["delta_s"].to_list()
+        if len(long) < _MIN_WINDOW or len(short) < _MIN_WINDOW:
+            return None
+        hi, lo = statistics.median(long), statistics.median(short)
+        se = 1.253 * max(_mad(short, lo), _mad(long, hi), 1e-6) / math.sqrt(len(long))
+        if hi - lo < effect or (hi - lo) / se < _MIN_Z:
+            return None
+        g_long = sub.filter(is_long)["own_gap_s"].median()
+        g_short = sub.filter(~is_long)["own_gap_s"].median()
+        if not isinstance(g_long, float) or not isinstance(g_short, float):
+            return None
+        return hi, lo, (hi - lo) / (g_long - g_short)
+
+    def _clock_behind(self, merged: pl.DataFrame, shift: float, effect: float) -> bool:
+        """The merged log shows the host after the others at collective after collective
+        (binomial z of at least ``_MIN_Z`` against the half that simultaneous arrivals
+        give), while its times do not say it came ``effect`` after them: the node is late
+        and its clock behind by about as much, amounts these logs cannot separate."""
+        n = merged.height
+        if n < _MIN_INSTANCES or shift >= effect:
+            return False
+        after = int((merged["pos"] > merged["ref_pos"]).sum())
+        return after / n >= _ORDER_SLOW and (after - n / 2) / math.sqrt(n / 4) >= _MIN_Z
+
+    def _behind_finding(
+        self,
+        ctx: Context,
+        comm: dict[str, Any],
+        host: str,
+        g: pl.DataFrame,
+        metric: pl.DataFrame,
+        shift: float,
+        order_after: float,
+    ) -> Finding:
+        members = metric.filter((pl.col("comm_key") == comm["comm_key"]) & (pl.col("host") == host))
+        ranks = sorted(int(r) for r in members["rank"].drop_nulls().to_list())
+        first = members.sort("line_no").row(0, named=True) if members.height else None
+        times: list[datetime] = g["at"].to_list()
+        return Finding(
+            kind="straggler",
+            severity="warning",
+            message=(
+                f"host {host} (ranks {ranks_text(ranks)}) is slow: its lines come after the "
+                f"other hosts' in the merged log at {order_after:.0%} of collectives, yet its "
+                f"clock stamps them {duration_text(abs(shift))} "
+                f"{'before' if shift < 0 else 'after'} theirs: its clock is behind theirs, "
+                f"and how late the node is cannot be read from the times; {_CLOCK_CHECK}"
+            ),
+            ranks=ranks,
+            hosts=[host],
+            evidence={
+                "communicator": comm["comm_key"],
+                "cause": "slow",
+                "clock_behind": True,
+                "compared_with": "hosts",
+                "unit": "host",
+                "ranks": ranks,
+                "instances": g.height,
+                "sampled_every": ctx.stride,
+                "median_lateness_s": round(shift, 6),
+                "order_after": round(order_after, 4),
+                "slowdown": None,
+                "intermittent": False,
+                "window_start": _iso(times[0]),
+                "window_end": _iso(times[-1]),
+                "window_whole_run": True,
+                "check": _CLOCK_CHECK,
+            },
+            lines=[LineRef(int(first["file_id"]), int(first["line_no"]))] if first else [],
+        )
+
+    def _host_verdict(
+        self,
+        host: str,
+        ranks: list[int],
+        cause: str,
+        excess: float,
+        slowdown: float | None,
+        ev: dict[str, Any],
+    ) -> tuple[Severity, str]:
+        who = f"host {host} (ranks {ranks_text(ranks)})" if ranks else f"host {host}"
+        share = f", {slowdown:.0%} of the gap between collectives" if slowdown else ""
+        if cause == "slow":
+            when = (
+                f" from {ev['window_start']} to {ev['window_end']}"
+                if ev.get("intermittent")
+                else ""
+            )
+            if (ev.get("order_after") or 0.0) >= _ORDER_SLOW:
+                why = (
+                    "its lines come after the other hosts' in the merged log; the times "
+                    "include any offset of its clock"
+                )
+            elif ev.get("intermittent"):
+                why = "its lateness comes and goes, which a clock offset does not"
+            else:
+                why = (
+                    f"its lateness grows with the compute before the collective: "
+                    f"{duration_text(ev['lateness_after_long_gaps_s'])} after the longest "
+                    f"gaps, {duration_text(ev['lateness_after_short_gaps_s'])} after the "
+                    f"others, which a clock offset does not do"
+                )
+                clock = ev.get("clock_offset_estimate_s") or 0.0
+                if abs(clock) >= MIN_EXCESS_S:
+                    why += (
+                        f"; the rest of what its times show, {duration_text(abs(clock))} "
+                        f"{'ahead' if clock > 0 else 'behind'}, is its clock"
+                    )
+            critical = slowdown is not None and slowdown >= _CRITICAL_SLOWDOWN
+            sev: Severity = "critical" if critical and not ev.get("intermittent") else "warning"
+            return sev, (
+                f"{who} is slow: its ranks arrive {duration_text(excess)} after the other "
+                f"hosts' at collectives{when}{share} ({why})"
+            )
+        if cause == "clock":
+            sev = "warning" if abs(excess) >= _BROKEN_CLOCK_S else "info"
+            return sev, (
+                f"host clocks differ by {duration_text(abs(excess))}: {who}'s times run "
+                f"ahead of the other hosts', but its lines do not come after theirs in the "
+                f"merged log (a clock offset, not a slow node); {_CLOCK_CHECK}"
+            )
+        sev = "warning" if abs(excess) >= _UNSYNCED_S else "info"
+        return sev, (
+            f"{who}'s collectives are stamped {duration_text(excess)} after the other "
+            f"hosts'{share}, the same at every collective: either its clock is "
+            f"{duration_text(excess)} ahead or the node is slow by a constant delay; these "
+            f"logs cannot tell them apart (no merged log, no change over time); "
+            f"{_CLOCK_CHECK}"
+        )
 
     def _per_op(self, ctx: Context, comm_key: str, comm_rank: int) -> list[dict[str, object]]:
         """The straggler's lateness per collective type, AllGather first."""
@@ -208,3 +827,54 @@ class StragglerDetector:
             {"op": r["op"], "calls": r["calls"], "median_lateness_s": round(r["median_s"], 6)}
             for r in rows.iter_rows(named=True)
         ]
+
+
+def _merged(findings: list[Finding]) -> Finding:
+    """One finding for several hosts whose shift has the same cause (a clock, or a clock
+    or a constant delay): a job whose clocks all differ a little says it once."""
+    fs = sorted(findings, key=lambda f: -abs(f.evidence["median_lateness_s"]))
+    cause = fs[0].evidence["cause"]
+    worst = max((f.severity for f in fs), key=SEVERITIES.index)
+    shifts = ", ".join(f"{f.hosts[0]} {f.evidence['median_lateness_s'] * 1000:+.1f} ms" for f in fs)
+    what = (
+        "a clock offset (their lines do not come after the others' in the merged log)"
+        if cause == "clock"
+        else "either a clock offset or a constant delay (these logs cannot tell them apart)"
+    )
+    return Finding(
+        kind="straggler",
+        severity=worst,
+        message=(
+            f"{len(fs)} hosts' collectives are stamped after the other hosts' ({shifts}), "
+            f"the same at every collective: {what}; {_CLOCK_CHECK}"
+        ),
+        ranks=[],
+        hosts=sorted(f.hosts[0] for f in fs),
+        evidence={
+            "communicator": fs[0].evidence["communicator"],
+            "cause": cause,
+            "compared_with": "hosts",
+            "unit": "host",
+            "check": _CLOCK_CHECK,
+            "by_host": [
+                {
+                    "host": f.hosts[0],
+                    "ranks": f.evidence["ranks"],
+                    "median_lateness_s": f.evidence["median_lateness_s"],
+                    "order_after": f.evidence["order_after"],
+                }
+                for f in fs
+            ],
+        },
+        lines=[ln for f in fs for ln in f.lines[:1]],
+    )
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    """``q``-quantile (nearest rank) of ``xs``.
+
+    >>> _quantile([3.0, 1.0, 2.0, 4.0], 0.1), _quantile([3.0, 1.0, 2.0], 0.5)
+    (1.0, 2.0)
+    """
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))]

@@ -1,0 +1,250 @@
+"""Slow nodes as units, clock offsets told from slowness, stragglers in time (#12).
+
+Jobs come from ``synth``: SlowHost (every rank of one host late at every collective),
+SlowSpell (one rank late for a window), and host clock offsets (drawn up to 50 ms, or
+given).  Clocks only shift the times a host prints; the combined layout keeps the order in
+which lines were written.
+"""
+
+from __future__ import annotations
+
+import statistics
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ncclscope.analysis import Analysis, run_analysis
+from ncclscope.detect.base import Finding, severity_at_least
+from ncclscope.detect.straggler import find_window
+from ncclscope.synth import SlowHost, SlowRank, SlowSpell, SynthSpec, generate
+
+_GAP = 0.5 / 13  # the time model's gap between collectives (0.5 s steps, 4 layers)
+
+
+def _late(share: float) -> float:
+    """Lateness that is ``share`` of the gap between collectives it makes."""
+    return share * _GAP / (1 - share)
+
+
+def _run(tmp_path: Path, spec: SynthSpec) -> tuple[Analysis, dict[str, Any]]:
+    truth = generate(spec, tmp_path / "job").to_dict()
+    return run_analysis([str(tmp_path / "job")], workdir=tmp_path / "work"), truth
+
+
+def _stragglers(a: Analysis) -> list[Finding]:
+    return [f for f in a.findings if f.kind == "straggler"]
+
+
+def _ts(text: str) -> float:
+    return datetime.fromisoformat(text).replace(tzinfo=None).timestamp()
+
+
+@pytest.mark.parametrize(("hosts", "share"), [(2, 0.10), (3, 0.25), (4, 0.50)])
+def test_slow_host_is_named_as_a_node(tmp_path: Path, hosts: int, share: float) -> None:
+    slow = f"node-{hosts - 1}"
+    spec = SynthSpec(
+        ranks=8 * hosts, hosts=hosts, steps=12, timestamps=True, seed=hosts,
+        faults=(SlowHost(slow, lateness_s=_late(share)),),
+    )  # fmt: skip
+    a, _ = _run(tmp_path, spec)
+    found = [f for f in _stragglers(a) if severity_at_least(f.severity, "warning")]
+    assert [f.hosts for f in found] == [[slow]], [f.message for f in _stragglers(a)]
+    f = found[0]
+    assert f.ranks == list(range(8 * (hosts - 1), 8 * hosts))
+    assert f.evidence["ranks"] == f.ranks
+    assert f.evidence["cause"] == "slow"
+    assert f.evidence["unit"] == "host"
+    assert f.evidence["median_lateness_s"] == pytest.approx(_late(share), rel=0.2)
+    # no rank of the slow host is reported on its own: they are all equally late
+    assert all(f2.hosts != [slow] or f2 is f for f2 in _stragglers(a))
+
+
+def test_slow_host_proportional_to_compute(tmp_path: Path) -> None:
+    spec = SynthSpec(
+        ranks=16, hosts=2, steps=12, timestamps=True, seed=5,
+        faults=(SlowHost("node-0", slowdown=0.3),),
+    )  # fmt: skip
+    a, _ = _run(tmp_path, spec)
+    found = [f for f in _stragglers(a) if severity_at_least(f.severity, "warning")]
+    assert [(f.hosts, f.evidence["cause"]) for f in found] == [(["node-0"], "slow")]
+
+
+def test_hosts_of_one_rank(tmp_path: Path) -> None:
+    spec = SynthSpec(
+        ranks=4, hosts=4, steps=12, timestamps=True, seed=7,
+        faults=(SlowRank(2, _late(0.15)),),
+    )  # fmt: skip
+    a, _ = _run(tmp_path, spec)
+    found = [f for f in _stragglers(a) if severity_at_least(f.severity, "warning")]
+    assert [(f.ranks, f.hosts, f.evidence["cause"]) for f in found] == [([2], ["node-2"], "slow")]
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("layout", ["combined", "per-rank"])
+def test_clock_offsets_up_to_50ms_are_no_warning(tmp_path: Path, seed: int, layout: str) -> None:
+    spec = SynthSpec(
+        ranks=8 * (2 + seed % 3), hosts=2 + seed % 3, steps=10, timestamps=True, seed=seed,
+        layout=layout, clock_offset_max_s=0.05,  # type: ignore[arg-type]
+    )  # fmt: skip
+    a, truth = _run(tmp_path, spec)
+    offsets = [o["offset_s"] for o in truth["clock_offsets"]]
+    assert max(offsets) - min(offsets) > 0.005  # the clocks do differ
+    assert not [f.message for f in a.findings if severity_at_least(f.severity, "warning")]
+    # What is said about the clocks does not blame a rank.
+    assert all(f.ranks == [] for f in _stragglers(a))
+
+
+def test_clock_offset_is_told_from_the_merged_order(tmp_path: Path) -> None:
+    spec = SynthSpec(
+        ranks=16, hosts=2, steps=10, timestamps=True, seed=2, clock_offsets_s=(0.0, 0.03)
+    )
+    a, _ = _run(tmp_path, spec)
+    (f,) = _stragglers(a)
+    assert (f.severity, f.hosts, f.ranks, f.evidence["cause"]) == ("info", ["node-1"], [], "clock")
+    assert "chronyc tracking" in f.evidence["check"]
+
+
+@pytest.mark.parametrize("layout", ["combined", "per-rank"])
+def test_clock_offset_of_two_seconds_is_not_a_slow_node(tmp_path: Path, layout: str) -> None:
+    spec = SynthSpec(
+        ranks=16, hosts=2, steps=10, timestamps=True, seed=2, layout=layout,  # type: ignore[arg-type]
+        clock_offsets_s=(0.0, 2.0),
+    )  # fmt: skip
+    a, _ = _run(tmp_path, spec)
+    (f,) = _stragglers(a)
+    assert f.hosts == ["node-1"]
+    assert f.ranks == []  # no rank blamed
+    assert f.severity == "warning"  # a clock seconds off needs fixing
+    assert f.evidence["cause"] == ("clock" if layout == "combined" else "clock_or_constant_delay")
+    assert "chronyc tracking" in f.message
+    assert not [x for x in a.findings if x.severity == "critical"]
+
+
+@pytest.mark.parametrize("offsets", [(0.0, 0.02), (0.02, 0.0), (0.0, 0.3)])
+def test_slow_host_with_clock_offset_is_still_slow(
+    tmp_path: Path, offsets: tuple[float, float]
+) -> None:
+    spec = SynthSpec(
+        ranks=16, hosts=2, steps=12, timestamps=True, seed=9, clock_offsets_s=offsets,
+        faults=(SlowHost("node-1", lateness_s=_late(0.25)),),
+    )  # fmt: skip
+    a, _ = _run(tmp_path, spec)
+    found = [f for f in _stragglers(a) if severity_at_least(f.severity, "warning")]
+    assert [(f.hosts, f.evidence["cause"]) for f in found] == [(["node-1"], "slow")]
+    assert found[0].ranks == list(range(8, 16))
+
+
+def test_slow_host_per_rank_logs_says_both(tmp_path: Path) -> None:
+    """Separate files, a constant delay: the times cannot tell a slow node from a clock
+    offset; the finding names the host, says both, and what to check."""
+    spec = SynthSpec(
+        ranks=16, hosts=2, steps=12, timestamps=True, seed=3, layout="per-rank",
+        faults=(SlowHost("node-1", lateness_s=_late(0.2)),),
+    )  # fmt: skip
+    a, _ = _run(tmp_path, spec)
+    (f,) = _stragglers(a)
+    assert (f.hosts, f.evidence["cause"], f.severity) == (
+        ["node-1"], "clock_or_constant_delay", "info",
+    )  # fmt: skip
+    assert "chronyc tracking" in f.message
+
+
+def _window_ok(f: Finding, start: str, end: str, tol_s: float) -> None:
+    assert abs(_ts(f.evidence["window_start"]) - _ts(start)) <= tol_s
+    assert abs(_ts(f.evidence["window_end"]) - _ts(end)) <= tol_s
+
+
+def test_intermittent_rank_window(tmp_path: Path) -> None:
+    spec = SynthSpec(
+        ranks=16, hosts=2, steps=30, timestamps=True, seed=4,
+        faults=(SlowSpell(5, lateness_s=0.008, from_instance=120, to_instance=220),),
+    )  # fmt: skip
+    a, truth = _run(tmp_path, spec)
+    found = [f for f in _stragglers(a) if severity_at_least(f.severity, "warning")]
+    assert [f.ranks for f in found] == [[5]]
+    f = found[0]
+    details = truth["faults"][0]["details"]
+    # within three collectives of the true start and end
+    _window_ok(f, details["start"], details["end"], 3 * _GAP + 0.01)
+    assert f.evidence["intermittent"] is True
+    assert f.evidence["window_instances"] == pytest.approx(100, abs=4)
+    # cost: ~8 ms per collective for ~100 collectives
+    assert f.evidence["window_cost_s"] == pytest.approx(0.8, rel=0.2)
+    assert f.cost_gpu_s == pytest.approx(0.8 * 15, rel=0.2)
+
+
+def test_intermittent_host_window_with_clock_offsets(tmp_path: Path) -> None:
+    spec = SynthSpec(
+        ranks=24, hosts=3, steps=30, timestamps=True, seed=8, layout="per-rank",
+        clock_offset_max_s=0.02,
+        faults=(SlowHost("node-1", lateness_s=0.006, from_instance=200, to_instance=300),),
+    )  # fmt: skip
+    a, truth = _run(tmp_path, spec)
+    found = [f for f in _stragglers(a) if severity_at_least(f.severity, "warning")]
+    assert [(f.hosts, f.evidence["cause"]) for f in found] == [(["node-1"], "slow")]
+    details = truth["faults"][0]["details"]
+    # printed times carry the hosts' clocks (up to 20 ms)
+    _window_ok(found[0], details["start"], details["end"], 3 * _GAP + 0.05)
+
+
+def test_find_window_rejects_noise() -> None:
+    """Noise alone (no stretch above its level) gives no window, nor does one spike."""
+    xs = [0.001 * ((i * 7919) % 13 - 6) / 6 for i in range(300)]
+    assert find_window(xs, 0.0, 0.002) is None
+    xs[150] = 0.05
+    assert find_window(xs, 0.0, 0.002) is None
+    for i in range(100, 140):
+        xs[i] += 0.004
+    w = find_window(xs, 0.0, 0.002)
+    assert w is not None
+    assert abs(w.first - 100) <= 2
+    assert abs(w.last - 139) <= 2
+
+
+@pytest.mark.parametrize("offsets", [(0.0, 0.0, 0.0), (0.0, -0.03, 0.02), (0.01, 0.04, -0.02)])
+def test_slowdown_that_grows_with_the_compute_is_slow_in_separate_files(
+    tmp_path: Path, offsets: tuple[float, float, float]
+) -> None:
+    """Per-rank files (no merged order), a node 25% slower at computing: its lateness is
+    larger after the optimizer step than after a layer, which no clock does; the slowdown
+    is read from that growth, clock-free, and the rest of the shift is the clock."""
+    spec = SynthSpec(
+        ranks=24, hosts=3, steps=20, timestamps=True, seed=3, layout="per-rank",
+        telemetry=True, clock_offsets_s=offsets, faults=(SlowHost("node-1", slowdown=0.25),),
+    )  # fmt: skip
+    a, truth = _run(tmp_path, spec)
+    found = [f for f in _stragglers(a) if severity_at_least(f.severity, "warning")]
+    assert [(f.hosts, f.evidence["cause"]) for f in found] == [(["node-1"], "slow")]
+    f = found[0]
+    # its delay at a typical collective over the gap it makes (0.25 / 1.25 = 0.2)
+    assert truth["faults"][0]["details"]["slowdown"] == pytest.approx(0.2, abs=0.01)
+    assert f.evidence["slowdown"] == pytest.approx(0.2, abs=0.03)
+    clock = offsets[1] - statistics.median([offsets[0], offsets[2]])
+    assert f.evidence["clock_offset_estimate_s"] == pytest.approx(clock, abs=0.004)
+
+
+def test_constant_clock_offsets_do_not_grow_with_the_compute(tmp_path: Path) -> None:
+    spec = SynthSpec(
+        ranks=24, hosts=3, steps=20, timestamps=True, seed=3, layout="per-rank",
+        telemetry=True, clock_offsets_s=(0.0, 0.04, -0.02),
+    )  # fmt: skip
+    a, _ = _run(tmp_path, spec)
+    assert not [f.message for f in a.findings if severity_at_least(f.severity, "warning")]
+    assert all(f.evidence["cause"] != "slow" for f in _stragglers(a))
+
+
+def test_several_clock_offsets_are_said_once(tmp_path: Path) -> None:
+    spec = SynthSpec(
+        ranks=40, hosts=5, steps=10, timestamps=True, seed=6, layout="per-rank",
+        clock_offsets_s=(0.0, 0.03, -0.001, 0.012, 0.001),
+    )  # fmt: skip
+    a, _ = _run(tmp_path, spec)
+    (f,) = _stragglers(a)
+    assert (f.severity, f.ranks, f.evidence["cause"]) == ("info", [], "clock_or_constant_delay")
+    assert f.hosts == ["node-1", "node-3"]
+    by_host = {h["host"]: h["median_lateness_s"] for h in f.evidence["by_host"]}
+    # against the median of the other hosts' clocks (0.0005 s for both)
+    assert by_host["node-1"] == pytest.approx(0.0295, abs=0.001)
+    assert by_host["node-3"] == pytest.approx(0.0115, abs=0.001)
