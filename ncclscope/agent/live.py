@@ -48,7 +48,9 @@ from ncclscope.parsers.nccl.patterns import HEADER_RE, PREFIX_TS_RE
 __all__ = ["LiveWindow", "job_rows", "stamp"]
 
 #: A COLL line's header token (``[rank3]:node-0:4103:4103``), op and comm pointer.
-_COLL_MEMBER = r"(?P<token>\S+) \[\d+\] NCCL INFO (?P<op>\w+): opCount .* comm (?P<comm>0x[0-9a-f]+)"
+_COLL_MEMBER = (
+    r"(?P<token>\S+) \[\d+\] NCCL INFO (?P<op>\w+): opCount .* comm (?P<comm>0x[0-9a-f]+)"
+)
 _DROPPED_SCHEMA = {
     "file_id": pl.UInt32,
     "host": pl.String,
@@ -338,7 +340,10 @@ def _calls_per_member(path: Path, n_lines: int) -> Counter[tuple[str, int, str]]
         .with_columns(pl.col("token").str.split(":").alias("parts"))
         .select(
             pl.col("parts").list.get(-3, null_on_oob=True).alias("host"),
-            pl.col("parts").list.get(-2, null_on_oob=True).cast(pl.Int64, strict=False).alias("pid"),
+            pl.col("parts")
+            .list.get(-2, null_on_oob=True)
+            .cast(pl.Int64, strict=False)
+            .alias("pid"),
             "comm",
         )
         .drop_nulls()
