@@ -6,15 +6,17 @@ JSON) read it and never parse.  Nothing here prints: progress goes to a callback
 
 from __future__ import annotations
 
+import copy
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO
 
 import polars as pl
 
+from ncclscope.attempts import Attempt, find_cuts, segment_starts
 from ncclscope.detect import run_detectors
 from ncclscope.detect.base import Finding
 from ncclscope.parsers.frameworks import FrameworkTables, mtime_years, read_frameworks
@@ -105,6 +107,10 @@ class Analysis:
     #: the agent's samples given with ``--telemetry`` (TELEMETRY_SCHEMA, long format);
     #: empty without them
     telemetry: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=TELEMETRY_SCHEMA))
+    #: the runs the inputs hold (a restart kept in the same file starts a new one), the
+    #: last one being the job the tables above describe; findings of every attempt are
+    #: in ``findings``
+    attempts: list[Attempt] = field(default_factory=list)
 
 
 def run_analysis(
@@ -160,17 +166,26 @@ def run_analysis(
         stats = pl.DataFrame()
         procs = pl.DataFrame()
     report("build", 0, 1)
-    identity = resolve_identity(records, coll_only_comms(stats) if len(stats) else [], paths)
-    collectives = summary = None
-    if lines is not None and len(stats):
-        collectives = build_collectives(
-            lines, stats, identity.members, procs, workdir / "collectives", ts_source=coll_ts_source
-        )
-        summary = summarise(lines, collectives, stats, identity.members)
+    starts = (
+        _attempt_starts(scan, records, stats, frameworks, [t.file_id for t in targets])
+        if scan is not None
+        else None
+    )
+    n_attempts = len(starts["attempt"].unique()) if starts is not None else 1
+    builds: list[tuple[_Built, LineRecords, pl.DataFrame, FrameworkTables]] = []
+    for k in range(n_attempts):
+        if n_attempts == 1 or starts is None:
+            part = (records, lines, stats, frameworks)
+        else:
+            part = _attempt_part(k, starts, records, lines, procs, frameworks)
+        rec_k, lines_k, stats_k, fw_k = part
+        built = _build(rec_k, lines_k, stats_k, procs, paths, workdir / f"attempt-{k}",
+                       coll_ts_source)  # fmt: skip
+        builds.append((built, rec_k, stats_k, fw_k))
+    # The job as it stands is its last attempt; the earlier ones keep their findings.
+    last, _rec, last_stats, last_fw = builds[-1]
     account = _account(inputs, n_lines, records)
-    hosts = sorted(set(identity.members["host"].to_list()) | records.hosts)
-    errors = _errors(records, identity)
-    connections = _connections(records)
+    hosts = sorted(set(last.identity.members["host"].to_list()) | records.hosts)
     analysis = Analysis(
         paths=paths,
         inputs=account,
@@ -179,18 +194,22 @@ def run_analysis(
         nccl_versions=sorted({v.version for *_, v in records.versions}, key=_version_key),
         cuda_versions=sorted({v.cuda for *_, v in records.versions}, key=_version_key),
         hosts=hosts,
-        identity=identity,
-        communicators=_communicators(identity, summary, records),
+        identity=last.identity,
+        communicators=last.communicators,
         networks=sorted(records.networks),
-        connections=connections,
-        transports=sorted(connections["transport"].unique().to_list()),
-        errors=errors,
-        collectives=collectives,
-        summary=summary,
-        stats=stats,
-        timestamps=_timestamps(records, summary),
+        connections=last.connections,
+        transports=sorted(last.connections["transport"].unique().to_list()),
+        errors=last.errors,
+        collectives=last.collectives,
+        summary=last.summary,
+        stats=last_stats,
+        timestamps=_timestamps(
+            records,
+            sum(b.summary.calls for b, *_ in builds if b.summary is not None),
+            sum(b.summary.with_ts for b, *_ in builds if b.summary is not None),
+        ),
         env={k: sorted(v) for k, v in sorted(records.env.items())},
-        frameworks=frameworks,
+        frameworks=last_fw,
         workdir=workdir,
     )
     analysis.gaps = _gaps(analysis, records)
@@ -199,10 +218,223 @@ def run_analysis(
         analysis.telemetry = validate(telemetry, TELEMETRY_SCHEMA, "telemetry")
     report("build", 1, 1)
     report("detect", 0, 1)
-    analysis.findings = run_detectors(analysis)
+    found = _diagnose_attempts(analysis, builds, starts)
+    analysis.findings = sorted((f for _a, fs in found for f in fs), key=Finding.order)
+    at = {id(f): k for k, f in enumerate(analysis.findings)}
+    for attempt, fs in found:
+        attempt.findings = sorted(at[id(f)] for f in fs)
+    analysis.attempts = [a for a, _fs in found]
     analysis.quoted = _quote(inputs, analysis.findings)
     report("detect", 1, 1)
     return analysis
+
+
+@dataclass
+class _Built:
+    """The tables built from one attempt's records and COLL lines."""
+
+    identity: Identity
+    collectives: pl.LazyFrame | None
+    summary: CollSummary | None
+    errors: pl.DataFrame
+    connections: pl.DataFrame
+    communicators: pl.DataFrame
+
+
+def _build(
+    records: LineRecords,
+    lines: pl.LazyFrame | None,
+    stats: pl.DataFrame,
+    procs: pl.DataFrame,
+    paths: list[str],
+    out_dir: Path,
+    coll_ts_source: str,
+) -> _Built:
+    identity = resolve_identity(records, coll_only_comms(stats) if len(stats) else [], paths)
+    collectives = summary = None
+    if lines is not None and len(stats):
+        collectives = build_collectives(
+            lines, stats, identity.members, procs, out_dir, ts_source=coll_ts_source
+        )
+        summary = summarise(lines, collectives, stats, identity.members)
+    return _Built(
+        identity=identity,
+        collectives=collectives,
+        summary=summary,
+        errors=_errors(records, identity),
+        connections=_connections(records),
+        communicators=_communicators(identity, summary, records),
+    )
+
+
+def _framework_marks(frameworks: FrameworkTables) -> pl.DataFrame:
+    """(file_id, line_no) of every framework line read: content that keeps a segment."""
+    frames = [
+        t.select(pl.col("file_id").cast(pl.UInt32), pl.col("line_no").cast(pl.UInt32))
+        for t in _framework_frames(frameworks).values()
+    ]
+    schema = {"file_id": pl.UInt32, "line_no": pl.UInt32}
+    return pl.concat([pl.DataFrame(schema=schema), *frames])
+
+
+def _framework_frames(frameworks: FrameworkTables) -> dict[str, pl.DataFrame]:
+    """The framework tables that point at lines (``file_id``, ``line_no``), by field."""
+    return {
+        name: table
+        for name, table in vars(frameworks).items()
+        if isinstance(table, pl.DataFrame) and {"file_id", "line_no"} <= set(table.columns)
+    }
+
+
+def _attempt_starts(
+    scan: Scan,
+    records: LineRecords,
+    stats: pl.DataFrame,
+    frameworks: FrameworkTables,
+    file_ids: list[int],
+) -> pl.DataFrame:
+    """Per file, where each attempt starts (``segment_starts``)."""
+    text = pl.scan_parquet(scan.text_store)
+    nccl = text.filter(pl.col("kind") == LINE_KIND["nccl"])
+    other = text.filter(pl.col("kind") != LINE_KIND["nccl"])
+    cuts = find_cuts(nccl, other, records, stats, _framework_marks(frameworks))
+    return segment_starts(cuts, file_ids)
+
+
+def _in_attempt(frame: pl.LazyFrame, starts: pl.DataFrame, k: int, line: str) -> pl.LazyFrame:
+    """The rows of ``frame`` (``file_id``, ``line``) that fall in attempt ``k``."""
+    seg = starts.lazy().select(
+        pl.col("file_id").cast(pl.UInt32), pl.col("start").cast(pl.UInt32), "attempt"
+    )
+    return (
+        frame.with_columns(pl.col("file_id").cast(pl.UInt32), pl.col(line).cast(pl.UInt32))
+        .sort("file_id", line)
+        .join_asof(seg, left_on=line, right_on="start", by="file_id", strategy="backward")
+        .filter(pl.col("attempt") == k)
+        .drop("start", "attempt")
+    )
+
+
+def _attempt_part(
+    k: int,
+    starts: pl.DataFrame,
+    records: LineRecords,
+    lines: pl.LazyFrame | None,
+    procs: pl.DataFrame,
+    frameworks: FrameworkTables,
+) -> tuple[LineRecords, pl.LazyFrame | None, pl.DataFrame, FrameworkTables]:
+    """Attempt ``k``'s share of the records, COLL lines, statistics and framework tables."""
+    bounds: dict[int, list[tuple[int, int]]] = {}
+    for f, start, attempt in starts.select("file_id", "start", "attempt").iter_rows():
+        bounds.setdefault(int(f), []).append((int(start), int(attempt)))
+
+    def inside(file_id: int, line_no: int) -> bool:
+        segs = bounds.get(file_id)
+        if not segs:
+            return k == 0
+        current = 0
+        for start, attempt in segs:
+            if start <= line_no:
+                current = attempt
+        return current == k
+
+    part = _slice_records(records, inside)
+    part_lines = stats_k = None
+    if lines is not None:
+        part_lines = _in_attempt(lines, starts, k, "i").cast(lines.collect_schema())
+        stats_k = proc_comm_stats(part_lines, procs)
+    fw = copy.copy(frameworks)
+    for name, table in _framework_frames(frameworks).items():
+        setattr(fw, name, _in_attempt(table.lazy(), starts, k, "line_no").collect()
+                .cast(table.schema))  # fmt: skip
+    return part, part_lines, stats_k if stats_k is not None else pl.DataFrame(), fw
+
+
+def _slice_records(records: LineRecords, inside: Callable[[int, int], bool]) -> LineRecords:
+    """The records on lines ``inside`` says are kept (few: init, connection, WARN lines).
+    Records without a line (layouts, rank hints) go with their process."""
+    out = copy.copy(records)
+    out.comm_events = [e for e in records.comm_events if inside(e[0][0], e[1])]
+    out.connections = [c for c in records.connections if inside(c[0][0], c[1])]
+    out.colls = [c for c in records.colls if inside(c[0][0], c[1])]
+    out.errors = [g for g in records.errors if inside(g.proc[0], g.line_no)]
+    out.connection_frames = [
+        t.filter(
+            pl.struct("file_id", "line_no").map_elements(
+                lambda r: inside(r["file_id"], r["line_no"]), return_dtype=pl.Boolean
+            )
+        )
+        for t in records.connection_frames
+    ]
+    procs = {e[0] for e in out.comm_events} | {c[0] for c in out.colls}
+    out.layouts = [x for x in records.layouts if x[0] in procs]
+    out.rank_hints = {p: h for p, h in records.rank_hints.items() if p in procs}
+    return out
+
+
+def _diagnose_attempts(
+    analysis: Analysis,
+    builds: list[tuple[_Built, LineRecords, pl.DataFrame, FrameworkTables]],
+    starts: pl.DataFrame | None,
+) -> list[tuple[Attempt, list[Finding]]]:
+    """Each attempt through the detectors on its own tables; with several attempts a
+    finding says which one it is about."""
+    out = []
+    several = len(builds) > 1
+    for k, (built, _records, stats, fw) in enumerate(builds):
+        view = replace(
+            analysis,
+            identity=built.identity,
+            communicators=built.communicators,
+            connections=built.connections,
+            errors=built.errors,
+            collectives=built.collectives,
+            summary=built.summary,
+            stats=stats,
+            frameworks=fw,
+            findings=[],
+        )
+        findings = run_detectors(view)
+        if several:
+            for f in findings:
+                f.evidence["attempt"] = k
+                f.message = f"attempt {k}: {f.message}"
+        out.append((_describe_attempt(k, view, starts), findings))
+    return out
+
+
+def _describe_attempt(k: int, view: Analysis, starts: pl.DataFrame | None) -> Attempt:
+    """Attempt ``k``'s spans, processes, ranks and first and last times."""
+    spans: dict[int, tuple[int, int | None]] = {}
+    reasons: list[str] = []
+    if starts is not None:
+        by_file = starts.sort("file_id", "start").group_by("file_id", maintain_order=True)
+        for (file_id,), segs in by_file:
+            rows = segs.to_dicts()
+            for j, row in enumerate(rows):
+                if row["attempt"] == k:
+                    end = rows[j + 1]["start"] - 1 if j + 1 < len(rows) else None
+                    spans[int(file_id)] = (int(row["start"]), end)
+                    reasons += row["reason"].split("+")
+    members = view.identity.members
+    ranks = members["rank"].drop_nulls().unique().sort().to_list()
+    ts_start = ts_end = None
+    if view.collectives is not None:
+        first_last = view.collectives.select(
+            pl.col("ts").min().alias("lo"), pl.col("ts").max().alias("hi")
+        ).collect(engine="streaming")
+        ts_start, ts_end = first_last["lo"][0], first_last["hi"][0]
+    return Attempt(
+        index=k,
+        spans=spans,
+        reasons=sorted(set(reasons)) if k else ["start"],
+        hosts=sorted(set(members["host"].to_list())),
+        pids=sorted(set(members["pid"].to_list())),
+        ranks=[int(r) for r in ranks],
+        world_size=view.identity.world_size,
+        ts_start=ts_start,
+        ts_end=ts_end,
+    )
 
 
 def _quote(inputs: list[Input], findings: list[Finding]) -> dict[tuple[int, int], str]:
@@ -514,9 +746,9 @@ def _errors(records: LineRecords, identity: Identity) -> pl.DataFrame:
     return validate(frame, ERRORS_SCHEMA, "errors")
 
 
-def _timestamps(records: LineRecords, summary: CollSummary | None) -> str:
-    total = records.header_lines + (summary.calls if summary else 0) - len(records.colls)
-    with_ts = records.header_lines_with_ts + (summary.with_ts if summary else 0)
+def _timestamps(records: LineRecords, calls: int, calls_with_ts: int) -> str:
+    total = records.header_lines + calls - len(records.colls)
+    with_ts = records.header_lines_with_ts + calls_with_ts
     with_ts -= sum(1 for *_x, ts in records.colls if ts is not None)
     if total <= 0 or with_ts <= 0:
         return "none"
