@@ -245,9 +245,9 @@ def _keep_separating(
 ) -> list[Cut]:
     """The cuts that separate work (``points``: lines of work per process).  A process's
     own cut (a banner, an init) counts when that process worked since the last kept
-    cut: the next processes' banners and inits of the same restart are not new attempts.  A launcher's or a turnover cut
-    counts when anything was logged since the last kept cut (``will restart``, then
-    ``restart_count=1``, is one restart)."""
+    cut: the next processes' banners and inits of the same restart are not new
+    attempts.  A launcher's or a turnover cut counts when anything was logged since the
+    last kept cut (``will restart``, then ``restart_count=1``, is one restart)."""
     any_line: dict[int, list[int]] = defaultdict(list)
     for proc, lines in points.items():
         any_line[proc[0]] += lines
