@@ -6,7 +6,145 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from conftest import run_cli
+
 from ncclscope.agent.live import LiveWindow, job_rows
+
+#: 2 hosts x 2 GPUs; NCCL 2.7 shapes (no commId, no Init START), written from
+#: shared/formats/nccl.md.
+_HOSTS = ("gpu-b1", "gpu-b1", "gpu-b2", "gpu-b2")
+_PTRS = ("0x7f31a8000b70", "0x7f62c4000b70", "0x7f31a8000b70", "0x7f62c4000b70")
+
+
+def _run(
+    pids: tuple[int, ...], calls: int, *, banners: bool = True, stop: int | None = None
+) -> list[list[str]]:
+    """One run's lines per rank: banner (rank 0 only, as NCCL prints it), Init COMPLETE,
+    then ``calls`` AllReduce calls (``stop``: that rank logs one call fewer)."""
+    out: list[list[str]] = []
+    for rank, (host, pid) in enumerate(zip(_HOSTS, pids, strict=True)):
+        dev = rank % 2
+        lines = [
+            f"{host}:{pid}:{pid} [{dev}] NCCL INFO Bootstrap : Using [0]ib0:10.4.0.{7 + rank}<0>"
+        ]
+        if banners and rank == 0:
+            lines.append(f"{host}:{pid}:{pid} [{dev}] NCCL INFO NCCL version 2.7.8+cuda11.0")
+        lines.append(
+            f"{host}:{pid}:{pid + 41} [{dev}] NCCL INFO comm {_PTRS[rank]} rank {rank} nranks 4 "
+            f"cudaDev {dev} busId {dev + 1}a000 - Init COMPLETE"
+        )
+        n = calls - 1 if stop == rank else calls
+        lines += [
+            f"{host}:{pid}:{pid} [{dev}] NCCL INFO AllReduce: opCount {k:x} sendbuff "
+            f"0x7f2e00000000 recvbuff 0x7f2e00000000 count {4096 + k % 2} datatype 7 op 0 "
+            f"root 0 comm {_PTRS[rank]} [nranks=4] stream 0x5591c0e0"
+            for k in range(n)
+        ]
+        out.append(lines)
+    return out
+
+
+def _interleave(per_rank: list[list[str]]) -> list[str]:
+    """A combined log (torchrun's stdout): the ranks' lines in turn."""
+    longest = max(len(lines) for lines in per_rank)
+    return [lines[k] for k in range(longest) for lines in per_rank if k < len(lines)]
+
+
+def _write(path: Path, lines: list[str]) -> Path:
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_two_runs_without_comm_id_are_two_attempts_and_no_hang(tmp_path: Path) -> None:
+    # Both runs healthy.  The second's pids sort before the first's on one host and after
+    # on the other: matched by (nranks, creation order) and split by rank, run 2's ranks
+    # 0-1 and run 1's ranks 2-3 made one communicator (12 calls against 8: a "hang").
+    first = _run((3101, 3102, 5120, 5121), 12)
+    second = _run((211, 212, 5230, 5231), 8)
+    log = _write(tmp_path / "job.log", _interleave(first) + _interleave(second))
+    doc = run_cli([log]).doc
+    assert doc is not None
+    assert [f for f in doc["findings"] if f["kind"] == "hang"] == []
+    attempts = doc["attempts"]
+    assert [a["index"] for a in attempts] == [0, 1]
+    assert attempts[0]["started_by"] == ["start"]
+    assert attempts[1]["started_by"] == ["pids"]
+    assert attempts[0]["pids"] == [3101, 3102, 5120, 5121]
+    assert attempts[1]["pids"] == [211, 212, 5230, 5231]
+    assert all(a["ranks"] == [0, 1, 2, 3] and a["world_size"] == 4 for a in attempts)
+    # Run 2 starts at the first line that names its process: rank 0's banner, after the
+    # four Bootstrap lines (which name no communicator).
+    banner = len(_interleave(first)) + 5
+    assert "NCCL version" in log.read_text().splitlines()[banner - 1]
+    assert attempts[0]["spans"][0]["last_line"] == banner - 1
+    assert attempts[1]["spans"][0]["first_line"] == banner
+    # The job as it stands is the last run: 8 calls per rank.
+    assert doc["collectives"]["calls"] == 32
+
+
+def test_reused_pids_split_at_the_second_banner(tmp_path: Path) -> None:
+    # A container restarted: the same pids, the same comm pointers.  Run 1 lost rank 2's
+    # last call (it died); run 2 is healthy.  Merged, rank 2 looked stuck in the job as
+    # it stands; split, the stop belongs to attempt 0.
+    pids = (31, 32, 31, 32)
+    first = _interleave(_run(pids, 12, stop=2))
+    log = _write(tmp_path / "job.log", first + _interleave(_run(pids, 8)))
+    doc = run_cli([log]).doc
+    assert doc is not None
+    attempts = doc["attempts"]
+    assert len(attempts) == 2
+    assert attempts[1]["started_by"] == ["banner"]
+    assert attempts[1]["spans"][0]["first_line"] == len(first) + 5  # its banner line
+    later = [doc["findings"][k] for k in attempts[1]["findings"]]
+    assert all(f["kind"] != "hang" for f in later)
+    for k in attempts[0]["findings"]:
+        assert doc["findings"][k]["evidence"]["attempt"] == 0
+    hangs = [f for f in doc["findings"] if f["kind"] == "hang"]
+    assert all(f["evidence"]["attempt"] == 0 and f["ranks"] == [2] for f in hangs)
+
+
+def test_reused_pids_without_banner_split_at_the_launcher_restart(tmp_path: Path) -> None:
+    pids = (31, 32, 31, 32)
+    first = _interleave(_run(pids, 12, banners=False))
+    restart = [
+        "[2026-03-02 10:04:11,220] torch.distributed.elastic.agent.server.api: [WARNING] "
+        "[default] Worker group FAILED. 2/3 attempts left; will restart worker group",
+        "[2026-03-02 10:04:14,901] torch.distributed.elastic.agent.server.api: [INFO] "
+        "[default] Rendezvous complete for workers. Result:",
+        "  restart_count=1",
+    ]
+    second = _interleave(_run(pids, 8, banners=False))
+    doc = run_cli([_write(tmp_path / "job.log", first + restart + second)]).doc
+    assert doc is not None
+    attempts = doc["attempts"]
+    assert len(attempts) == 2
+    assert "restart" in attempts[1]["started_by"]
+    assert attempts[1]["spans"][0]["first_line"] == len(first) + 1
+    assert doc["collectives"]["calls"] == 32
+
+
+def test_per_rank_files_with_two_runs_each(tmp_path: Path) -> None:
+    first = _run((3101, 3102, 5120, 5121), 12)
+    second = _run((4101, 4102, 6120, 6121), 8)
+    paths = [_write(tmp_path / f"rank{r}.log", first[r] + second[r]) for r in range(4)]
+    doc = run_cli(paths).doc
+    assert doc is not None
+    attempts = doc["attempts"]
+    assert len(attempts) == 2
+    assert [len(a["spans"]) for a in attempts] == [4, 4]
+    assert attempts[1]["pids"] == [4101, 4102, 6120, 6121]
+
+
+def test_one_run_is_one_attempt_even_when_files_are_joined(tmp_path: Path) -> None:
+    # Two ranks' logs of one run joined end to end: new pids, but other (host, rank)
+    # slots, so not a new run.
+    run = _run((3101, 3102, 5120, 5121), 6)
+    doc = run_cli([_write(tmp_path / "joined.log", [x for lines in run for x in lines])]).doc
+    assert doc is not None
+    assert len(doc["attempts"]) == 1
+    assert doc["attempts"][0]["started_by"] == ["start"]
+    assert doc["attempts"][0]["findings"] == list(range(len(doc["findings"])))
+    assert all("attempt" not in f["evidence"] for f in doc["findings"])
 
 
 def _coll(pid: int, dev: int, seq: int, comm: str) -> str:
