@@ -111,6 +111,16 @@ class Analysis:
     #: last one being the job the tables above describe; findings of every attempt are
     #: in ``findings``
     attempts: list[Attempt] = field(default_factory=list)
+    #: the job's world size and where it came from: ``init`` (NCCL's Init lines), ``coll``
+    #: (COLL lines' ``[nranks=N]``: no Init line kept), ``launcher`` (launcher or
+    #: PyTorch lines: ``WORLD_SIZE=16``, ``global_world_sizes=[16]``, ``size: 16``);
+    #: None when nothing says
+    world_size: int | None = None
+    world_size_source: str | None = None
+    #: ranks of the world that left no line in these inputs (a host whose files are
+    #: absent); None when that cannot be told (world size unknown, or members whose
+    #: rank no line names)
+    ranks_without_logs: list[int] | None = None
 
 
 def run_analysis(
@@ -218,7 +228,8 @@ def run_analysis(
         analysis.telemetry = validate(telemetry, TELEMETRY_SCHEMA, "telemetry")
     report("build", 1, 1)
     report("detect", 0, 1)
-    found = _diagnose_attempts(analysis, builds, starts)
+    sizes = _launcher_world_sizes(scan.text_store) if scan is not None else []
+    found = _diagnose_attempts(analysis, builds, starts, sizes)
     analysis.findings = sorted((f for _a, fs in found for f in fs), key=Finding.order)
     at = {id(f): k for k, f in enumerate(analysis.findings)}
     for attempt, fs in found:
@@ -376,6 +387,7 @@ def _diagnose_attempts(
     analysis: Analysis,
     builds: list[tuple[_Built, LineRecords, pl.DataFrame, FrameworkTables]],
     starts: pl.DataFrame | None,
+    launcher_sizes: list[int],
 ) -> list[tuple[Attempt, list[Finding]]]:
     """Each attempt through the detectors on its own tables; with several attempts a
     finding says which one it is about."""
@@ -394,6 +406,14 @@ def _diagnose_attempts(
             frameworks=fw,
             findings=[],
         )
+        view.world_size, view.world_size_source = _world_size(view, launcher_sizes)
+        view.ranks_without_logs = _ranks_without_logs(view)
+        if k == len(builds) - 1:
+            analysis.world_size, analysis.world_size_source = (
+                view.world_size,
+                view.world_size_source,
+            )
+            analysis.ranks_without_logs = view.ranks_without_logs
         findings = run_detectors(view)
         if several:
             for f in findings:
@@ -401,6 +421,70 @@ def _diagnose_attempts(
                 f.message = f"attempt {k}: {f.message}"
         out.append((_describe_attempt(k, view, starts), findings))
     return out
+
+
+#: Lines of launchers and PyTorch that state the world (or the default group's) size:
+#: ``WORLD_SIZE=16`` (an environment dump), ``global_world_sizes=[16, 16]``
+#: (torchelastic's rendezvous result), ``ProcessGroupNCCL initialization options: size:
+#: 16, global rank: 3, ...`` (PyTorch, per process group: the largest is the world).
+_WORLD_SIZE_RE = (
+    r"(?:\bWORLD_SIZE\s*[=:]\s*|global_world_sizes=\[|initialization options: size: )(\d{1,7})"
+)
+
+
+def _launcher_world_sizes(text_store: Path) -> list[int]:
+    """Every world size the launcher and PyTorch lines state (few lines: a literal
+    filter first)."""
+    text = pl.col("text")
+    sizes = (
+        pl.scan_parquet(text_store)
+        .filter(pl.col("kind") != LINE_KIND["nccl"])
+        .filter(
+            text.str.contains("WORLD_SIZE", literal=True)
+            | text.str.contains("world_sizes=", literal=True)
+            | text.str.contains("options: size: ", literal=True)
+        )
+        .select(text.str.extract(_WORLD_SIZE_RE, 1).cast(pl.Int64, strict=False).alias("n"))
+        .drop_nulls()
+        .collect()
+    )
+    return sorted({int(n) for n in sizes["n"] if n > 0})
+
+
+def _world_size(view: Analysis, launcher_sizes: list[int]) -> tuple[int | None, str | None]:
+    """NCCL's count first (Init lines, else COLL lines' ``nranks``), then what the
+    launcher, PyTorch or DeepSpeed lines state."""
+    ident = view.identity
+    if ident.world_size is not None:
+        world = ident.members.filter(pl.col("comm_key") == ident.world_key)
+        inited = world["complete"].any() or world["bus_id"].is_not_null().any()
+        return ident.world_size, "init" if inited else "coll"
+    stated = [
+        *launcher_sizes,
+        *([view.frameworks.world_size] if view.frameworks.world_size else []),
+    ]
+    return (max(stated), "launcher") if stated else (None, None)
+
+
+def _ranks_without_logs(view: Analysis) -> list[int] | None:
+    """Ranks in ``range(world_size)`` that left no line: not a member of the world
+    communicator, no PyTorch line with their ``[rankN]:`` prefix.  A launcher's failure
+    summary naming a rank is not that rank's log.  None when that cannot be told."""
+    world = view.world_size
+    if world is None:
+        return None
+    ident = view.identity
+    members = ident.members.filter(pl.col("comm_key") == ident.world_key)
+    if members["comm_rank"].null_count():
+        return None  # a member no line names the rank of: it may be any missing rank
+    seen = set(members["comm_rank"].to_list()) | set(ident.ranks["rank"].to_list())
+    fw = view.frameworks
+    for table, column in (
+        (fw.timeouts, "global_rank"),
+        (fw.torch_events, "global_rank"),
+    ):
+        seen |= set(table[column].drop_nulls().to_list())
+    return [r for r in range(world) if r not in seen]
 
 
 def _describe_attempt(k: int, view: Analysis, starts: pl.DataFrame | None) -> Attempt:

@@ -81,6 +81,15 @@ class Context:
             .sort("comm_key", "comm_rank")
         )
 
+    @property
+    def ranks_without_logs(self) -> frozenset[int]:
+        """Ranks of the world that left no line in these inputs (their host's files are
+        absent, or the excerpt left them out); empty when unknown.  A detector must not
+        blame one of them on its silence alone: only on evidence from the others (a
+        watchdog naming it, a desync report, the launcher's failure summary)."""
+        missing = self.analysis.ranks_without_logs
+        return frozenset(missing) if missing else frozenset()
+
     @cached_property
     def stride(self) -> int:
         """Every ``stride``-th sequence number is sampled."""
