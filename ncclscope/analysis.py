@@ -474,7 +474,7 @@ def _ranks_without_logs(view: Analysis) -> list[int] | None:
     if world is None:
         return None
     ident = view.identity
-    members = ident.members.filter(pl.col("comm_key") == ident.world_key)
+    members = ident.members.filter(pl.col("comm_key") == (ident.world_key or ""))
     if members["comm_rank"].null_count():
         return None  # a member no line names the rank of: it may be any missing rank
     seen = set(members["comm_rank"].to_list()) | set(ident.ranks["rank"].to_list())
