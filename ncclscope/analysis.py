@@ -469,7 +469,9 @@ def _world_size(view: Analysis, launcher_sizes: list[int]) -> tuple[int | None, 
 def _ranks_without_logs(view: Analysis) -> list[int] | None:
     """Ranks in ``range(world_size)`` that left no line: not a member of the world
     communicator, no PyTorch line with their ``[rankN]:`` prefix.  A launcher's failure
-    summary naming a rank is not that rank's log.  None when that cannot be told."""
+    summary naming a rank is not that rank's log, and DeepSpeed prints its timers on
+    rank 0 while the other ranks' lines carry no rank.  None when that cannot be told
+    (no line names the rank that wrote it)."""
     world = view.world_size
     if world is None:
         return None
@@ -484,6 +486,8 @@ def _ranks_without_logs(view: Analysis) -> list[int] | None:
         (fw.torch_events, "global_rank"),
     ):
         seen |= set(table[column].drop_nulls().to_list())
+    if not seen:
+        return None  # no line names its rank (DeepSpeed's unlabelled stdout)
     return [r for r in range(world) if r not in seen]
 
 
@@ -498,7 +502,7 @@ def _describe_attempt(k: int, view: Analysis, starts: pl.DataFrame | None) -> At
             for j, row in enumerate(rows):
                 if row["attempt"] == k:
                     end = rows[j + 1]["start"] - 1 if j + 1 < len(rows) else None
-                    spans[int(file_id)] = (int(row["start"]), end)
+                    spans[int(file_id)] = (max(1, int(row["start"])), end)
                     reasons += row["reason"].split("+")
     members = view.identity.members
     ranks = members["rank"].drop_nulls().unique().sort().to_list()
