@@ -11,11 +11,13 @@ import tempfile
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 from typing import BinaryIO
 
 import polars as pl
 
+from ncclscope.attempts import HINTS as ATTEMPT_HINTS
 from ncclscope.attempts import Attempt, find_cuts, segment_starts
 from ncclscope.detect import run_detectors
 from ncclscope.detect.base import Finding
@@ -176,9 +178,10 @@ def run_analysis(
         stats = pl.DataFrame()
         procs = pl.DataFrame()
     report("build", 0, 1)
+    hints = _hint_lines(scan.text_store) if scan is not None else None
     starts = (
-        _attempt_starts(scan, records, stats, frameworks, [t.file_id for t in targets])
-        if scan is not None
+        _attempt_starts(hints, records, stats, frameworks, [t.file_id for t in targets])
+        if hints is not None
         else None
     )
     n_attempts = len(starts["attempt"].unique()) if starts is not None else 1
@@ -228,7 +231,7 @@ def run_analysis(
         analysis.telemetry = validate(telemetry, TELEMETRY_SCHEMA, "telemetry")
     report("build", 1, 1)
     report("detect", 0, 1)
-    sizes = _launcher_world_sizes(scan.text_store) if scan is not None else []
+    sizes = _launcher_world_sizes(hints) if hints is not None else []
     found = _diagnose_attempts(analysis, builds, starts, sizes)
     analysis.findings = sorted((f for _a, fs in found for f in fs), key=Finding.order)
     at = {id(f): k for k, f in enumerate(analysis.findings)}
@@ -298,18 +301,30 @@ def _framework_frames(frameworks: FrameworkTables) -> dict[str, pl.DataFrame]:
 
 
 def _attempt_starts(
-    scan: Scan,
+    hints: pl.DataFrame,
     records: LineRecords,
     stats: pl.DataFrame,
     frameworks: FrameworkTables,
     file_ids: list[int],
 ) -> pl.DataFrame:
     """Per file, where each attempt starts (``segment_starts``)."""
-    text = pl.scan_parquet(scan.text_store)
-    nccl = text.filter(pl.col("kind") == LINE_KIND["nccl"])
-    other = text.filter(pl.col("kind") != LINE_KIND["nccl"])
-    cuts = find_cuts(nccl, other, records, stats, _framework_marks(frameworks))
+    cuts = find_cuts(hints, LINE_KIND["nccl"], records, stats, _framework_marks(frameworks))
     return segment_starts(cuts, file_ids)
+
+
+def _hint_lines(text_store: Path) -> pl.DataFrame:
+    """The few lines of the text store that attempts and world sizes are read from (a
+    banner, a restart, a stated world size), in one pass with literal filters."""
+    text = pl.col("text")
+    wanted = pl.any_horizontal(
+        [text.str.contains(h, literal=True) for h in (*ATTEMPT_HINTS, *_WORLD_HINTS)]
+    )
+    return (
+        pl.scan_parquet(text_store)
+        .filter(wanted)
+        .select("file_id", "i", "kind", "text")
+        .collect(engine="streaming")
+    )
 
 
 def _in_attempt(frame: pl.LazyFrame, starts: pl.DataFrame, k: int, line: str) -> pl.LazyFrame:
@@ -432,21 +447,18 @@ _WORLD_SIZE_RE = (
 )
 
 
-def _launcher_world_sizes(text_store: Path) -> list[int]:
-    """Every world size the launcher and PyTorch lines state (few lines: a literal
-    filter first)."""
+#: Literal pieces of the lines ``_WORLD_SIZE_RE`` reads.
+_WORLD_HINTS = ("WORLD_SIZE", "world_sizes=", "options: size: ")
+
+
+def _launcher_world_sizes(hints: pl.DataFrame) -> list[int]:
+    """Every world size the launcher and PyTorch lines state (``hints``: the lines
+    ``_hint_lines`` kept)."""
     text = pl.col("text")
     sizes = (
-        pl.scan_parquet(text_store)
-        .filter(pl.col("kind") != LINE_KIND["nccl"])
-        .filter(
-            text.str.contains("WORLD_SIZE", literal=True)
-            | text.str.contains("world_sizes=", literal=True)
-            | text.str.contains("options: size: ", literal=True)
-        )
+        hints.filter(pl.col("kind") != LINE_KIND["nccl"])
         .select(text.str.extract(_WORLD_SIZE_RE, 1).cast(pl.Int64, strict=False).alias("n"))
         .drop_nulls()
-        .collect()
     )
     return sorted({int(n) for n in sizes["n"] if n > 0})
 
@@ -507,11 +519,10 @@ def _describe_attempt(k: int, view: Analysis, starts: pl.DataFrame | None) -> At
     members = view.identity.members
     ranks = members["rank"].drop_nulls().unique().sort().to_list()
     ts_start = ts_end = None
-    if view.collectives is not None:
-        first_last = view.collectives.select(
-            pl.col("ts").min().alias("lo"), pl.col("ts").max().alias("hi")
-        ).collect(engine="streaming")
-        ts_start, ts_end = first_last["lo"][0], first_last["hi"][0]
+    if "ts_min" in view.stats.columns:  # read with the statistics: no pass over the lines
+        lo, hi = view.stats["ts_min"].min(), view.stats["ts_max"].max()
+        ts_start = lo if isinstance(lo, datetime) else None
+        ts_end = hi if isinstance(hi, datetime) else None
     return Attempt(
         index=k,
         spans=spans,

@@ -20,6 +20,7 @@ handful of rows per process: no per-line work.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -67,20 +68,27 @@ class Attempt:
     findings: list[int] = field(default_factory=list)
 
 
+#: Literal pieces of the lines this module reads, for one cheap filter of the text store:
+#: a banner, a launcher's restart.
+HINTS = ("NCCL version ", "estart")
+
+
 def find_cuts(
-    nccl_lines: pl.LazyFrame,
-    other_lines: pl.LazyFrame,
+    hints: pl.DataFrame,
+    nccl_kind: int,
     records: LineRecords,
     stats: pl.DataFrame,
     marks: pl.DataFrame,
 ) -> list[Cut]:
     """Every line where a new attempt starts, over all files, sorted.
 
-    ``nccl_lines``/``other_lines``: the text store's rows (``file_id``, ``i``, ``text``)
-    with an NCCL marker and without; ``stats``: per (process, comm) COLL statistics;
-    ``marks``: (``file_id``, ``line_no``) of framework lines, which keep a segment of a
-    file without NCCL lines.
+    ``hints``: the text store's rows (``file_id``, ``i``, ``kind``, ``text``) holding one
+    of :data:`HINTS` (``nccl_kind``: the kind of lines with an NCCL marker); ``stats``:
+    per (process, comm) COLL statistics; ``marks``: (``file_id``, ``line_no``) of
+    framework lines, which keep a segment of a file without NCCL lines.
     """
+    nccl_lines = hints.lazy().filter(pl.col("kind") == nccl_kind)
+    other_lines = hints.lazy().filter(pl.col("kind") != nccl_kind)
     banners = _banners(nccl_lines)
     points = _points(records, stats, banners)
     # Work done: the lines that are not a start (banner, Init): a cut separates work.
@@ -248,20 +256,27 @@ def _keep_separating(
     cut: the next processes' banners and inits of the same restart are not new
     attempts.  A launcher's or a turnover cut counts when anything was logged since the
     last kept cut (``will restart``, then ``restart_count=1``, is one restart)."""
+    if not cuts:
+        return []  # the common case: marks (framework lines, many) are not even read
     any_line: dict[int, list[int]] = defaultdict(list)
     for proc, lines in points.items():
         any_line[proc[0]] += lines
-    for f, line_no in marks.select("file_id", "line_no").iter_rows():
-        any_line[int(f)].append(int(line_no))
+    if any(c.pid is None for c in cuts):
+        for (f,), part in marks.group_by("file_id"):
+            any_line[int(f)] += part["line_no"].to_list()
+    per_file = {f: sorted(lines) for f, lines in any_line.items()}
+    per_proc = {proc: lines for proc, lines in points.items()}  # sorted by _points
     kept: list[Cut] = []
     last: dict[int, int] = {}
     for cut in cuts:
         before = last.get(cut.file_id, 0)
         if cut.pid is not None and cut.host is not None:
-            lines = points.get((cut.file_id, cut.host, cut.pid), [])
+            lines = per_proc.get((cut.file_id, cut.host, cut.pid), [])
         else:
-            lines = any_line.get(cut.file_id, [])
-        if cut.line_no == before or any(before < x < cut.line_no for x in lines):
+            lines = per_file.get(cut.file_id, [])
+        # Any line strictly between the last kept cut and this one.
+        k = bisect_right(lines, before)
+        if cut.line_no == before or (k < len(lines) and lines[k] < cut.line_no):
             kept.append(cut)
             last[cut.file_id] = cut.line_no
     return kept
