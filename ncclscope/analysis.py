@@ -233,7 +233,8 @@ def run_analysis(
     report("detect", 0, 1)
     sizes = _launcher_world_sizes(hints) if hints is not None else []
     found = _diagnose_attempts(analysis, builds, starts, sizes)
-    analysis.findings = sorted((f for _a, fs in found for f in fs), key=Finding.order)
+    unique = {id(f): f for _a, fs in found for f in fs}
+    analysis.findings = sorted(unique.values(), key=Finding.order)
     at = {id(f): k for k, f in enumerate(analysis.findings)}
     for attempt, fs in found:
         attempt.findings = sorted(at[id(f)] for f in fs)
@@ -328,16 +329,24 @@ def _hint_lines(text_store: Path) -> pl.DataFrame:
 
 
 def _in_attempt(frame: pl.LazyFrame, starts: pl.DataFrame, k: int, line: str) -> pl.LazyFrame:
-    """The rows of ``frame`` (``file_id``, ``line``) that fall in attempt ``k``."""
-    seg = starts.lazy().select(
-        pl.col("file_id").cast(pl.UInt32), pl.col("start").cast(pl.UInt32), "attempt"
-    )
-    return (
-        frame.with_columns(pl.col("file_id").cast(pl.UInt32), pl.col(line).cast(pl.UInt32))
-        .sort("file_id", line)
-        .join_asof(seg, left_on=line, right_on="start", by="file_id", strategy="backward")
+    """The rows of ``frame`` (``file_id``, ``line``) that fall in attempt ``k``: a join
+    on the file with its segment's bounds (one row a file), no sort of the rows."""
+    bounds = (
+        starts.sort("file_id", "start")
+        .with_columns(
+            (pl.col("start").shift(-1).over("file_id").cast(pl.Int64) - 1)
+            .fill_null(2**62)
+            .alias("end")
+        )
         .filter(pl.col("attempt") == k)
-        .drop("start", "attempt")
+        .select(pl.col("file_id").cast(pl.UInt32), pl.col("start").cast(pl.Int64), "end")
+    )
+    columns = frame.collect_schema().names()
+    return (
+        frame.with_columns(pl.col("file_id").cast(pl.UInt32))
+        .join(bounds.lazy(), on="file_id", how="inner")
+        .filter(pl.col(line).cast(pl.Int64).is_between(pl.col("start"), pl.col("end")))
+        .select(columns)
     )
 
 
@@ -364,7 +373,7 @@ def _attempt_part(
                 current = attempt
         return current == k
 
-    part = _slice_records(records, inside)
+    part = _slice_records(records, inside, starts, k)
     part_lines = stats_k = None
     if lines is not None:
         part_lines = _in_attempt(lines, starts, k, "i").cast(lines.collect_schema())
@@ -376,7 +385,9 @@ def _attempt_part(
     return part, part_lines, stats_k if stats_k is not None else pl.DataFrame(), fw
 
 
-def _slice_records(records: LineRecords, inside: Callable[[int, int], bool]) -> LineRecords:
+def _slice_records(
+    records: LineRecords, inside: Callable[[int, int], bool], starts: pl.DataFrame, k: int
+) -> LineRecords:
     """The records on lines ``inside`` says are kept (few: init, connection, WARN lines).
     Records without a line (layouts, rank hints) go with their process."""
     out = copy.copy(records)
@@ -385,11 +396,7 @@ def _slice_records(records: LineRecords, inside: Callable[[int, int], bool]) -> 
     out.colls = [c for c in records.colls if inside(c[0][0], c[1])]
     out.errors = [g for g in records.errors if inside(g.proc[0], g.line_no)]
     out.connection_frames = [
-        t.filter(
-            pl.struct("file_id", "line_no").map_elements(
-                lambda r: inside(r["file_id"], r["line_no"]), return_dtype=pl.Boolean
-            )
-        )
+        _in_attempt(t.lazy(), starts, k, "line_no").collect().cast(t.schema)
         for t in records.connection_frames
     ]
     procs = {e[0] for e in out.comm_events} | {c[0] for c in out.colls}
@@ -405,9 +412,11 @@ def _diagnose_attempts(
     launcher_sizes: list[int],
 ) -> list[tuple[Attempt, list[Finding]]]:
     """Each attempt through the detectors on its own tables; with several attempts a
-    finding says which one it is about."""
-    out = []
+    finding says which one it is about.  Advice about the logs (``config`` findings)
+    that every attempt gives alike is one finding, shared by those attempts."""
+    out: list[tuple[Attempt, list[Finding]]] = []
     several = len(builds) > 1
+    advice: dict[tuple[str, str, str], Finding] = {}
     for k, (built, _records, stats, fw) in enumerate(builds):
         view = replace(
             analysis,
@@ -431,10 +440,24 @@ def _diagnose_attempts(
             analysis.ranks_without_logs = view.ranks_without_logs
         findings = run_detectors(view)
         if several:
+            kept = []
             for f in findings:
-                f.evidence["attempt"] = k
-                f.message = f"attempt {k}: {f.message}"
+                key = (f.kind, f.severity, f.message)
+                if f.kind == "config" and key in advice:
+                    kept.append(advice[key])  # the same advice: one finding
+                    continue
+                if f.kind == "config":
+                    advice[key] = f
+                kept.append(f)
+            findings = kept
         out.append((_describe_attempt(k, view, starts), findings))
+    if several:  # label what is about one attempt only
+        for k, (_a, findings) in enumerate(out):
+            for f in findings:
+                shared = any(f is g for j, (_b, other) in enumerate(out) if j != k for g in other)
+                if not shared and "attempt" not in f.evidence:
+                    f.evidence["attempt"] = k
+                    f.message = f"attempt {k}: {f.message}"
     return out
 
 

@@ -97,8 +97,15 @@ def test_reused_pids_split_at_the_second_banner(tmp_path: Path) -> None:
     assert attempts[1]["spans"][0]["first_line"] == len(first) + 5  # its banner line
     later = [doc["findings"][k] for k in attempts[1]["findings"]]
     assert all(f["kind"] != "hang" for f in later)
-    for k in attempts[0]["findings"]:
+    only_first = set(attempts[0]["findings"]) - set(attempts[1]["findings"])
+    assert only_first  # the stop
+    for k in only_first:
         assert doc["findings"][k]["evidence"]["attempt"] == 0
+        assert doc["findings"][k]["message"].startswith("attempt 0: ")
+    # Advice about the logs that both attempts give is one finding, in both lists.
+    shared = set(attempts[0]["findings"]) & set(attempts[1]["findings"])
+    assert {doc["findings"][k]["kind"] for k in shared} == {"config"}
+    assert all("attempt" not in doc["findings"][k]["evidence"] for k in shared)
     hangs = [f for f in doc["findings"] if f["kind"] == "hang"]
     assert all(f["evidence"]["attempt"] == 0 and f["ranks"] == [2] for f in hangs)
 
