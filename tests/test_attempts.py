@@ -10,6 +10,8 @@ from conftest import run_cli
 
 from ncclscope.agent.live import LiveWindow, job_rows
 
+REPO = Path(__file__).resolve().parent.parent
+
 #: 2 hosts x 2 GPUs; NCCL 2.7 shapes (no commId, no Init START), written from
 #: shared/formats/nccl.md.
 _HOSTS = ("gpu-b1", "gpu-b1", "gpu-b2", "gpu-b2")
@@ -195,3 +197,17 @@ def test_live_sequence_keeps_growing_past_the_window(tmp_path: Path) -> None:
     assert window.added > 3 * 40  # the window was overrun several times over
     # Every call since the follower started, counted from 0: 15 calls a poll.
     assert seen == [15.0 * (k + 1) - 1 for k in range(6)]
+
+
+def test_restart_fixture_no_false_hang() -> None:
+    # fixtures/restart-27-no-commid: run 1 lost rank 3's process (SIGKILL), the launcher
+    # restarted the workers with new pids.  Matched as one job, the two runs made two
+    # communicators of mixed members and two critical hangs.
+    doc = run_cli([REPO / "fixtures" / "restart-27-no-commid"]).doc
+    assert doc is not None
+    assert len(doc["attempts"]) == 2
+    now = [doc["findings"][k] for k in doc["attempts"][1]["findings"]]
+    assert [f for f in now if f["kind"] in ("hang", "mismatch", "timeout")] == []
+    for f in doc["findings"]:
+        if f["kind"] == "hang":  # only about run 1, whose rank 3 was killed
+            assert f["evidence"]["attempt"] == 0 and set(f["ranks"]) <= {3}
