@@ -62,6 +62,8 @@ def _job(out: list[str], doc: dict[str, Any]) -> None:
     if not _has_nccl(doc):
         out.append("JOB")
         out.append("  no NCCL lines in these logs (NCCL_DEBUG=INFO adds them)")
+        if job["world_size"] is not None:
+            out.append(f"  world size {job['world_size']} (as the launcher states it)")
         out.append("")
         return
     versions = ", ".join(job["nccl_versions"]) or "unknown"
