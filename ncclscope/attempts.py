@@ -10,7 +10,8 @@ cut where a new attempt begins:
 * ``banner``: a process prints NCCL's version banner a second time
   (``node-1:31:31 [0] NCCL INFO NCCL version 2.7.8+cuda11.0``): NCCL prints it once per
   process, so the pid was reused by a new process (containers restart with the same pids);
-* ``init``: a process initialises a communicator again, same pointer, after calls on it;
+* ``init``: a process initialises a communicator again after calls on it (the same
+  pointer, or the same (nranks, rank) place as a communicator that made its last call);
 * ``pids``: every process of the run stopped logging, and new processes holding the same
   (host, rank) slots started.
 
@@ -114,6 +115,8 @@ def segment_starts(cuts: list[Cut], file_ids: list[int]) -> pl.DataFrame:
         by_file[cut.file_id].setdefault(cut.line_no, set()).add(cut.reason)
     for file_id, merged in by_file.items():
         for k, (line_no, reasons) in enumerate(sorted(merged.items()), start=1):
+            if len(reasons) > 1:
+                reasons.discard("pids")  # the turnover a process's own restart line shows
             reason = "+".join(sorted(reasons))
             rows.append({"file_id": file_id, "start": line_no, "attempt": k, "reason": reason})
     return pl.DataFrame(
@@ -158,22 +161,31 @@ def _banner_cuts(banners: pl.DataFrame) -> list[Cut]:
 
 
 def _init_cuts(records: LineRecords, stats: pl.DataFrame) -> list[Cut]:
-    """A communicator pointer initialised again by its process after calls on it."""
-    first_call: dict[tuple[ProcKey, str], int] = {}
+    """A process initialising a communicator again after calls on it: the same pointer,
+    or a new pointer in the same (nranks, rank) place as one whose calls all came before
+    (a restarted process with a reused pid: containers start their processes at pid 1).
+    A sub-communicator of the same size made while the first still works is not one."""
+    calls: dict[tuple[ProcKey, str], tuple[int, int]] = {}
     if not stats.is_empty():
-        rows = stats.select("file_id", "host", "pid", "comm", "first_line").iter_rows()
-        for f, h, p, c, first in rows:
-            first_call[((int(f), str(h), int(p)), str(c))] = int(first)
+        rows = stats.select(
+            "file_id", "host", "pid", "comm", "first_line", pl.col("last_line").fill_null(0)
+        ).iter_rows()
+        for f, h, p, c, first, last in rows:
+            calls[((int(f), str(h), int(p)), str(c))] = (int(first), max(int(first), int(last)))
     cuts = []
-    inited: set[tuple[ProcKey, str]] = set()
+    inited: dict[ProcKey, list[tuple[str, int, int]]] = defaultdict(list)
     for proc, line_no, ev in records.comm_events:
         if ev.event != "Init":
             continue
-        key = (proc, ev.comm)
-        called = first_call.get(key)
-        if key in inited and called is not None and called < line_no:
-            cuts.append(Cut(proc[0], line_no, "init", proc[2], proc[1]))
-        inited.add(key)
+        for comm, nranks, rank in inited[proc]:
+            span = calls.get((proc, comm))
+            if span is None or span[0] >= line_no:
+                continue  # no call on it before this init
+            same = comm == ev.comm
+            if same or ((nranks, rank) == (ev.nranks, ev.rank) and span[1] < line_no):
+                cuts.append(Cut(proc[0], line_no, "init", proc[2], proc[1]))
+                break
+        inited[proc].append((ev.comm, ev.nranks, ev.rank))
     return cuts
 
 

@@ -212,3 +212,26 @@ def test_restart_fixture_no_false_hang() -> None:
         if f["kind"] == "hang":  # only about run 1, whose rank 3 was killed
             assert f["evidence"]["attempt"] == 0
             assert set(f["ranks"]) <= {3}
+
+
+def test_per_rank_files_with_reused_pids_and_new_pointers(tmp_path: Path) -> None:
+    # Containers restarted: every process is pid 1 again, its communicator at another
+    # address, and only rank 0 prints the banner: ranks 1-3's files show only a new Init
+    # in the same (nranks, rank) place after the old communicator's last call.
+    global _PTRS
+    old = _PTRS
+    first = _run((1, 1, 1, 1), 12, banners=False)
+    _PTRS = ("0x7f99e8001200", "0x7fa0b4001200", "0x7f99e8001200", "0x7fa0b4001200")
+    try:
+        second = _run((1, 1, 1, 1), 8, banners=False)
+    finally:
+        _PTRS = old
+    paths = [_write(tmp_path / f"rank{r}.log", first[r] + second[r]) for r in range(4)]
+    doc = run_cli(paths).doc
+    assert doc is not None
+    attempts = doc["attempts"]
+    assert len(attempts) == 2
+    assert attempts[1]["started_by"] == ["init"]
+    assert [s["first_line"] for s in attempts[1]["spans"]] == [len(first[r]) + 2 for r in range(4)]
+    assert doc["collectives"]["calls"] == 32
+    assert [f for f in doc["findings"] if f["kind"] == "hang"] == []
