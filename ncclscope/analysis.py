@@ -110,8 +110,8 @@ class Analysis:
     #: empty without them
     telemetry: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=TELEMETRY_SCHEMA))
     #: the runs the inputs hold (a restart kept in the same file starts a new one), the
-    #: last one being the job the tables above describe; findings of every attempt are
-    #: in ``findings``
+    #: last one being the job that identity, communicators, collectives and stats
+    #: describe; errors, frameworks and findings cover every attempt
     attempts: list[Attempt] = field(default_factory=list)
     #: the job's world size and where it came from: ``init`` (NCCL's Init lines), ``coll``
     #: (COLL lines' ``[nranks=N]``: no Init line kept), ``launcher`` (launcher or
@@ -196,7 +196,7 @@ def run_analysis(
                        coll_ts_source)  # fmt: skip
         builds.append((built, rec_k, stats_k, fw_k))
     # The job as it stands is its last attempt; the earlier ones keep their findings.
-    last, _rec, last_stats, last_fw = builds[-1]
+    last, _rec, last_stats, _fw = builds[-1]
     account = _account(inputs, n_lines, records)
     hosts = sorted(set(last.identity.members["host"].to_list()) | records.hosts)
     analysis = Analysis(
@@ -212,7 +212,8 @@ def run_analysis(
         networks=sorted(records.networks),
         connections=last.connections,
         transports=sorted(last.connections["transport"].unique().to_list()),
-        errors=last.errors,
+        # Errors and framework tables of every attempt: a failed run's errors stay.
+        errors=pl.concat([b.errors for b, *_ in builds]).sort("file_id", "line_no"),
         collectives=last.collectives,
         summary=last.summary,
         stats=last_stats,
@@ -222,7 +223,7 @@ def run_analysis(
             sum(b.summary.with_ts for b, *_ in builds if b.summary is not None),
         ),
         env={k: sorted(v) for k, v in sorted(records.env.items())},
-        frameworks=last_fw,
+        frameworks=frameworks,
         workdir=workdir,
     )
     analysis.gaps = _gaps(analysis, records)

@@ -235,3 +235,24 @@ def test_per_rank_files_with_reused_pids_and_new_pointers(tmp_path: Path) -> Non
     assert [s["first_line"] for s in attempts[1]["spans"]] == [len(first[r]) + 2 for r in range(4)]
     assert doc["collectives"]["calls"] == 32
     assert [f for f in doc["findings"] if f["kind"] == "hang"] == []
+
+
+def test_a_failed_attempts_errors_stay(tmp_path: Path) -> None:
+    first = _run((3101, 3102, 5120, 5121), 12, stop=2)
+    first[2].append(
+        "gpu-b2:5120:5188 [0] transport/net_socket.cc:424 NCCL WARN NET/Socket : peer "
+        "10.4.0.9<43512> closed connection"
+    )
+    second = _run((211, 212, 5230, 5231), 8)
+    log = _write(tmp_path / "job.log", _interleave(first) + _interleave(second))
+    doc = run_cli([log]).doc
+    assert doc is not None
+    assert len(doc["attempts"]) == 2
+    text = log.read_text().splitlines()
+    warn = next(k for k, x in enumerate(text, start=1) if "NCCL WARN" in x)
+    assert warn < len(_interleave(first))
+    assert [e["first_line"]["line_no"] for e in doc["errors"]] == [warn]
+    errs = [f for f in doc["findings"] if f["kind"] == "nccl_error"]
+    assert errs
+    assert all(f["evidence"]["attempt"] == 0 for f in errs)
+    assert all(doc["findings"].index(f) in doc["attempts"][0]["findings"] for f in errs)
