@@ -244,15 +244,22 @@ def _pieces(
 
 
 def _turnover_cuts(pieces: dict[int, list[_Piece]]) -> list[Cut]:
-    """Where every process of a file stopped logging and new processes holding some of
-    the same (host, rank) slots started.  New processes in new slots are not a new run
-    (two ranks' files joined end to end)."""
+    """Where every process of a file stopped logging and new processes started that hold
+    a (host, rank, nranks) slot held before in the file, or held in another file (two
+    runs' files of different ranks joined).  New processes in slots no other process
+    holds are not a new run (two ranks' files of one run joined end to end)."""
+    holders: dict[tuple[str, int, int], set[int]] = defaultdict(set)
+    for file_id, file_pieces in pieces.items():
+        for _lo, _hi, piece_slots in file_pieces:
+            for slot in piece_slots:
+                holders[slot].add(file_id)
     cuts = []
     for file_id, file_pieces in pieces.items():
         end = -1
         slots: set[tuple[str, int, int]] = set()
         for lo, hi, piece_slots in file_pieces:
-            if end >= 0 and lo > end and piece_slots & slots:
+            elsewhere = any(holders[slot] - {file_id} for slot in piece_slots)
+            if end >= 0 and lo > end and (piece_slots & slots or elsewhere):
                 cuts.append(Cut(file_id, lo, "pids"))
                 slots = set()
             end = max(end, hi)

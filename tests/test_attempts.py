@@ -256,3 +256,17 @@ def test_a_failed_attempts_errors_stay(tmp_path: Path) -> None:
     assert errs
     assert all(f["evidence"]["attempt"] == 0 for f in errs)
     assert all(doc["findings"].index(f) in doc["attempts"][0]["findings"] for f in errs)
+
+
+def test_files_joining_two_runs_of_different_ranks(tmp_path: Path) -> None:
+    # Each file holds run 1's rank r, then run 2's rank r^1 (same host, other GPU): the
+    # new process holds no slot the file held before, but one another file held.
+    first = _run((3101, 3102, 5120, 5121), 12)
+    second = _run((4101, 4102, 6120, 6121), 8)
+    paths = [_write(tmp_path / f"f{r}.log", first[r] + second[r ^ 1]) for r in range(4)]
+    doc = run_cli(paths).doc
+    assert doc is not None
+    attempts = doc["attempts"]
+    assert [a["started_by"] for a in attempts] == [["start"], ["pids"]]
+    assert attempts[1]["pids"] == [4101, 4102, 6120, 6121]
+    assert [f for f in doc["findings"] if f["kind"] in ("hang", "mismatch")] == []
