@@ -123,6 +123,10 @@ class Analysis:
     #: absent); None when that cannot be told (world size unknown, or members whose
     #: rank no line names)
     ranks_without_logs: list[int] | None = None
+    #: while detectors run on an attempt that a later one followed: why the next one
+    #: started (``restart``, ``banner``, ``init``, ``pids``).  The job stopped there and
+    #: was started again: evidence that this attempt's run ended.  None for the last.
+    followed_by: list[str] | None = None
 
 
 def run_analysis(
@@ -431,6 +435,7 @@ def _diagnose_attempts(
             frameworks=fw,
             findings=[],
         )
+        view.followed_by = _next_reasons(starts, k) if k < len(builds) - 1 else None
         view.world_size, view.world_size_source = _world_size(view, launcher_sizes)
         view.ranks_without_logs = _ranks_without_logs(view)
         if k == len(builds) - 1:
@@ -525,6 +530,14 @@ def _ranks_without_logs(view: Analysis) -> list[int] | None:
     if not seen:
         return None  # no line names its rank (DeepSpeed's unlabelled stdout)
     return [r for r in range(world) if r not in seen]
+
+
+def _next_reasons(starts: pl.DataFrame | None, k: int) -> list[str]:
+    """Why attempt ``k + 1`` started, over all files."""
+    if starts is None:
+        return []
+    reasons = starts.filter(pl.col("attempt") == k + 1)["reason"].to_list()
+    return sorted({r for joined in reasons for r in joined.split("+")})
 
 
 def _describe_attempt(k: int, view: Analysis, starts: pl.DataFrame | None) -> Attempt:

@@ -90,6 +90,14 @@ class Context:
         missing = self.analysis.ranks_without_logs
         return frozenset(missing) if missing else frozenset()
 
+    @property
+    def followed_by(self) -> list[str] | None:
+        """When the inputs hold several runs and the detectors are on one that a later
+        run followed: why the next one started (``restart``: the launcher restarted the
+        workers; ``banner``/``init``/``pids``: new processes).  The job stopped there:
+        evidence that this run's last collectives did not complete.  None otherwise."""
+        return self.analysis.followed_by
+
     @cached_property
     def stride(self) -> int:
         """Every ``stride``-th sequence number is sampled."""
