@@ -864,6 +864,7 @@ _BENCH_DEFAULTS: dict[str, Json] = {
     "contention_inflation": 2.5,
     "memory_growth": [],
     "memory_growth_bytes_per_step": 1 << 30,
+    "gpu_cache_ratio": None,
 }
 
 
