@@ -11,7 +11,7 @@ filter on the sequence, which polars pushes into the Parquet scan.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
 from typing import TYPE_CHECKING
@@ -38,6 +38,10 @@ class Context:
     """One analysis and the shared tables the detectors read."""
 
     analysis: Analysis
+    #: The wall clock of a live reading (the agent's window); None post-mortem.  Where
+    #: set, "no progress since" is measured to it rather than to the last line: a live
+    #: job that stopped logging has been idle for as long as the clock has run since.
+    now: datetime | None = field(default=None, kw_only=True)
 
     def collectives(self) -> pl.LazyFrame | None:
         """Every collective call (P2P left out) with a known communicator, lazily."""
@@ -97,6 +101,44 @@ class Context:
         workers; ``banner``/``init``/``pids``: new processes).  The job stopped there:
         evidence that this run's last collectives did not complete.  None otherwise."""
         return self.analysis.followed_by
+
+    @cached_property
+    def file_ends(self) -> dict[int, datetime]:
+        """Per input file: the latest time any record of it carries (NCCL lines, PyTorch
+        and launcher lines, timers, errors).  Files without a timed record are absent."""
+        a = self.analysis
+        fw = a.frameworks
+        frames = [
+            t.select("file_id", "ts")
+            for t in (fw.timeouts, fw.torch_events, fw.failures, fw.timers, a.errors)
+            if "ts" in t.columns and "file_id" in t.columns
+        ]
+        if "ts_max" in a.stats.columns:
+            frames.append(a.stats.select("file_id", pl.col("ts_max").alias("ts")))
+        ends: dict[int, datetime] = {}
+        for frame in frames:
+            per = (
+                frame.cast({"file_id": pl.UInt32, "ts": pl.Datetime("us", "UTC")})
+                .drop_nulls()
+                .group_by("file_id")
+                .agg(pl.col("ts").max())
+            )
+            for fid, ts in per.iter_rows():
+                if isinstance(ts, datetime) and (fid not in ends or ts > ends[fid]):
+                    ends[int(fid)] = ts
+        return ends
+
+    def files_of(self, rank: int) -> set[int]:
+        """The input files holding lines of global rank ``rank``: its NCCL lines (as a
+        member of any communicator) or its ``[rankN]:``-prefixed PyTorch lines."""
+        a = self.analysis
+        fw = a.frameworks
+        out = set(
+            a.identity.members.filter(pl.col("rank") == rank)["file_id"].drop_nulls().to_list()
+        )
+        for t in (fw.timeouts, fw.torch_events):
+            out |= set(t.filter(pl.col("global_rank") == rank)["file_id"].to_list())
+        return {int(f) for f in out}
 
     @cached_property
     def stride(self) -> int:

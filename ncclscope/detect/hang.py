@@ -37,7 +37,9 @@ from ncclscope.detect.watchdog import (
     PgTimeout,
     StopEvidence,
     consequence_deaths,
+    log_continues,
     pg_timeouts,
+    report_extent,
     stop_evidence,
 )
 from ncclscope.units import DTYPE_NAMES
@@ -730,6 +732,18 @@ def judge_stall(ctx: Context, stall: Stall) -> Verdict:
                 "watchdog timeout itself: it was waiting too, on something the logs do not show",
                 evidence,
             )
+        # Its silence counts only where its log could have shown a report: a member
+        # whose file ends before the others' reports is behind because its log ends.
+        at, files = report_extent(ctx)
+        unseen = [c for c in cands if not log_continues(ctx, c, at, files)]
+        if unseen:
+            evidence["log_ends_early"] = unseen
+            return _withhold(
+                f"rank {ranks_text(unseen)}, behind on this communicator, has no line as late "
+                "as the others' watchdog reports (its log ends before them, or is absent): "
+                "its report, and its later collectives, may only have been lost",
+                evidence,
+            )
         basis.insert(0, "non_reporting_member")
     hang_class: HangClass = "missing_rank"
     why = "never joined"
@@ -862,6 +876,17 @@ def judge_group(ctx: Context, g: PgTimeout, reported: set[int]) -> Verdict:
             f"group rank {silent[0]} of process group {g.label} did not report; its global "
             "rank is not in the logs",
             evidence,
+        )
+    # Not reporting says something only where the member's log could have shown it.
+    at, files = report_extent(ctx, g.rows)
+    unseen = [c for c in culprits if not log_continues(ctx, c, at, files)]
+    if unseen:
+        evidence["log_ends_early"] = unseen
+        return _nccl_error_or(
+            ctx,
+            evidence,
+            f"rank {ranks_text(unseen)} did not report, but its log ends before the reports "
+            "(or is absent): its report may only have been lost",
         )
     return Verdict(
         culprits,
