@@ -41,8 +41,8 @@ __all__ = [
     "StopEvidence",
     "consequence_deaths",
     "log_continues",
-    "report_extent",
     "pg_timeouts",
+    "report_extent",
     "stop_evidence",
 ]
 
@@ -165,9 +165,7 @@ def report_extent(
     return (first if isinstance(first, datetime) else None), {int(f) for f in files}
 
 
-def log_continues(
-    ctx: Context, rank: int, at: datetime | None, reporter_files: set[int]
-) -> bool:
+def log_continues(ctx: Context, rank: int, at: datetime | None, reporter_files: set[int]) -> bool:
     """Could ``rank``'s own log have shown a line at time ``at`` (the watchdog's)?  Only
     then does its silence say something.  Yes when a file holding its lines also holds a
     reporter's watchdog line (the same stream: its line would be there), or carries a
