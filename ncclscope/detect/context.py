@@ -128,9 +128,11 @@ class Context:
                     ends[int(fid)] = ts
         return ends
 
-    def files_of(self, rank: int) -> set[int]:
+    def files_of(self, rank: int, group_size: int | None = None) -> set[int]:
         """The input files holding lines of global rank ``rank``: its NCCL lines (as a
-        member of any communicator) or its ``[rankN]:``-prefixed PyTorch lines."""
+        member of any communicator) or its ``[rankN]:``-prefixed PyTorch lines, or a
+        stream that holds every rank of its host or of the job (``group_size``: the size
+        of the group it belongs to, where the world's is not known)."""
         a = self.analysis
         fw = a.frameworks
         out = set(
@@ -138,7 +140,64 @@ class Context:
         )
         for t in (fw.timeouts, fw.torch_events):
             out |= set(t.filter(pl.col("global_rank") == rank)["file_id"].to_list())
+        # Where its own lines are unknown (init lines cut away, and it printed no
+        # report): a host's combined stream (torchrun's stdout, several ranks' lines in
+        # one file) holds every rank of that host, and the launcher's summary says which
+        # host ran it.
+        hosts = set(a.identity.members.filter(pl.col("rank") == rank)["host"].drop_nulls())
+        hosts |= set(fw.failures.filter(pl.col("rank") == rank)["host"].drop_nulls())
+        for host in hosts:
+            out |= self._combined_files(str(host))
+        if not hosts:
+            # Host unknown too: a job-wide stream (the lines of several hosts in one
+            # file: a launcher's or scheduler's combined output) holds every rank's.
+            out |= self._job_wide_files(group_size)
         return {int(f) for f in out}
+
+    def _job_wide_files(self, group_size: int | None) -> set[int]:
+        """Files holding the lines of two or more hosts; or, where no line of a file
+        names its host, the lines of more than half the world's ranks (one host's
+        stream holds its own ranks only, rarely most of the job's)."""
+        a = self.analysis
+        fw = a.frameworks
+        parts = [
+            t.select("file_id", "host", pl.col(col).alias("rank"))
+            for t, col in (
+                (a.identity.members, "rank"),
+                (fw.timeouts, "global_rank"),
+                (fw.torch_events, "global_rank"),
+                (fw.failures, "rank"),
+                (a.errors, "rank"),
+            )
+        ]
+        rows = pl.concat(
+            [p.cast({"file_id": pl.UInt32, "host": pl.String, "rank": pl.Int32}) for p in parts]
+        )
+        per = rows.group_by("file_id").agg(
+            pl.col("host").drop_nulls().n_unique().alias("hosts"),
+            pl.col("rank").drop_nulls().n_unique().alias("ranks"),
+        )
+        world = a.world_size or a.identity.world_size or fw.world_size or group_size
+        most = (pl.col("ranks") * 2 > world) if world else pl.lit(value=False)
+        wide = per.filter((pl.col("hosts") >= 2) | ((pl.col("hosts") == 0) & most))
+        return {int(f) for f in wide["file_id"].to_list()}
+
+    def _combined_files(self, host: str) -> set[int]:
+        """Files holding the lines of two or more ranks of ``host``."""
+        a = self.analysis
+        fw = a.frameworks
+        parts = [
+            a.identity.members.select("file_id", "host", "rank"),
+            *(
+                t.select("file_id", "host", pl.col("global_rank").alias("rank"))
+                for t in (fw.timeouts, fw.torch_events)
+            ),
+        ]
+        rows = pl.concat(
+            [p.cast({"file_id": pl.UInt32, "host": pl.String, "rank": pl.Int32}) for p in parts]
+        ).filter((pl.col("host") == host) & pl.col("rank").is_not_null())
+        per = rows.group_by("file_id").agg(pl.col("rank").n_unique().alias("ranks"))
+        return {int(f) for f in per.filter(pl.col("ranks") >= 2)["file_id"].to_list()}
 
     @cached_property
     def stride(self) -> int:

@@ -401,7 +401,9 @@ class HangDetector:
             )
         # Severity follows the evidence: the job's own lines say it stopped, or only
         # its timestamps do; a culprit the evidence cannot settle lowers it too.
-        severity: Severity = "critical" if (ev.direct or stall.ahead) and v.culprits else "warning"
+        severity: Severity = (
+            "critical" if (ev.direct or stall.ahead) and v.culprits and v.confident else "warning"
+        )
         return Finding(
             kind="hang",
             severity=severity,
@@ -636,6 +638,9 @@ class Verdict:
     decided: bool = False
     evidence: dict[str, Any] = field(default_factory=dict)
     lines: list[LineRef] = field(default_factory=list)
+    #: False where the culprit rests on weaker evidence than the policy's best (its own
+    #: log ends at the stall, before the others' reports): the severity is lowered
+    confident: bool = True
 
     def basis_json(self) -> dict[str, Any]:
         """``culprit_basis``: the strongest evidence (``non_reporting_member``,
@@ -724,6 +729,7 @@ def judge_stall(ctx: Context, stall: Stall) -> Verdict:
     cands = [c for c in stall.culprits if c not in reported]
     lines: list[LineRef] = []
     basis = ["last_seen"]
+    confident = True
     if reported:
         evidence["reported_timeout"] = sorted(reported)
         if not cands:
@@ -733,18 +739,30 @@ def judge_stall(ctx: Context, stall: Stall) -> Verdict:
                 evidence,
             )
         # Its silence counts only where its log could have shown a report: a member
-        # whose file ends before the others' reports is behind because its log ends.
+        # whose file ends before the others' reports is behind because its log ends,
+        # unless its lines went on until the others stopped (a rank's own file, which a
+        # stuck rank stops writing at the stall) or its death explains the end.
         at, files = report_extent(ctx)
         unseen = [c for c in cands if not log_continues(ctx, c, at, files)]
-        if unseen:
-            evidence["log_ends_early"] = unseen
+        cause = _first_cause(ctx, reported)
+        died = {int(cause["rank"])} if cause is not None else set()
+        early = [c for c in unseen if c not in died and not ended_at_stall(ctx, c)]
+        if early:
+            evidence["log_ends_early"] = early
             return _withhold(
-                f"rank {ranks_text(unseen)}, behind on this communicator, has no line as late "
-                "as the others' watchdog reports (its log ends before them, or is absent): "
-                "its report, and its later collectives, may only have been lost",
+                f"rank {ranks_text(early)}, behind on this communicator, has no line as late "
+                "as the others' watchdog reports, and its collectives stop well before "
+                "theirs: its log ends early (cut, or absent), so its report and its later "
+                "collectives may only have been lost",
                 evidence,
             )
-        basis.insert(0, "non_reporting_member")
+        if unseen and not set(unseen) <= died:
+            # Its own lines stop at the stall, and then nothing: consistent with a rank
+            # stuck there, but its log could not have shown a report either.
+            evidence["log_ends_at_stall"] = unseen
+            confident = False
+        else:
+            basis.insert(0, "non_reporting_member")
     hang_class: HangClass = "missing_rank"
     why = "never joined"
     cause = _first_cause(ctx, reported)
@@ -764,6 +782,7 @@ def judge_stall(ctx: Context, stall: Stall) -> Verdict:
             )
         cands, basis = [int(cause["rank"])], ["died_first", *basis]
         hang_class, why = "dead_process", "died before"
+        confident = True  # its death is why its log ends
     named, desync = _desync_named(ctx)
     if named:
         evidence["desync_named"] = named
@@ -792,7 +811,26 @@ def judge_stall(ctx: Context, stall: Stall) -> Verdict:
         evidence["watchdog"] = _watchdog(a.frameworks.timeouts)
         first = a.frameworks.timeouts.sort("file_id", "line_no").row(0, named=True)
         lines.append(LineRef(int(first["file_id"]), int(first["line_no"])))
-    return Verdict(sorted(cands), basis, hang_class, why, evidence=evidence, lines=lines)
+    return Verdict(
+        sorted(cands), basis, hang_class, why, evidence=evidence, lines=lines, confident=confident
+    )
+
+
+def ended_at_stall(ctx: Context, rank: int) -> bool:
+    """Did ``rank``'s collectives go on until the others stopped?  On every communicator
+    it belongs to, its last collective is at most one (the stuck one) plus what waiting
+    ranks enqueue ahead (``_MAX_WAITER_SPREAD``) behind the others' last.  A log cut
+    short ends many collectives behind on some communicator (the world's, at least)."""
+    p = ctx.progress.with_columns(_WHO.alias("who"))
+    mine = p.filter(pl.col("who") == rank)
+    if mine.is_empty():
+        return False
+    tops = p.filter(pl.col("who") != rank).group_by("comm_key").agg(pl.col("last_seq").max())
+    joined = mine.join(tops, on="comm_key", how="inner", suffix="_others")
+    if joined.is_empty():
+        return False
+    behind = (joined["last_seq_others"] - joined["last_seq"]).max()
+    return isinstance(behind, int) and behind <= 1 + _MAX_WAITER_SPREAD
 
 
 def judge_group(ctx: Context, g: PgTimeout, reported: set[int]) -> Verdict:
@@ -879,7 +917,8 @@ def judge_group(ctx: Context, g: PgTimeout, reported: set[int]) -> Verdict:
         )
     # Not reporting says something only where the member's log could have shown it.
     at, files = report_extent(ctx, g.rows)
-    unseen = [c for c in culprits if not log_continues(ctx, c, at, files)]
+    size = len(g.members) if g.members is not None else None
+    unseen = [c for c in culprits if not log_continues(ctx, c, at, files, size)]
     if unseen:
         evidence["log_ends_early"] = unseen
         return _nccl_error_or(

@@ -165,18 +165,24 @@ def report_extent(
     return (first if isinstance(first, datetime) else None), {int(f) for f in files}
 
 
-def log_continues(ctx: Context, rank: int, at: datetime | None, reporter_files: set[int]) -> bool:
+def log_continues(
+    ctx: Context,
+    rank: int,
+    at: datetime | None,
+    reporter_files: set[int],
+    group_size: int | None = None,
+) -> bool:
     """Could ``rank``'s own log have shown a line at time ``at`` (the watchdog's)?  Only
     then does its silence say something.  Yes when a file holding its lines also holds a
     reporter's watchdog line (the same stream: its line would be there), or carries a
     time at or after ``at``.  A rank that left no line, or whose file ends before the
     reports (a file cut short, copied early, lost its tail), cannot be said to have
     stayed silent: its report may only have been lost."""
-    if rank in ctx.ranks_without_logs:
-        return False
-    files = ctx.files_of(rank)
+    files = ctx.files_of(rank, group_size)
     if files & reporter_files:
         return True
+    if rank in ctx.ranks_without_logs:
+        return False  # no line of its own, and no stream it shares with the reporters
     if at is None:
         return False
     ends = ctx.file_ends
