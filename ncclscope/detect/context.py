@@ -128,6 +128,15 @@ class Context:
                     ends[int(fid)] = ts
         return ends
 
+    @cached_property
+    def processes_per_file(self) -> dict[int, int]:
+        """Per input file: how many processes (host, pid) logged NCCL lines in it."""
+        stats = self.analysis.stats
+        if stats.is_empty():
+            return {}
+        per = stats.group_by("file_id").agg(pl.struct("host", "pid").n_unique().alias("n"))
+        return {int(f): int(n) for f, n in per.iter_rows()}
+
     def files_of(self, rank: int, group_size: int | None = None) -> set[int]:
         """The input files holding lines of global rank ``rank``: its NCCL lines (as a
         member of any communicator) or its ``[rankN]:``-prefixed PyTorch lines, or a

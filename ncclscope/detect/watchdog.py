@@ -183,10 +183,20 @@ def log_continues(
         return True
     if rank in ctx.ranks_without_logs:
         return False  # no line of its own, and no stream it shares with the reporters
-    if at is None:
-        return False
     ends = ctx.file_ends
-    return any(f in ends and not _before(ends[f], at) for f in files)
+
+    def goes_on(f: int) -> bool:
+        return f in reporter_files or (at is not None and f in ends and not _before(ends[f], at))
+
+    if not files:
+        # Which file is its own no line says (its init lines were cut): as many NCCL
+        # processes logged as the group has members, so one of them is it, and every
+        # file they logged in goes on past the reports: wherever it is, it could have
+        # reported.
+        size = group_size or ctx.analysis.world_size or ctx.analysis.identity.world_size
+        procs = ctx.processes_per_file
+        return bool(size and procs and sum(procs.values()) >= size and all(map(goes_on, procs)))
+    return any(goes_on(f) for f in files)
 
 
 def consequence_deaths(ctx: Context) -> set[int]:
