@@ -468,3 +468,18 @@ def test_live_window_passes_the_wall_clock(tmp_path: Path) -> None:
     finally:
         window.close()
     assert severities == [["info"], ["warning"]]
+
+
+def test_a_run_that_a_restart_followed_ended_but_blames_nobody(tmp_path: Path) -> None:
+    """The same stall in a run that a later run followed (``Context.followed_by``): the
+    run ended there (``restarted`` is stop evidence), but a killed or preempted healthy
+    run ends so too; with nothing else, the hang stays ``info`` and nobody is blamed."""
+    a = run_analysis([str(STALLED)], workdir=tmp_path / "w")
+    a.followed_by = ["restart"]
+    ctx = Context(a)
+    detector = HangDetector()
+    (hang,) = detector.policy(detector.metric(ctx), ctx)
+    assert hang.evidence["stop_evidence"] == ["restarted"]
+    assert (hang.severity, hang.ranks) == ("info", [])
+    assert hang.message.startswith("this run ended (a new run followed)")
+    assert hang.evidence["waited_for"] == [6]

@@ -526,7 +526,7 @@ def _mid_run(
             "waited_for": stall.culprits,
             "culprit_basis": "withheld",
             "culprit_bases": ["withheld"],
-            "withheld": "nothing in the logs says the job stopped there",
+            "withheld": "nothing in the logs says the job was stuck there",
             "confirm_if": [
                 "watchdog timeouts (Watchdog caught collective operation timeout) from the "
                 "waiting ranks",
@@ -536,11 +536,16 @@ def _mid_run(
             ],
         }
     )
+    # A run that a restart followed ended there for sure, but a killed or preempted
+    # healthy run ends so too: that it was stuck, nothing says.
+    ended = (
+        "this run ended (a new run followed)" if "restarted" in ev.kinds else "the log ends mid-run"
+    )
     return Finding(
         kind="hang",
         severity="info",
         message=(
-            f"the log ends mid-run at {stall.op or 'a collective'} #{stall.seq}, which "
+            f"{ended} at {stall.op or 'a collective'} #{stall.seq}, which "
             f"{len(stall.waiting)} rank(s) had entered; if the job was stuck at that "
             f"point, it waited for rank {who}"
         ),
