@@ -752,6 +752,21 @@ def judge_stall(ctx: Context, stall: Stall) -> Verdict:
         cause = _first_cause(ctx, reported)
         died = {int(cause["rank"])} if cause is not None else set()
         early = [c for c in unseen if c not in died and not ended_at_stall(ctx, c)]
+        weak = [c for c in unseen if c not in died]
+        if not early and weak and (len(weak) > 1 or ctx.ranks_without_logs):
+            # Several ranks whose logs end at the stall: a stuck rank's own file, or one
+            # cut there, look alike; with ranks missing, the stuck one may be among them.
+            evidence["log_ends_at_stall"] = weak
+            return _withhold(
+                f"rank {ranks_text(weak)} did not report, but no log of theirs goes on past "
+                "the stall: a stuck rank's file and one cut there look alike"
+                + (
+                    f", and rank {ranks_text(sorted(ctx.ranks_without_logs))} left no line"
+                    if ctx.ranks_without_logs
+                    else ""
+                ),
+                evidence,
+            )
         if early:
             evidence["log_ends_early"] = early
             return _withhold(
