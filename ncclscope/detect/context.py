@@ -157,11 +157,33 @@ class Context:
         hosts |= set(fw.failures.filter(pl.col("rank") == rank)["host"].drop_nulls())
         for host in hosts:
             out |= self._combined_files(str(host))
+        out |= self._spanning_files(rank)
         if not hosts:
             # Host unknown too: a job-wide stream (the lines of several hosts in one
             # file: a launcher's or scheduler's combined output) holds every rank's.
             out |= self._job_wide_files(group_size)
         return {int(f) for f in out}
+
+    def _spanning_files(self, rank: int) -> set[int]:
+        """Files holding lines of ranks below and above ``rank``: launchers give each node
+        a contiguous block of global ranks (node_rank x local ranks + local_rank), so a
+        stream holding ranks 0, 1, 2, 4 and 5 of one node holds rank 3's too."""
+        a = self.analysis
+        fw = a.frameworks
+        parts = [a.identity.members.select("file_id", "rank")] + [
+            t.select("file_id", pl.col("global_rank").alias("rank"))
+            for t in (fw.timeouts, fw.torch_events)
+        ]
+        rows = pl.concat([p.cast({"file_id": pl.UInt32, "rank": pl.Int32}) for p in parts])
+        per = (
+            rows.drop_nulls()
+            .group_by("file_id")
+            .agg(
+                (pl.col("rank") < rank).any().alias("below"),
+                (pl.col("rank") > rank).any().alias("above"),
+            )
+        )
+        return {int(f) for f in per.filter(pl.col("below") & pl.col("above"))["file_id"]}
 
     def _job_wide_files(self, group_size: int | None) -> set[int]:
         """Files holding the lines of two or more hosts; or, where no line of a file
