@@ -448,7 +448,7 @@ class HangDetector:
         return [
             Finding(
                 kind="hang",
-                severity="critical" if v.culprits or v.decided else "warning",
+                severity="critical" if (v.culprits and v.confident) or v.decided else "warning",
                 message=(
                     f"{waiting} rank(s) of process group {g.label} timed out in "
                     f"{first['op']} SeqNum {g.seq}: {v.why}"
@@ -939,6 +939,23 @@ def judge_group(ctx: Context, g: PgTimeout, reported: set[int]) -> Verdict:
     at, files = report_extent(ctx, g.rows)
     size = len(g.members) if g.members is not None else None
     unseen = [c for c in culprits if not log_continues(ctx, c, at, files, size)]
+    if len(unseen) == 1 and not ctx.ranks_without_logs - set(unseen):
+        stream = _own_stream(ctx, unseen[0], files, at)
+        if stream is not None and _calls_at_stall(ctx, stream, size):
+            # Its own file (by its lines, or the one file no reporter wrote in) stops
+            # with its collectives at the stall: a stuck rank's picture, but its log
+            # could not have shown a report: named, with less confidence.
+            evidence["log_ends_at_stall"] = unseen
+            return Verdict(
+                culprits,
+                ["last_seen"],
+                "missing_rank",
+                f"rank {ranks_text(culprits)}, the one member of the group that reported no "
+                "timeout, stopped logging at the stall and never joined",
+                evidence=evidence,
+                lines=lines,
+                confident=False,
+            )
     if unseen:
         evidence["log_ends_early"] = unseen
         return _nccl_error_or(
@@ -956,6 +973,52 @@ def judge_group(ctx: Context, g: PgTimeout, reported: set[int]) -> Verdict:
         evidence=evidence,
         lines=lines,
     )
+
+
+def _own_stream(
+    ctx: Context, rank: int, reporter_files: set[int], at: datetime | None
+) -> tuple[int, str, int] | None:
+    """The one NCCL process whose lines are ``rank``'s, as (file_id, host, pid): its
+    file's only process, where its lines name it; else, by elimination, the only
+    process of the only file that holds NCCL lines and no report and ends before them."""
+    stats = ctx.analysis.stats
+    if stats.is_empty():
+        return None
+    procs = stats.select("file_id", "host", "pid").unique()
+    own = ctx.files_of(rank)
+    if not own:
+        ends = ctx.file_ends
+        own = {
+            int(f)
+            for f in procs["file_id"].unique().to_list()
+            if int(f) not in reporter_files
+            and (at is None or (int(f) in ends and ends[int(f)] < at))
+        }
+    if len(own) != 1:
+        return None
+    mine = procs.filter(pl.col("file_id") == next(iter(own)))
+    if len(mine) != 1:
+        return None
+    f, host, pid = mine.row(0)
+    return int(f), str(host), int(pid)
+
+
+def _calls_at_stall(ctx: Context, proc: tuple[int, str, int], size: int | None) -> bool:
+    """Did the process log as many collectives on the group's communicator (its size)
+    as the others, less the stuck one and what waiting ranks enqueue ahead?  A log cut
+    short has logged far fewer."""
+    stats = ctx.analysis.stats
+    if size is None or "nranks" not in stats.columns:
+        return False
+    comm = stats.filter(pl.col("nranks") == size)
+    is_mine = (
+        (pl.col("file_id") == proc[0]) & (pl.col("host") == proc[1]) & (pl.col("pid") == proc[2])
+    )
+    mine = comm.filter(is_mine)["coll_calls"].max()
+    others = comm.filter(~is_mine)["coll_calls"].max()
+    if not isinstance(mine, int) or not isinstance(others, int):
+        return False
+    return others - mine <= 1 + _MAX_WAITER_SPREAD
 
 
 def _nccl_error_or(ctx: Context, evidence: dict[str, Any], reason: str) -> Verdict:

@@ -222,6 +222,7 @@ class TimeoutDetector:
                         "culprit_pg_ranks",
                         "inside_collective",
                         "log_ends_early",
+                        "log_ends_at_stall",
                     )
                     if k in v.evidence
                 }
