@@ -1006,8 +1006,7 @@ def _own_stream(
 def _calls_at_stall(ctx: Context, proc: tuple[int, str, int], size: int | None) -> bool:
     """Did the process log as many collectives on the group's communicator (its size)
     as the others typically did, less the stuck one and what waiting ranks enqueue
-    ahead?  A log cut
-    short has logged far fewer."""
+    ahead?  A log cut short has logged far fewer."""
     stats = ctx.analysis.stats
     if size is None or "nranks" not in stats.columns:
         return False
