@@ -106,14 +106,45 @@ def timing_usable(ctx: Context) -> bool:
 
 
 def _with_lateness(ctx: Context) -> pl.DataFrame:
-    """The sampled calls of fully timed instances, with ``late`` (seconds after the
-    instance's first arrival) and ``last`` (it arrived last) and the instance's size."""
-    inst = ctx.instances.filter((pl.col("n") >= 2) & (pl.col("with_ts") == pl.col("n")))
+    """The sampled calls of complete, fully timed instances, with ``late`` (seconds after
+    the instance's first arrival) and ``last`` (it arrived last) and the instance's size.
+
+    Complete: every member the communicator shows anywhere in the logs logged it.  An
+    instance some members are missing from (a file cut short, or starting late; ranks
+    that went on after a hang) says nothing about who came late: its first arrival is
+    that of whoever is left, and a host whose lines stop would move every other host's
+    reference."""
+    inst = ctx.instances.filter(
+        (pl.col("n") >= 2)
+        & (pl.col("with_ts") == pl.col("n"))
+        & (pl.col("n") == pl.col("n").max().over("comm_key"))
+    )
     return ctx.sample.join(
         inst.select("comm_key", "seq", "ts_min", "ts_max", "n"), on=["comm_key", "seq"]
     ).with_columns(
         ((pl.col("ts") - pl.col("ts_min")).dt.total_microseconds() / 1e6).alias("late"),
         (pl.col("ts") == pl.col("ts_max")).alias("last"),
+    )
+
+
+def _within_host_rows(ctx: Context) -> pl.DataFrame:
+    """The sampled calls of hosts' members (hosts of at least two) at the instances every
+    member of their host logged with a time, with ``hlate``: seconds after the host's
+    first member (one clock: the host's offset cancels, and no other host's cut or late
+    start enters), ``k`` the host's members, ``ts_first`` the host's first arrival."""
+    s = ctx.sample
+    if s.is_empty():
+        return pl.DataFrame()
+    key = ["comm_key", "seq", "host"]
+    rows = s.filter(pl.col("ts").is_not_null() & pl.col("host").is_not_null()).with_columns(
+        pl.len().over(key).alias("k"),
+        pl.col("ts").min().over(key).alias("ts_first"),
+    )
+    rows = rows.filter(
+        (pl.col("k") >= 2) & (pl.col("k") == pl.col("k").max().over("comm_key", "host"))
+    )
+    return rows.with_columns(
+        ((pl.col("ts") - pl.col("ts_first")).dt.total_microseconds() / 1e6).alias("hlate")
     )
 
 
@@ -240,6 +271,11 @@ def _host_instances(ctx: Context) -> pl.DataFrame:
         return pl.DataFrame()
     per = rows.group_by("comm_key", "seq", "host").agg(
         pl.col("ts").dt.epoch("us").median().alias("t_us"),
+        # How far the host's typical member came after its first (one clock): small
+        # when its ranks arrive together, half a lone late rank's delay on a host of two.
+        ((pl.col("ts").dt.epoch("us").median() - pl.col("ts").dt.epoch("us").min()) / 1e6).alias(
+            "inner_s"
+        ),
         pl.col("line_no").median().alias("pos"),
         pl.col("file_id").min().alias("f0"),
         pl.col("file_id").max().alias("f1"),
@@ -333,25 +369,46 @@ class StragglerDetector:
     # ---- ranks within their host (one clock: offsets cancel) -------------------------
 
     def _ranks(self, metric: pl.DataFrame, ctx: Context) -> list[Finding]:
-        ranked = metric.filter(pl.col("instances") >= _MIN_INSTANCES).with_columns(
-            pl.col("median_s").median().over("comm_key", "host").alias("typical"),
-            pl.len().over("comm_key", "host").alias("host_members"),
+        rows = _within_host_rows(ctx)
+        if rows.is_empty():
+            return []
+        per = rows.group_by("comm_key", "comm_rank").agg(
+            pl.col("rank").first(),
+            pl.col("host").first(),
+            pl.len().alias("instances"),
+            pl.col("hlate").median().alias("h_median_s"),
+            pl.col("hlate").mean().alias("h_mean_s"),
+            pl.col("k").max().alias("host_members"),
+            pl.col("file_id").first(),
+            pl.col("line_no").min(),
         )
-        # Only hosts with enough members to have a typical one: a host's own members
-        # share its clock.  Ranks of smaller hosts are compared host against host.
-        ranked = ranked.filter(pl.col("host_members") >= _HOST_BASELINE_MEMBERS)
+        comms = metric.group_by("comm_key").agg(pl.col("gap_s").first(), pl.col("members").max())
+        whole = metric.select("comm_key", "comm_rank", "median_s", "p95_s", "last")
+        # A host's typical member: its median one where it has a median member; of two,
+        # the earlier (a single late rank must not drag the baseline halfway to itself).
+        typical = (
+            pl.when(pl.col("host_members") >= _HOST_BASELINE_MEMBERS)
+            .then(pl.col("h_median_s").median().over("comm_key", "host"))
+            .otherwise(pl.col("h_median_s").min().over("comm_key", "host"))
+        )
+        ranked = (
+            per.filter(pl.col("instances") >= _MIN_INSTANCES)
+            .join(comms, on="comm_key")
+            .join(whole, on=["comm_key", "comm_rank"], how="left")
+            .with_columns(typical.alias("typical"))
+        )
         # How far members' medians stray from their own host's typical one.
         spread = pl.col("excess_s").abs().median().over("comm_key") * 1.4826
         scored = ranked.with_columns(
-            (pl.col("median_s") - pl.col("typical")).alias("excess_s"),
-            (pl.col("mean_s") - pl.col("typical")).clip(lower_bound=0).alias("mean_excess_s"),
+            (pl.col("h_median_s") - pl.col("typical")).alias("excess_s"),
+            (pl.col("h_mean_s") - pl.col("typical")).clip(lower_bound=0).alias("mean_excess_s"),
         ).with_columns(spread.alias("spread_s"))
         flagged = scored.filter(
             (pl.col("excess_s") >= MIN_SLOWDOWN * pl.col("gap_s"))
             & (pl.col("excess_s") >= MIN_EXCESS_S)
             & (pl.col("excess_s") >= _MIN_Z * pl.col("spread_s"))
         )
-        series = self._rank_series(ctx, scored, set(flagged["rank"].drop_nulls().to_list()))
+        series = self._rank_series(rows, scored, set(flagged["rank"].drop_nulls().to_list()))
         out: list[Finding] = []
         seen: set[int] = set()
         # The largest communicator first: a straggler is late on every communicator it is
@@ -367,7 +424,7 @@ class StragglerDetector:
         return out
 
     def _rank_series(
-        self, ctx: Context, scored: pl.DataFrame, flagged: set[int]
+        self, rows: pl.DataFrame, scored: pl.DataFrame, flagged: set[int]
     ) -> dict[tuple[str, int], tuple[list[float], list[datetime]]]:
         """Per (communicator, rank) of the largest communicator: its lateness over its
         host's typical member, instance after instance, and the instances' times.  Only
@@ -376,17 +433,21 @@ class StragglerDetector:
         if scored.is_empty():
             return {}
         top = scored.sort("members", descending=True)["comm_key"][0]
-        rows = _with_lateness(ctx).filter(pl.col("comm_key") == top)
-        rows = rows.join(
+        rows = rows.filter(pl.col("comm_key") == top).join(
             scored.filter(pl.col("comm_key") == top).select("comm_rank"), on="comm_rank"
         )
         gap = scored.filter(pl.col("comm_key") == top)["gap_s"].max()
         effect = max(MIN_SLOWDOWN * (gap if isinstance(gap, float) else 0.0), MIN_EXCESS_S)
         x = pl.col("x")
+        # The same baseline as the ranks' medians: a host's median member, or of two
+        # the earlier (``hlate`` already counts from it).
+        base = (
+            pl.when(pl.col("k") >= _HOST_BASELINE_MEMBERS)
+            .then(pl.col("hlate").median().over("seq", "host"))
+            .otherwise(0.0)
+        )
         rows = (
-            rows.with_columns(
-                (pl.col("late") - pl.col("late").median().over("seq", "host")).alias("x")
-            )
+            rows.with_columns((pl.col("hlate") - base).alias("x"))
             .filter(
                 pl.col("rank").is_in(pl.Series(sorted(flagged), dtype=pl.Int32).implode())
                 | (
@@ -400,7 +461,7 @@ class StragglerDetector:
         for (rank,), g in rows.group_by(["rank"], maintain_order=True):
             if rank is None:
                 continue
-            out[(top, int(rank))] = (g["x"].to_list(), g["ts_min"].to_list())
+            out[(top, int(rank))] = (g["x"].to_list(), g["ts_first"].to_list())
         return out
 
     def _rank_finding(
@@ -412,23 +473,35 @@ class StragglerDetector:
     ) -> Finding:
         slowdown = r["excess_s"] / r["gap_s"] if r["gap_s"] else None
         cost = r["mean_excess_s"] * r["instances"] * max(0, r["members"] - 1)
-        share_last = r["last"] / r["instances"]
         ops = self._per_op(ctx, r["comm_key"], r["comm_rank"])
+        base_who = (
+            "its host's typical rank"
+            if r["host_members"] >= _HOST_BASELINE_MEMBERS
+            else "its host's other rank"
+        )
         msg = (
             f"rank {who} on {r['host']} arrives late at collectives: median "
-            f"{duration_text(r['median_s'])} after the first rank (p95 "
-            f"{duration_text(r['p95_s'])}), last in {share_last:.0%} of "
-            f"{r['instances']:,} collectives"
+            f"{duration_text(r['excess_s'])} after {base_who}, over {r['instances']:,} "
+            f"collectives its whole host logged"
             + (f", {slowdown:.0%} of the gap between collectives" if slowdown else "")
         )
+        whole = r["median_s"] is not None
+        if whole and r["last"] is not None and r["p95_s"] is not None:
+            # Against every member (instances every member logged): what it makes them wait.
+            msg += (
+                f"; {duration_text(r['median_s'])} after the first rank of all (p95 "
+                f"{duration_text(r['p95_s'])}), last at {r['last']:,} of them"
+            )
         evidence: dict[str, Any] = {
             "communicator": r["comm_key"],
             "instances": r["instances"],
             "sampled_every": ctx.stride,
+            "host_members": r["host_members"],
+            "excess_lateness_s": round(r["excess_s"], 6),
             "last": r["last"],
-            "median_lateness_s": round(r["median_s"], 6),
-            "p95_lateness_s": round(r["p95_s"], 6),
-            "typical_lateness_s": round(r["median_s"] - r["excess_s"], 6),
+            "median_lateness_s": round(r["median_s"], 6) if whole else None,
+            "p95_lateness_s": round(r["p95_s"], 6) if r["p95_s"] is not None else None,
+            "typical_lateness_s": round(r["median_s"] - r["excess_s"], 6) if whole else None,
             "median_gap_s": round(r["gap_s"], 6) if r["gap_s"] else None,
             "slowdown": round(slowdown, 4) if slowdown is not None else None,
             # its own host's members share its clock: the lateness is not a clock's
@@ -611,6 +684,10 @@ class StragglerDetector:
             return self._behind_finding(ctx, comm, host, g, metric, shift, order_after or 0.0)
         if not whole and not spell and cause != "slow":
             return None
+        if cause == "slow" and not self._together(g, w if spell else None, shift, grows, gap):
+            # Its ranks are not late together: one of them is (named on its own against
+            # its host's others, one clock); a node is not slow for one bad rank.
+            return None
         members = metric.filter((pl.col("comm_key") == comm["comm_key"]) & (pl.col("host") == host))
         ranks = sorted(int(r) for r in members["rank"].drop_nulls().to_list())
         everyone = int(comm["members"] or 0)
@@ -665,6 +742,38 @@ class StragglerDetector:
             lines=[LineRef(int(first["file_id"]), int(first["line_no"]))] if first else [],
             cost_gpu_s=evidence.get("window_cost_gpu_s") if cause == "slow" else None,
         )
+
+    def _together(
+        self,
+        g: pl.DataFrame,
+        w: Window | None,
+        shift: float,
+        grows: tuple[float, float, float] | None,
+        gap: float,
+    ) -> bool:
+        """The host's ranks are late together: its first member is late too.  The
+        host's typical member came ``inner_s`` after its first (one clock); that must be
+        under half of the host's lateness (the lateness of its window, of its growth with
+        the gap at a typical collective, or its shift), else most of it is one or a few
+        of its ranks, not the node.
+
+        >>> import polars as pl
+        >>> d = StragglerDetector()
+        >>> d._together(pl.DataFrame({"inner_s": [0.0002] * 30}), None, 0.01, None, 0.1)
+        True
+        >>> d._together(pl.DataFrame({"inner_s": [0.005] * 30}), None, 0.01, None, 0.1)
+        False
+        """
+        inner = g["inner_s"].to_list()
+        if w is not None:
+            inner = inner[w.first : w.last + 1]
+            late = w.excess_s
+        elif grows is not None and gap:
+            # Both grow with the gap for a lone late rank: compare at a typical one.
+            late = grows[2] * gap
+        else:
+            late = shift
+        return bool(inner) and statistics.median(inner) < late / 2
 
     def _grows_with_gap(self, g: pl.DataFrame, effect: float) -> tuple[float, float, float] | None:
         """The host's median lateness after its longest gaps between collectives (the
