@@ -90,6 +90,11 @@ _BROKEN_CLOCK_S = 1.0
 _LOO_HOSTS = 16
 #: Instances a window of slowness must span.
 _MIN_WINDOW = 10
+#: Instances each side of a comparison of medians must hold (long against short gaps):
+#: the fewest whose median survives two wild values and whose MAD says something.  One
+#: long gap a step (the optimizer's) leaves few of them on a short or cut log; the
+#: ``_MIN_Z`` test on their median does the rest.
+_MIN_GROUP = 5
 #: A window that covers this share of the run is the whole run.
 _WHOLE_RUN = 0.8
 
@@ -638,12 +643,40 @@ class StragglerDetector:
                 if f is not None:
                     out.append(f)
                     done.add(str(host))
+        out = self._mirrored_spells(out)
         slow = [f for f in out if f.evidence["cause"] == "slow"]
         by_cause: dict[str, list[Finding]] = {}
         for f in out:
             if f.evidence["cause"] != "slow":
                 by_cause.setdefault(f.evidence["cause"], []).append(f)
         return slow + [fs[0] if len(fs) == 1 else _merged(fs) for fs in by_cause.values()]
+
+    def _mirrored_spells(self, found: list[Finding]) -> list[Finding]:
+        """Spells of slowness on several hosts of one communicator, kept where the
+        lateness inside the window grows with the compute gap.
+
+        Hosts are compared with each other, so one host's spell is the others' dip: with
+        two hosts, A late over a stretch reads exactly as B late over the rest (plus a
+        clock offset), and either shows as a spell when the stretch holds most of the
+        kept log.  A slow node's lateness inside its window grows with the compute before
+        each collective; the mirror's "window" is the other host's normal stretch, where
+        its lateness is its clock, flat.  Where no spell (or every one) grows, the logs
+        cannot say which host was slow: one ``info`` finding names the hosts, blaming
+        none."""
+        spells: dict[str, list[Finding]] = {}
+        for f in found:
+            if f.evidence.get("cause") == "slow" and f.evidence.get("intermittent"):
+                spells.setdefault(str(f.evidence["communicator"]), []).append(f)
+        drop: set[int] = set()
+        add: list[Finding] = []
+        for fs in spells.values():
+            if len(fs) < 2:
+                continue
+            grown = [f for f in fs if f.evidence.get("window_grows_with_gap")]
+            drop |= {id(f) for f in fs if len(grown) != 1 or f is not grown[0]}
+            if len(grown) != 1:
+                add.append(_ambiguous_spell(fs))
+        return [f for f in found if id(f) not in drop] + add
 
     def _host_finding(
         self,
@@ -727,6 +760,8 @@ class StragglerDetector:
         if spell and w is not None:
             evidence["window_excess_s"] = round(w.excess_s, 6)
             evidence["window_z"] = round(w.z, 1)
+            inside = self._grows_with_gap(g.slice(w.first, w.last - w.first + 1), effect)
+            evidence["window_grows_with_gap"] = inside is not None
         severity, msg = self._host_verdict(host, ranks, cause, excess, slowdown, evidence)
         if cause == "slow":
             evidence["window_cost_gpu_s"] = round(lost * max(0, everyone - len(ranks)), 3)
@@ -794,7 +829,7 @@ class StragglerDetector:
         is_long = pl.col("own_gap_s") >= 1.5 * typical
         long = sub.filter(is_long)["delta_s"].to_list()
         short = sub.filter(~is_long)["delta_s"].to_list()
-        if len(long) < _MIN_WINDOW or len(short) < _MIN_WINDOW:
+        if len(long) < _MIN_GROUP or len(short) < _MIN_GROUP:
             return None
         hi, lo = statistics.median(long), statistics.median(short)
         se = 1.253 * max(_mad(short, lo), _mad(long, hi), 1e-6) / math.sqrt(len(long))
@@ -976,6 +1011,47 @@ def _merged(findings: list[Finding]) -> Finding:
             ],
         },
         lines=[ln for f in fs for ln in f.lines[:1]],
+    )
+
+
+def _ambiguous_spell(findings: list[Finding]) -> Finding:
+    """Spells on several hosts that mirror each other, none told from the others."""
+    hosts = sorted(f.hosts[0] for f in findings)
+    windows = "; ".join(
+        f"{f.hosts[0]} from {f.evidence['window_start']} to {f.evidence['window_end']}"
+        for f in findings
+    )
+    return Finding(
+        kind="straggler",
+        severity="info",
+        message=(
+            f"hosts {', '.join(hosts)} arrived late against each other for a while "
+            f"({windows}): one of them was slow then, but as each is measured against the "
+            f"others (their clocks differ), a stretch of one host's lateness reads as the "
+            f"rest of the run's on the other, and its lateness did not grow with the "
+            f"compute before each collective as a slow node's does; look at the hosts' "
+            f"step times or GPU clocks over those windows"
+        ),
+        ranks=[],
+        hosts=hosts,
+        evidence={
+            "communicator": findings[0].evidence["communicator"],
+            "cause": "slow_unattributed",
+            "compared_with": "hosts",
+            "unit": "host",
+            "intermittent": True,
+            "by_host": [
+                {
+                    "host": f.hosts[0],
+                    "ranks": f.evidence["ranks"],
+                    "window_start": f.evidence["window_start"],
+                    "window_end": f.evidence["window_end"],
+                    "window_excess_s": f.evidence.get("window_excess_s"),
+                }
+                for f in findings
+            ],
+        },
+        lines=[ln for f in findings for ln in f.lines[:1]],
     )
 
 
