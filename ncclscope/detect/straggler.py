@@ -694,7 +694,9 @@ class StragglerDetector:
         noise = _mad(xs, shift)
         se = 1.253 * max(noise, 1e-6) / math.sqrt(len(xs))
         whole = shift >= effect and shift / se >= _MIN_Z
-        base = _quantile(xs, 0.1) if whole else shift
+        # The level where the host was not late: its lower decile.  Lateness only adds,
+        # and a spell that holds most of the log puts the median inside the spell.
+        base = _quantile(xs, 0.1)
         w = find_window(xs, base, effect)
         spell = w is not None and (w.last - w.first + 1) < _WHOLE_RUN * len(xs)
         merged = g.filter(pl.col("merged"))
