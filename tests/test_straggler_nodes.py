@@ -255,16 +255,22 @@ def test_several_clock_offsets_are_said_once(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("layout", ["combined", "per-rank"])
-@pytest.mark.parametrize("share", [0.10, 0.25])
+@pytest.mark.parametrize(
+    ("share", "offsets"),
+    [
+        (0.10, (0.0, 0.02, 0.045, 0.01)),
+        (0.25, (0.0, 0.02, 0.045, 0.01)),
+    ],
+)
 def test_lone_late_rank_on_a_host_of_two_is_the_rank(
-    tmp_path: Path, layout: str, share: float
+    tmp_path: Path, layout: str, share: float, offsets: tuple[float, ...]
 ) -> None:
     """Hosts of two ranks, clocks apart: one late rank is named on its own, measured
     against its host's other rank (one clock), and its healthy neighbour is not blamed
     as part of a slow node."""
     spec = SynthSpec(
         ranks=8, hosts=4, steps=12, timestamps=True, seed=11, layout=layout,  # type: ignore[arg-type]
-        clock_offsets_s=(0.0, 0.02, 0.045, 0.01), faults=(SlowRank(5, _late(share)),),
+        clock_offsets_s=offsets, faults=(SlowRank(5, _late(share)),),
     )  # fmt: skip
     a, _ = _run(tmp_path, spec)
     found = [f for f in _stragglers(a) if severity_at_least(f.severity, "warning")]
@@ -273,6 +279,23 @@ def test_lone_late_rank_on_a_host_of_two_is_the_rank(
     assert f.evidence["compared_with"] == "host"
     assert f.evidence["host_members"] == 2
     assert f.evidence["excess_lateness_s"] == pytest.approx(_late(share), rel=0.2)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_lone_late_rank_on_a_host_of_two_whose_clock_is_behind(tmp_path: Path, seed: int) -> None:
+    """One merged log (a launcher's), the late rank's host of two with its clock behind
+    the others' by more than the rank is late: the host's median line comes after theirs
+    (its late rank's), its first does not; the host is not a slow node."""
+    job = jobgen.generate(
+        jobgen.JobSpec(
+            kind="slow_rank", hosts=(4, 4, 2), offsets_ms=(35.0, 20.0, 6.0), slowdown=0.05,
+            culprit_rank=8, layout="combined", seed=seed,
+        )
+    )  # fmt: skip
+    logs = jobgen.write_files(job.files, tmp_path / "logs")
+    a = run_analysis([str(logs)], workdir=tmp_path / "work")
+    found = [f for f in _stragglers(a) if severity_at_least(f.severity, "warning")]
+    assert all(f.ranks == [8] for f in found), [f.message for f in found]
 
 
 def _host_file(files: jobgen.Files, host: str) -> str:
