@@ -119,9 +119,15 @@ def _with_lateness(ctx: Context) -> pl.DataFrame:
     that went on after a hang) says nothing about who came late: its first arrival is
     that of whoever is left, and a host whose lines stop would move every other host's
     reference."""
-    inst = ctx.instances.filter(
+    # Members by their comm rank: a rank logged twice at one sequence (two runs in one
+    # file, not told apart) makes the instance no measure of anyone's lateness either.
+    distinct = ctx.sample.group_by("comm_key", "seq").agg(
+        pl.col("comm_rank").n_unique().alias("distinct")
+    )
+    inst = ctx.instances.join(distinct, on=["comm_key", "seq"]).filter(
         (pl.col("n") >= 2)
         & (pl.col("with_ts") == pl.col("n"))
+        & (pl.col("distinct") == pl.col("n"))
         & (pl.col("n") == pl.col("n").max().over("comm_key"))
     )
     return ctx.sample.join(
@@ -146,7 +152,9 @@ def _within_host_rows(ctx: Context) -> pl.DataFrame:
         pl.col("ts").min().over(key).alias("ts_first"),
     )
     rows = rows.filter(
-        (pl.col("k") >= 2) & (pl.col("k") == pl.col("k").max().over("comm_key", "host"))
+        (pl.col("k") >= 2)
+        & (pl.col("k") == pl.col("k").max().over("comm_key", "host"))
+        & (pl.col("comm_rank").n_unique().over(key) == pl.col("k"))
     )
     return rows.with_columns(
         ((pl.col("ts") - pl.col("ts_first")).dt.total_microseconds() / 1e6).alias("hlate")
