@@ -282,13 +282,17 @@ def test_lone_late_rank_on_a_host_of_two_is_the_rank(
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_lone_late_rank_on_a_host_of_two_whose_clock_is_behind(tmp_path: Path, seed: int) -> None:
-    """One merged log (a launcher's), the late rank's host of two with its clock behind
-    the others' by more than the rank is late: the host's median line comes after theirs
-    (its late rank's), its first does not; the host is not a slow node."""
+@pytest.mark.parametrize("offsets_ms", [(35.0, 20.0, 6.0), (6.0, 20.0, 35.0)])
+def test_lone_late_rank_in_a_merged_log_is_not_its_host(
+    tmp_path: Path, seed: int, offsets_ms: tuple[float, ...]
+) -> None:
+    """One merged log (a launcher's), the late rank on a host of two whose clock is
+    behind the others' (its times say it is early) or ahead (they say it is late): the
+    host's median line comes after the others' (its late rank's), its first does not;
+    the host is not a slow node."""
     job = jobgen.generate(
         jobgen.JobSpec(
-            kind="slow_rank", hosts=(4, 4, 2), offsets_ms=(35.0, 20.0, 6.0), slowdown=0.05,
+            kind="slow_rank", hosts=(4, 4, 2), offsets_ms=offsets_ms, slowdown=0.05,
             culprit_rank=8, layout="combined", seed=seed,
         )
     )  # fmt: skip

@@ -714,6 +714,7 @@ class StragglerDetector:
         if not whole and not spell and not behind and grows is None:
             return None
         order_after: float | None = None
+        first_after = 0.0
         if merged.height >= _MIN_INSTANCES:
             sel = (
                 merged
@@ -723,14 +724,21 @@ class StragglerDetector:
             if sel.height >= _MIN_INSTANCES or (spell and sel.height >= _MIN_WINDOW):
                 after = (sel["pos"] > sel["ref_pos"]).sum()
                 order_after = int(after) / sel.height
+                first_after = int((sel["pos_first"] > sel["ref_pos"]).sum()) / sel.height
         cause = _cause(order_after, spell, grows is not None)
         if behind and not whole and not spell:
             return self._behind_finding(ctx, comm, host, g, metric, shift, order_after or 0.0)
         if not whole and not spell and cause != "slow":
             return None
-        if cause == "slow" and not self._together(g, w if spell else None, shift, grows, gap):
+        by_order = order_after is not None and order_after >= _ORDER_SLOW
+        if cause == "slow" and (
             # Its ranks are not late together: one of them is (named on its own against
-            # its host's others, one clock); a node is not slow for one bad rank.
+            # its host's others, one clock); a node is not slow for one bad rank.  Where
+            # the order said "slow", its times carry its clock: the order says it, by
+            # the host's first line coming after the others' too.
+            (by_order and first_after < _ORDER_SLOW)
+            or (not by_order and not self._together(g, w if spell else None, shift, grows, gap))
+        ):
             return None
         members = metric.filter((pl.col("comm_key") == comm["comm_key"]) & (pl.col("host") == host))
         ranks = sorted(int(r) for r in members["rank"].drop_nulls().to_list())
