@@ -3,19 +3,25 @@
 NCCL logs a COLL line when the call is enqueued, so with sub-second timestamps on those
 lines a rank's arrival at each collective instance is known.  Three comparisons:
 
-* **A rank against its own host's members** (hosts of at least 3 members): its median
-  lateness over the host's typical member's.  One clock: offsets cancel, the lateness is
-  real (``cause`` ``slow``).
-* **A host against the other hosts**: per instance, each host's median arrival against
-  the median host's (the other host's when there are two), so a node whose ranks are all
-  late is named as a node, and a host of one rank is a host like the others.  Hosts'
+* **A rank against its own host's members** (hosts of at least 2 members): its median
+  lateness over the host's typical member's (of two, the earlier's), at the instances
+  its whole host logged.  One clock: offsets cancel, the lateness is real (``cause``
+  ``slow``), and no other host's cut or late start enters.
+* **A host against the other hosts**: per instance every member logged, each host's
+  median arrival against the median host's (the other host's when there are two), so a
+  node whose ranks are all late is named as a node, and a host of one rank is a host
+  like the others.  A host is a slow node only when its ranks are late together (its
+  first member too): one late rank of a small host is that rank, not the node.  Hosts'
   clocks differ (NTP: milliseconds; a broken one: seconds), so a constant shift is
   either a clock or a constant delay.  What does not read the clocks decides: in a log
   merged as lines were written (one launcher reading every worker's pipe) a late host's
   lines come *after* the others', a host whose clock is ahead only prints later times on
   lines that sit among theirs (``order_after``); a lateness that comes and goes is not a
   clock.  Where nothing tells (separate files, a constant shift) the finding says both
-  and what to check (``chronyc tracking``), as ``info`` within what NTP drifts.
+  and what to check (``chronyc tracking``), as ``info`` within what NTP drifts.  Two
+  hosts mirror each other (one's spell is the other's rest of the run): the spell whose
+  lateness grows with the compute gap is the slow one; where none does, neither is
+  blamed (``cause`` ``slow_unattributed``, ``info``).
 * **A unit against itself in time**: the stretch of collectives over which its lateness
   stood highest above its baseline (a CUSUM-like search with half the minimum effect as
   allowance, kept when its median exceeds the rest's by the minimum effect and stands
@@ -503,7 +509,8 @@ class StragglerDetector:
         if whole and r["last"] is not None and r["p95_s"] is not None:
             # Against every member (instances every member logged): what it makes them wait.
             msg += (
-                f"; {duration_text(r['median_s'])} after the first rank of all (p95 "
+                f"; by the timestamps (which carry the hosts' clocks), "
+                f"{duration_text(r['median_s'])} after the first rank of all (p95 "
                 f"{duration_text(r['p95_s'])}), last at {r['last']:,} of them"
             )
         evidence: dict[str, Any] = {
