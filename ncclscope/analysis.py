@@ -6,15 +6,19 @@ JSON) read it and never parse.  Nothing here prints: progress goes to a callback
 
 from __future__ import annotations
 
+import copy
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 from typing import BinaryIO
 
 import polars as pl
 
+from ncclscope.attempts import HINTS as ATTEMPT_HINTS
+from ncclscope.attempts import Attempt, find_cuts, segment_starts
 from ncclscope.detect import run_detectors
 from ncclscope.detect.base import Finding
 from ncclscope.parsers.frameworks import FrameworkTables, mtime_years, read_frameworks
@@ -105,6 +109,24 @@ class Analysis:
     #: the agent's samples given with ``--telemetry`` (TELEMETRY_SCHEMA, long format);
     #: empty without them
     telemetry: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=TELEMETRY_SCHEMA))
+    #: the runs the inputs hold (a restart kept in the same file starts a new one), the
+    #: last one being the job that identity, communicators, collectives and stats
+    #: describe; errors, frameworks and findings cover every attempt
+    attempts: list[Attempt] = field(default_factory=list)
+    #: the job's world size and where it came from: ``init`` (NCCL's Init lines), ``coll``
+    #: (COLL lines' ``[nranks=N]``: no Init line kept), ``launcher`` (launcher or
+    #: PyTorch lines: ``WORLD_SIZE=16``, ``global_world_sizes=[16]``, ``size: 16``);
+    #: None when nothing says
+    world_size: int | None = None
+    world_size_source: str | None = None
+    #: ranks of the world that left no line in these inputs (a host whose files are
+    #: absent); None when that cannot be told (world size unknown, or members whose
+    #: rank no line names)
+    ranks_without_logs: list[int] | None = None
+    #: while detectors run on an attempt that a later one followed: why the next one
+    #: started (``restart``, ``banner``, ``init``, ``pids``).  The job stopped there and
+    #: was started again: evidence that this attempt's run ended.  None for the last.
+    followed_by: list[str] | None = None
 
 
 def run_analysis(
@@ -160,17 +182,27 @@ def run_analysis(
         stats = pl.DataFrame()
         procs = pl.DataFrame()
     report("build", 0, 1)
-    identity = resolve_identity(records, coll_only_comms(stats) if len(stats) else [], paths)
-    collectives = summary = None
-    if lines is not None and len(stats):
-        collectives = build_collectives(
-            lines, stats, identity.members, procs, workdir / "collectives", ts_source=coll_ts_source
-        )
-        summary = summarise(lines, collectives, stats, identity.members)
+    hints = _hint_lines(scan.text_store) if scan is not None else None
+    starts = (
+        _attempt_starts(hints, records, stats, frameworks, [t.file_id for t in targets])
+        if hints is not None
+        else None
+    )
+    n_attempts = len(starts["attempt"].unique()) if starts is not None else 1
+    builds: list[tuple[_Built, LineRecords, pl.DataFrame, FrameworkTables]] = []
+    for k in range(n_attempts):
+        if n_attempts == 1 or starts is None:
+            part = (records, lines, stats, frameworks)
+        else:
+            part = _attempt_part(k, starts, records, lines, procs, frameworks)
+        rec_k, lines_k, stats_k, fw_k = part
+        built = _build(rec_k, lines_k, stats_k, procs, paths, workdir / f"attempt-{k}",
+                       coll_ts_source)  # fmt: skip
+        builds.append((built, rec_k, stats_k, fw_k))
+    # The job as it stands is its last attempt; the earlier ones keep their findings.
+    last, _rec, last_stats, _fw = builds[-1]
     account = _account(inputs, n_lines, records)
-    hosts = sorted(set(identity.members["host"].to_list()) | records.hosts)
-    errors = _errors(records, identity)
-    connections = _connections(records)
+    hosts = sorted(set(last.identity.members["host"].to_list()) | records.hosts)
     analysis = Analysis(
         paths=paths,
         inputs=account,
@@ -179,16 +211,21 @@ def run_analysis(
         nccl_versions=sorted({v.version for *_, v in records.versions}, key=_version_key),
         cuda_versions=sorted({v.cuda for *_, v in records.versions}, key=_version_key),
         hosts=hosts,
-        identity=identity,
-        communicators=_communicators(identity, summary, records),
+        identity=last.identity,
+        communicators=last.communicators,
         networks=sorted(records.networks),
-        connections=connections,
-        transports=sorted(connections["transport"].unique().to_list()),
-        errors=errors,
-        collectives=collectives,
-        summary=summary,
-        stats=stats,
-        timestamps=_timestamps(records, summary),
+        connections=last.connections,
+        transports=sorted(last.connections["transport"].unique().to_list()),
+        # Errors and framework tables of every attempt: a failed run's errors stay.
+        errors=pl.concat([b.errors for b, *_ in builds]).sort("file_id", "line_no"),
+        collectives=last.collectives,
+        summary=last.summary,
+        stats=last_stats,
+        timestamps=_timestamps(
+            records,
+            sum(b.summary.calls for b, *_ in builds if b.summary is not None),
+            sum(b.summary.with_ts for b, *_ in builds if b.summary is not None),
+        ),
         env={k: sorted(v) for k, v in sorted(records.env.items())},
         frameworks=frameworks,
         workdir=workdir,
@@ -199,10 +236,341 @@ def run_analysis(
         analysis.telemetry = validate(telemetry, TELEMETRY_SCHEMA, "telemetry")
     report("build", 1, 1)
     report("detect", 0, 1)
-    analysis.findings = run_detectors(analysis)
+    sizes = _launcher_world_sizes(hints) if hints is not None else []
+    found = _diagnose_attempts(analysis, builds, starts, sizes)
+    unique = {id(f): f for _a, fs in found for f in fs}
+    analysis.findings = sorted(unique.values(), key=Finding.order)
+    at = {id(f): k for k, f in enumerate(analysis.findings)}
+    for attempt, fs in found:
+        attempt.findings = sorted(at[id(f)] for f in fs)
+    analysis.attempts = [a for a, _fs in found]
     analysis.quoted = _quote(inputs, analysis.findings)
     report("detect", 1, 1)
     return analysis
+
+
+@dataclass
+class _Built:
+    """The tables built from one attempt's records and COLL lines."""
+
+    identity: Identity
+    collectives: pl.LazyFrame | None
+    summary: CollSummary | None
+    errors: pl.DataFrame
+    connections: pl.DataFrame
+    communicators: pl.DataFrame
+
+
+def _build(
+    records: LineRecords,
+    lines: pl.LazyFrame | None,
+    stats: pl.DataFrame,
+    procs: pl.DataFrame,
+    paths: list[str],
+    out_dir: Path,
+    coll_ts_source: str,
+) -> _Built:
+    identity = resolve_identity(records, coll_only_comms(stats) if len(stats) else [], paths)
+    collectives = summary = None
+    if lines is not None and len(stats):
+        collectives = build_collectives(
+            lines, stats, identity.members, procs, out_dir, ts_source=coll_ts_source
+        )
+        summary = summarise(lines, collectives, stats, identity.members)
+    return _Built(
+        identity=identity,
+        collectives=collectives,
+        summary=summary,
+        errors=_errors(records, identity),
+        connections=_connections(records),
+        communicators=_communicators(identity, summary, records),
+    )
+
+
+def _framework_marks(frameworks: FrameworkTables) -> pl.DataFrame:
+    """(file_id, line_no) of every framework line read: content that keeps a segment."""
+    frames = [
+        t.select(pl.col("file_id").cast(pl.UInt32), pl.col("line_no").cast(pl.UInt32))
+        for t in _framework_frames(frameworks).values()
+    ]
+    schema = {"file_id": pl.UInt32, "line_no": pl.UInt32}
+    return pl.concat([pl.DataFrame(schema=schema), *frames])
+
+
+def _framework_frames(frameworks: FrameworkTables) -> dict[str, pl.DataFrame]:
+    """The framework tables that point at lines (``file_id``, ``line_no``), by field."""
+    return {
+        name: table
+        for name, table in vars(frameworks).items()
+        if isinstance(table, pl.DataFrame) and {"file_id", "line_no"} <= set(table.columns)
+    }
+
+
+def _attempt_starts(
+    hints: pl.DataFrame,
+    records: LineRecords,
+    stats: pl.DataFrame,
+    frameworks: FrameworkTables,
+    file_ids: list[int],
+) -> pl.DataFrame:
+    """Per file, where each attempt starts (``segment_starts``)."""
+    cuts = find_cuts(hints, LINE_KIND["nccl"], records, stats, _framework_marks(frameworks))
+    return segment_starts(cuts, file_ids)
+
+
+def _hint_lines(text_store: Path) -> pl.DataFrame:
+    """The few lines of the text store that attempts and world sizes are read from (a
+    banner, a restart, a stated world size), in one pass with literal filters."""
+    text = pl.col("text")
+    wanted = pl.any_horizontal(
+        [text.str.contains(h, literal=True) for h in (*ATTEMPT_HINTS, *_WORLD_HINTS)]
+    )
+    return (
+        pl.scan_parquet(text_store)
+        .filter(wanted)
+        .select("file_id", "i", "kind", "text")
+        .collect(engine="streaming")
+    )
+
+
+def _in_attempt(frame: pl.LazyFrame, starts: pl.DataFrame, k: int, line: str) -> pl.LazyFrame:
+    """The rows of ``frame`` (``file_id``, ``line``) that fall in attempt ``k``: a join
+    on the file with its segment's bounds (one row a file), no sort of the rows."""
+    bounds = (
+        starts.sort("file_id", "start")
+        .with_columns(
+            (pl.col("start").shift(-1).over("file_id").cast(pl.Int64) - 1)
+            .fill_null(2**62)
+            .alias("end")
+        )
+        .filter(pl.col("attempt") == k)
+        .select(pl.col("file_id").cast(pl.UInt32), pl.col("start").cast(pl.Int64), "end")
+    )
+    columns = frame.collect_schema().names()
+    return (
+        frame.with_columns(pl.col("file_id").cast(pl.UInt32))
+        .join(bounds.lazy(), on="file_id", how="inner")
+        .filter(pl.col(line).cast(pl.Int64).is_between(pl.col("start"), pl.col("end")))
+        .select(columns)
+    )
+
+
+def _attempt_part(
+    k: int,
+    starts: pl.DataFrame,
+    records: LineRecords,
+    lines: pl.LazyFrame | None,
+    procs: pl.DataFrame,
+    frameworks: FrameworkTables,
+) -> tuple[LineRecords, pl.LazyFrame | None, pl.DataFrame, FrameworkTables]:
+    """Attempt ``k``'s share of the records, COLL lines, statistics and framework tables."""
+    bounds: dict[int, list[tuple[int, int]]] = {}
+    for f, start, attempt in starts.select("file_id", "start", "attempt").iter_rows():
+        bounds.setdefault(int(f), []).append((int(start), int(attempt)))
+
+    def inside(file_id: int, line_no: int) -> bool:
+        segs = bounds.get(file_id)
+        if not segs:
+            return k == 0
+        current = 0
+        for start, attempt in segs:
+            if start <= line_no:
+                current = attempt
+        return current == k
+
+    part = _slice_records(records, inside, starts, k)
+    part_lines = stats_k = None
+    if lines is not None:
+        part_lines = _in_attempt(lines, starts, k, "i").cast(lines.collect_schema())
+        stats_k = proc_comm_stats(part_lines, procs)
+    fw = copy.copy(frameworks)
+    for name, table in _framework_frames(frameworks).items():
+        setattr(fw, name, _in_attempt(table.lazy(), starts, k, "line_no").collect()
+                .cast(table.schema))  # fmt: skip
+    return part, part_lines, stats_k if stats_k is not None else pl.DataFrame(), fw
+
+
+def _slice_records(
+    records: LineRecords, inside: Callable[[int, int], bool], starts: pl.DataFrame, k: int
+) -> LineRecords:
+    """The records on lines ``inside`` says are kept (few: init, connection, WARN lines).
+    Records without a line (layouts, rank hints) go with their process."""
+    out = copy.copy(records)
+    out.comm_events = [e for e in records.comm_events if inside(e[0][0], e[1])]
+    out.connections = [c for c in records.connections if inside(c[0][0], c[1])]
+    out.colls = [c for c in records.colls if inside(c[0][0], c[1])]
+    out.errors = [g for g in records.errors if inside(g.proc[0], g.line_no)]
+    out.connection_frames = [
+        _in_attempt(t.lazy(), starts, k, "line_no").collect().cast(t.schema)
+        for t in records.connection_frames
+    ]
+    procs = {e[0] for e in out.comm_events} | {c[0] for c in out.colls}
+    out.layouts = [x for x in records.layouts if x[0] in procs]
+    out.rank_hints = {p: h for p, h in records.rank_hints.items() if p in procs}
+    return out
+
+
+def _diagnose_attempts(
+    analysis: Analysis,
+    builds: list[tuple[_Built, LineRecords, pl.DataFrame, FrameworkTables]],
+    starts: pl.DataFrame | None,
+    launcher_sizes: list[int],
+) -> list[tuple[Attempt, list[Finding]]]:
+    """Each attempt through the detectors on its own tables; with several attempts a
+    finding says which one it is about.  Advice about the logs (``config`` findings)
+    that every attempt gives alike is one finding, shared by those attempts."""
+    out: list[tuple[Attempt, list[Finding]]] = []
+    several = len(builds) > 1
+    advice: dict[tuple[str, str, str], Finding] = {}
+    for k, (built, _records, stats, fw) in enumerate(builds):
+        view = replace(
+            analysis,
+            identity=built.identity,
+            communicators=built.communicators,
+            connections=built.connections,
+            errors=built.errors,
+            collectives=built.collectives,
+            summary=built.summary,
+            stats=stats,
+            frameworks=fw,
+            findings=[],
+        )
+        view.followed_by = _next_reasons(starts, k) if k < len(builds) - 1 else None
+        view.world_size, view.world_size_source = _world_size(view, launcher_sizes)
+        view.ranks_without_logs = _ranks_without_logs(view)
+        if k == len(builds) - 1:
+            analysis.world_size, analysis.world_size_source = (
+                view.world_size,
+                view.world_size_source,
+            )
+            analysis.ranks_without_logs = view.ranks_without_logs
+        findings = run_detectors(view)
+        if several:
+            kept = []
+            for f in findings:
+                key = (f.kind, f.severity, f.message)
+                if f.kind == "config" and key in advice:
+                    kept.append(advice[key])  # the same advice: one finding
+                    continue
+                if f.kind == "config":
+                    advice[key] = f
+                kept.append(f)
+            findings = kept
+        out.append((_describe_attempt(k, view, starts), findings))
+    if several:  # label what is about one attempt only
+        for k, (_a, findings) in enumerate(out):
+            for f in findings:
+                shared = any(f is g for j, (_b, other) in enumerate(out) if j != k for g in other)
+                if not shared and "attempt" not in f.evidence:
+                    f.evidence["attempt"] = k
+                    f.message = f"attempt {k}: {f.message}"
+    return out
+
+
+#: Lines of launchers and PyTorch that state the world (or the default group's) size:
+#: ``WORLD_SIZE=16`` (an environment dump), ``global_world_sizes=[16, 16]``
+#: (torchelastic's rendezvous result), ``ProcessGroupNCCL initialization options: size:
+#: 16, global rank: 3, ...`` (PyTorch, per process group: the largest is the world).
+_WORLD_SIZE_RE = (
+    r"(?:\bWORLD_SIZE\s*[=:]\s*|global_world_sizes=\[|initialization options: size: )(\d{1,7})"
+)
+
+
+#: Literal pieces of the lines ``_WORLD_SIZE_RE`` reads.
+_WORLD_HINTS = ("WORLD_SIZE", "world_sizes=", "options: size: ")
+
+
+def _launcher_world_sizes(hints: pl.DataFrame) -> list[int]:
+    """Every world size the launcher and PyTorch lines state (``hints``: the lines
+    ``_hint_lines`` kept)."""
+    text = pl.col("text")
+    sizes = (
+        hints.filter(pl.col("kind") != LINE_KIND["nccl"])
+        .select(text.str.extract(_WORLD_SIZE_RE, 1).cast(pl.Int64, strict=False).alias("n"))
+        .drop_nulls()
+    )
+    return sorted({int(n) for n in sizes["n"] if n > 0})
+
+
+def _world_size(view: Analysis, launcher_sizes: list[int]) -> tuple[int | None, str | None]:
+    """NCCL's count first (Init lines, else COLL lines' ``nranks``), then what the
+    launcher, PyTorch or DeepSpeed lines state."""
+    ident = view.identity
+    if ident.world_size is not None:
+        world = ident.members.filter(pl.col("comm_key") == ident.world_key)
+        inited = world["complete"].any() or world["bus_id"].is_not_null().any()
+        return ident.world_size, "init" if inited else "coll"
+    stated = [
+        *launcher_sizes,
+        *([view.frameworks.world_size] if view.frameworks.world_size else []),
+    ]
+    return (max(stated), "launcher") if stated else (None, None)
+
+
+def _ranks_without_logs(view: Analysis) -> list[int] | None:
+    """Ranks in ``range(world_size)`` that left no line: not a member of the world
+    communicator, no PyTorch line with their ``[rankN]:`` prefix.  A launcher's failure
+    summary naming a rank is not that rank's log, and DeepSpeed prints its timers on
+    rank 0 while the other ranks' lines carry no rank.  None when that cannot be told
+    (no line names the rank that wrote it)."""
+    world = view.world_size
+    if world is None:
+        return None
+    ident = view.identity
+    members = ident.members.filter(pl.col("comm_key") == (ident.world_key or ""))
+    if members["comm_rank"].null_count():
+        return None  # a member no line names the rank of: it may be any missing rank
+    seen = set(members["comm_rank"].to_list()) | set(ident.ranks["rank"].to_list())
+    fw = view.frameworks
+    for table, column in (
+        (fw.timeouts, "global_rank"),
+        (fw.torch_events, "global_rank"),
+    ):
+        seen |= set(table[column].drop_nulls().to_list())
+    if not seen:
+        return None  # no line names its rank (DeepSpeed's unlabelled stdout)
+    return [r for r in range(world) if r not in seen]
+
+
+def _next_reasons(starts: pl.DataFrame | None, k: int) -> list[str]:
+    """Why attempt ``k + 1`` started, over all files."""
+    if starts is None:
+        return []
+    reasons = starts.filter(pl.col("attempt") == k + 1)["reason"].to_list()
+    return sorted({r for joined in reasons for r in joined.split("+")})
+
+
+def _describe_attempt(k: int, view: Analysis, starts: pl.DataFrame | None) -> Attempt:
+    """Attempt ``k``'s spans, processes, ranks and first and last times."""
+    spans: dict[int, tuple[int, int | None]] = {}
+    reasons: list[str] = []
+    if starts is not None:
+        by_file = starts.sort("file_id", "start").group_by("file_id", maintain_order=True)
+        for (file_id,), segs in by_file:
+            rows = segs.to_dicts()
+            for j, row in enumerate(rows):
+                if row["attempt"] == k:
+                    end = rows[j + 1]["start"] - 1 if j + 1 < len(rows) else None
+                    spans[int(file_id)] = (max(1, int(row["start"])), end)
+                    reasons += row["reason"].split("+")
+    members = view.identity.members
+    ranks = members["rank"].drop_nulls().unique().sort().to_list()
+    ts_start = ts_end = None
+    if "ts_min" in view.stats.columns:  # read with the statistics: no pass over the lines
+        lo, hi = view.stats["ts_min"].min(), view.stats["ts_max"].max()
+        ts_start = lo if isinstance(lo, datetime) else None
+        ts_end = hi if isinstance(hi, datetime) else None
+    return Attempt(
+        index=k,
+        spans=spans,
+        reasons=sorted(set(reasons)) if k else ["start"],
+        hosts=sorted(set(members["host"].to_list())),
+        pids=sorted(set(members["pid"].to_list())),
+        ranks=[int(r) for r in ranks],
+        world_size=view.identity.world_size,
+        ts_start=ts_start,
+        ts_end=ts_end,
+    )
 
 
 def _quote(inputs: list[Input], findings: list[Finding]) -> dict[tuple[int, int], str]:
@@ -514,9 +882,9 @@ def _errors(records: LineRecords, identity: Identity) -> pl.DataFrame:
     return validate(frame, ERRORS_SCHEMA, "errors")
 
 
-def _timestamps(records: LineRecords, summary: CollSummary | None) -> str:
-    total = records.header_lines + (summary.calls if summary else 0) - len(records.colls)
-    with_ts = records.header_lines_with_ts + (summary.with_ts if summary else 0)
+def _timestamps(records: LineRecords, calls: int, calls_with_ts: int) -> str:
+    total = records.header_lines + calls - len(records.colls)
+    with_ts = records.header_lines_with_ts + calls_with_ts
     with_ts -= sum(1 for *_x, ts in records.colls if ts is not None)
     if total <= 0 or with_ts <= 0:
         return "none"

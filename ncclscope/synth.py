@@ -492,6 +492,10 @@ class SynthSpec:
         memory_growth: Ranks whose GPU memory peak grows by
             ``memory_growth_bytes_per_step`` every step (a leak, a growing cache), in the
             telemetry. Needs ``telemetry``.
+        gpu_cache_ratio: ``(lo, hi)``: every GPU's NVML "used" climbs through the first
+            step and then sits flat between ``lo`` and ``hi`` of the total, as PyTorch's
+            caching allocator keeps it on a healthy job (e.g. ``(0.95, 0.99)``). Needs
+            ``telemetry``.
     """
 
     ranks: int = 16
@@ -531,6 +535,7 @@ class SynthSpec:
     contention_inflation: float = 2.5
     memory_growth: tuple[int, ...] = ()
     memory_growth_bytes_per_step: int = 1 << 30
+    gpu_cache_ratio: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         """Validate the spec; raise ``ValueError`` with a user-facing message."""
@@ -698,6 +703,12 @@ class SynthSpec:
         for rank in self.memory_growth:
             if not 0 <= rank < self.ranks:
                 raise ValueError(f"memory_growth: rank must be in [0, {self.ranks - 1}]")
+        if self.gpu_cache_ratio is not None:
+            if not self.telemetry:
+                raise ValueError("gpu_cache_ratio needs telemetry")
+            lo, hi = self.gpu_cache_ratio
+            if not 0.0 < lo <= hi < 1.0:
+                raise ValueError(f"gpu_cache_ratio must be 0 < lo <= hi < 1, got {lo}, {hi}")
         if self.memory_growth_bytes_per_step < 0:
             raise ValueError("memory_growth_bytes_per_step must be >= 0")
 
@@ -853,6 +864,7 @@ _BENCH_DEFAULTS: dict[str, Json] = {
     "contention_inflation": 2.5,
     "memory_growth": [],
     "memory_growth_bytes_per_step": 1 << 30,
+    "gpu_cache_ratio": None,
 }
 
 
@@ -4359,6 +4371,7 @@ class _Job:
             inflation=spec.contention_inflation,
             growth_ranks=list(spec.memory_growth),
             growth_bytes_per_step=spec.memory_growth_bytes_per_step,
+            cache_ratio=spec.gpu_cache_ratio,
             seed=spec.seed,
         )
 

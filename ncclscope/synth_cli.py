@@ -493,6 +493,15 @@ torchrun agent's SIGTERM / ChildFailedError lines. truth.json gets a "framework"
     metavar="SIZE",
     help="How much a growing rank's GPU memory grows per step.",
 )
+@click.option(
+    "--gpu-cache-ratio",
+    "gpu_cache_ratio",
+    default=None,
+    metavar="LO,HI",
+    help="Every GPU's memory sits flat between LO and HI of its total after the first step, "
+    "as PyTorch's caching allocator holds it on a healthy job (e.g. 0.95,0.99). Needs "
+    "--telemetry.",
+)
 def synth(
     out_dir: Path,
     ranks: int,
@@ -535,6 +544,7 @@ def synth(
     contention_inflation: float,
     memory_growth: tuple[int, ...],
     memory_growth_per_step: str,
+    gpu_cache_ratio: str | None,
 ) -> None:
     """Write a synthetic multi-rank NCCL_DEBUG=INFO job log with known ground truth.
 
@@ -552,6 +562,15 @@ def synth(
         growth_bytes = parse_size(memory_growth_per_step)
     except ValueError as exc:
         raise click.UsageError(f"--memory-growth-per-step: {exc}") from None
+    cache: tuple[float, float] | None = None
+    if gpu_cache_ratio is not None:
+        try:
+            lo_s, hi_s = gpu_cache_ratio.split(",")
+            cache = (float(lo_s), float(hi_s))
+        except ValueError:
+            raise click.UsageError(
+                f"--gpu-cache-ratio: expected LO,HI such as 0.95,0.99, got {gpu_cache_ratio!r}"
+            ) from None
     try:
         spec = SynthSpec(
             ranks=ranks,
@@ -591,6 +610,7 @@ def synth(
             contention_inflation=contention_inflation,
             memory_growth=memory_growth,
             memory_growth_bytes_per_step=growth_bytes,
+            gpu_cache_ratio=cache,
         )
     except (ValueError, TypeError) as exc:
         raise click.UsageError(str(exc)) from None

@@ -102,7 +102,7 @@ def test_kendall_tau_of_a_leak_and_of_noise() -> None:
 def test_flat_cache_at_95_to_99_percent_is_no_alarm(
     seed: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    job = _generate(_spec(seed=seed), tmp_path / "job", monkeypatch, cache_ratio=(0.95, 0.99))
+    job = _generate(_spec(seed=seed, gpu_cache_ratio=(0.95, 0.99)), tmp_path / "job", monkeypatch)
     a = _analyse(job, tmp_path / "w")
     tel = a.telemetry.filter(pl.col("metric") == "ncclscope_gpu_memory_used_bytes")
     # the job really does sit high: a GPU ends at >= 97% (the old critical line)

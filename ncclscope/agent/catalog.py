@@ -84,7 +84,7 @@ CATALOG: tuple[Metric, ...] = (
     _m("host", "process_resident_memory_bytes", "gauge", "bytes", "Resident memory of a job process.", "pid"),
     _m("host", "process_cpu_seconds_total", "counter", "seconds", "CPU time of a job process.", "pid"),
     # --- the job, from its logs (the same detectors as analyze)
-    _m("job", "collective_seq", "gauge", "", "Last collective sequence number a rank logged on a communicator.", "comm", "rank"),
+    _m("job", "collective_seq", "gauge", "", "Sequence number (from 0) of the last collective a rank logged on a communicator, counted by the agent since it started: it grows whatever opCount does.", "comm", "rank"),
     _m("job", "collective_lateness_seconds", "gauge", "seconds", "A rank's median arrival lateness at collectives (arrival - the first rank's).", "rank"),
     _m("job", "straggler_score", "gauge", "", "A rank's excess median lateness over the typical rank's, as a share of the gap between collectives.", "rank"),
     _m("job", "pending_collective_age_seconds", "gauge", "seconds", "Age of the oldest collective some members entered and others did not.", "comm"),

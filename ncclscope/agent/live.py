@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -42,9 +42,22 @@ from ncclscope.analysis import Analysis, run_analysis
 from ncclscope.detect.context import Context
 from ncclscope.detect.straggler import lateness
 from ncclscope.detect.timeout import countdown
+from ncclscope.parsers.nccl.collectives import P2P_OPS
 from ncclscope.parsers.nccl.patterns import HEADER_RE, PREFIX_TS_RE
 
 __all__ = ["LiveWindow", "job_rows", "stamp"]
+
+#: A COLL line's header token (``[rank3]:node-0:4103:4103``), op and comm pointer.
+_COLL_MEMBER = (
+    r"(?P<token>\S+) \[\d+\] NCCL INFO (?P<op>\w+): opCount .* comm (?P<comm>0x[0-9a-f]+)"
+)
+_DROPPED_SCHEMA = {
+    "file_id": pl.UInt32,
+    "host": pl.String,
+    "pid": pl.Int32,
+    "comm": pl.String,
+    "dropped": pl.Int64,
+}
 
 
 def _ts_text(arrived: datetime) -> str:
@@ -143,6 +156,14 @@ class LiveWindow:
     own_times: bool | None = None
     added: int = 0
     _seq: int = 0
+    #: per file (segment stem): collective calls (P2P left out) per (host, pid, comm
+    #: pointer) in the segments already dropped.  Kept outside the window so that a
+    #: member's sequence keeps growing once the window is full, whatever opCount does
+    #: (NCCL >= 2.27 prints 0 on every single-node call).
+    _dropped_calls: dict[str, Counter[tuple[str, int, str]]] = field(default_factory=dict)
+    #: the dropped calls as of the last ``analyse`` (for ``job_rows``), by that
+    #: analysis's file ids
+    dropped: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=_DROPPED_SCHEMA))
 
     def __post_init__(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -218,6 +239,8 @@ class LiveWindow:
     def _drop(self, seg: _Segments) -> None:
         """Delete the oldest segment, keeping its lines that are not COLL lines."""
         old = seg.done.pop(0)
+        counted = self._dropped_calls.setdefault(seg.stem, Counter())
+        counted.update(_calls_per_member(old.path, old.lines))
         for line in self._read(old, keep_coll=False):
             if len(seg.head) < self.keep_lines:
                 seg.head.append(line + "\n")
@@ -267,11 +290,29 @@ class LiveWindow:
                 return None
             paths = self.write(workdir / "window")
             stamped = self.own_times is False
-        return run_analysis(
+            # Taken with the copy: a segment dropped after it would be counted twice.
+            counts = {stem: Counter(c) for stem, c in self._dropped_calls.items()}
+        analysis = run_analysis(
             [str(p) for p in paths],
             workdir=workdir / "analysis",
             coll_ts_source="stamped" if stamped else "nccl",
         )
+        self.dropped = self._dropped_frame(counts, analysis.paths)
+        return analysis
+
+    def _dropped_frame(
+        self, counts: dict[str, Counter[tuple[str, int, str]]], paths: list[str]
+    ) -> pl.DataFrame:
+        """``counts`` per (file_id, host, pid, comm), with the analysis's file ids
+        (``paths``: its inputs, the files ``write`` wrote)."""
+        ids = {Path(p).name: k for k, p in enumerate(paths)}
+        rows = [
+            {"file_id": ids[f"{stem}.log"], "host": host, "pid": pid, "comm": comm, "dropped": n}
+            for stem, per_member in counts.items()
+            if f"{stem}.log" in ids
+            for (host, pid, comm), n in per_member.items()
+        ]
+        return pl.DataFrame(rows, schema=_DROPPED_SCHEMA)
 
     def close(self) -> None:
         """Close the open segments (the files stay until ``folder`` is removed)."""
@@ -281,16 +322,70 @@ class LiveWindow:
                 seg.fh = None
 
 
-def job_rows(analysis: Analysis, now: datetime) -> dict[str, list[tuple[tuple[str, ...], float]]]:
-    """The job's metric rows from an analysis of the window at time ``now``."""
+def _calls_per_member(path: Path, n_lines: int) -> Counter[tuple[str, int, str]]:
+    """Collective calls (Send/Recv left out) per (host, pid, comm pointer) in the first
+    ``n_lines`` lines of a segment file, counted in polars.
+
+    A counted line: ``node-0:4103:4103 [3] NCCL INFO AllGather: opCount 0 sendbuff ...
+    comm 0x55d4c8a0 [nranks=8] stream 0x55d4c9b0``.
+    """
+    with path.open(encoding="utf-8", errors="replace") as fh:
+        lines = fh.read().split("\n")[:n_lines]
+    parts = (
+        pl.DataFrame({"line": lines}, schema={"line": pl.String})
+        .filter(pl.col("line").str.contains(" opCount ", literal=True))
+        .select(pl.col("line").str.extract_groups(_COLL_MEMBER).alias("m"))
+        .unnest("m")
+        .filter(pl.col("comm").is_not_null() & ~pl.col("op").is_in(P2P_OPS))
+        .with_columns(pl.col("token").str.split(":").alias("parts"))
+        .select(
+            pl.col("parts").list.get(-3, null_on_oob=True).alias("host"),
+            pl.col("parts")
+            .list.get(-2, null_on_oob=True)
+            .cast(pl.Int64, strict=False)
+            .alias("pid"),
+            "comm",
+        )
+        .drop_nulls()
+        .group_by("host", "pid", "comm")
+        .len()
+    )
+    return Counter({(h, int(p), c): int(n) for h, p, c, n in parts.iter_rows()})
+
+
+def _counted_seq(
+    analysis: Analysis, dropped: pl.DataFrame | None
+) -> list[tuple[tuple[str, ...], float]]:
+    """Per (communicator, member): the sequence of its last collective counted since
+    the follower started: calls dropped from the window plus calls in it, less one."""
+    stats, members = analysis.stats, analysis.identity.members
+    if stats.is_empty() or members.is_empty():
+        return []
+    key = ["file_id", "host", "pid", "comm"]
+    gone = dropped if dropped is not None else pl.DataFrame(schema=_DROPPED_SCHEMA)
+    seqs = (
+        stats.filter(pl.col("coll_calls") > 0)
+        .join(members.select(*key, "comm_key", "comm_rank", "rank"), on=key, how="inner")
+        .filter(pl.col("comm_key").is_not_null() & pl.col("comm_rank").is_not_null())
+        .join(gone.cast({"file_id": stats.schema["file_id"]}), on=key, how="left")
+        .group_by("comm_key", pl.coalesce("rank", "comm_rank").alias("who"))
+        .agg((pl.col("coll_calls") + pl.col("dropped").fill_null(0) - 1).max().alias("seq"))
+        .sort("comm_key", "who")
+    )
+    return [((str(c), str(w)), float(s)) for c, w, s in seqs.iter_rows()]
+
+
+def job_rows(
+    analysis: Analysis, now: datetime, *, dropped: pl.DataFrame | None = None
+) -> dict[str, list[tuple[tuple[str, ...], float]]]:
+    """The job's metric rows from an analysis of the window at time ``now``.
+
+    ``dropped`` (``LiveWindow.dropped_calls``): the calls that left the window, so that
+    ``ncclscope_collective_seq`` counts every call since the follower started.
+    """
     ctx = Context(analysis)
     rows: dict[str, list[tuple[tuple[str, ...], float]]] = {}
-    progress = ctx.progress
-    rows["ncclscope_collective_seq"] = [
-        ((str(r["comm_key"]), str(r["rank"] if r["rank"] is not None else r["comm_rank"])),
-         float(r["last_seq"]))
-        for r in progress.iter_rows(named=True)
-    ]  # fmt: skip
+    rows["ncclscope_collective_seq"] = _counted_seq(analysis, dropped)
     late = lateness(ctx)
     if len(late):
         world = late.filter(pl.col("members") == late["members"].max())

@@ -268,7 +268,7 @@ class Agent:
         work = Path(self._workdir.name) / "live"
         analysis = self.window.analyse(work, lock=self._window_lock)
         if analysis is not None:
-            self.board.set("job", job_rows(analysis, self.wall()))
+            self.board.set("job", job_rows(analysis, self.wall(), dropped=self.window.dropped))
             self._learn_pids(analysis)
         return True
 

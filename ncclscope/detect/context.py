@@ -81,6 +81,23 @@ class Context:
             .sort("comm_key", "comm_rank")
         )
 
+    @property
+    def ranks_without_logs(self) -> frozenset[int]:
+        """Ranks of the world that left no line in these inputs (their host's files are
+        absent, or the excerpt left them out); empty when unknown.  A detector must not
+        blame one of them on its silence alone: only on evidence from the others (a
+        watchdog naming it, a desync report, the launcher's failure summary)."""
+        missing = self.analysis.ranks_without_logs
+        return frozenset(missing) if missing else frozenset()
+
+    @property
+    def followed_by(self) -> list[str] | None:
+        """When the inputs hold several runs and the detectors are on one that a later
+        run followed: why the next one started (``restart``: the launcher restarted the
+        workers; ``banner``/``init``/``pids``: new processes).  The job stopped there:
+        evidence that this run's last collectives did not complete.  None otherwise."""
+        return self.analysis.followed_by
+
     @cached_property
     def stride(self) -> int:
         """Every ``stride``-th sequence number is sampled."""

@@ -37,7 +37,38 @@ def to_json_dict(analysis: Analysis) -> dict[str, Any]:
         "timers": _timers(analysis),
         "gaps": [{"what": g.what, "settings": list(g.settings)} for g in analysis.gaps],
         "findings": _findings(analysis),
+        "attempts": _attempts(analysis),
     }
+
+
+def _attempts(analysis: Analysis) -> list[dict[str, Any]]:
+    """The runs the inputs hold, in order; findings by their index in ``findings``."""
+    out = []
+    for a in analysis.attempts:
+        spans = [
+            {
+                "path": analysis.paths[file_id],
+                "first_line": lo,
+                "last_line": hi,
+            }
+            for file_id, (lo, hi) in sorted(a.spans.items())
+            if file_id < len(analysis.paths)
+        ]
+        out.append(
+            {
+                "index": a.index,
+                "started_by": a.reasons,
+                "spans": spans,
+                "ts_start": a.ts_start.isoformat() if a.ts_start is not None else None,
+                "ts_end": a.ts_end.isoformat() if a.ts_end is not None else None,
+                "hosts": a.hosts,
+                "pids": a.pids,
+                "ranks": a.ranks,
+                "world_size": a.world_size,
+                "findings": a.findings,
+            }
+        )
+    return out
 
 
 def _inputs(analysis: Analysis) -> list[dict[str, Any]]:
@@ -88,7 +119,9 @@ def _job(analysis: Analysis) -> dict[str, Any]:
         "nccl_versions": analysis.nccl_versions,
         "cuda_versions": analysis.cuda_versions,
         "hosts": analysis.hosts,
-        "world_size": ident.world_size,
+        "world_size": analysis.world_size,
+        "world_size_source": analysis.world_size_source,
+        "ranks_without_logs": analysis.ranks_without_logs,
         "ranks": ranks,
         "communicators": comms,
         "transports": analysis.transports,

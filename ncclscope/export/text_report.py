@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import textwrap
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 from ncclscope import __version__
@@ -52,16 +53,24 @@ def _has_nccl(doc: dict[str, Any]) -> bool:
     ) or bool(doc["errors"])
 
 
+#: How the world size was read, where it was not from NCCL's Init lines.
+_WORLD_FROM = {"coll": "from COLL lines", "launcher": "as the launcher states it"}
+
+
 def _job(out: list[str], doc: dict[str, Any]) -> None:
     job = doc["job"]
     if not _has_nccl(doc):
         out.append("JOB")
         out.append("  no NCCL lines in these logs (NCCL_DEBUG=INFO adds them)")
+        if job["world_size"] is not None:
+            out.append(f"  world size {job['world_size']} (as the launcher states it)")
         out.append("")
         return
     versions = ", ".join(job["nccl_versions"]) or "unknown"
     cuda = ", ".join(job["cuda_versions"])
     world = job["world_size"] if job["world_size"] is not None else "unknown"
+    if job["world_size_source"] in _WORLD_FROM:
+        world = f"{world} ({_WORLD_FROM[job['world_size_source']]})"
     nhosts = len(job["hosts"])
     out.append("JOB")
     out.append(
@@ -91,6 +100,25 @@ def _job(out: list[str], doc: dict[str, Any]) -> None:
             )
         if len(job["communicators"]) > 10:
             out.append(f"    ... {len(job['communicators']) - 10} more (--format json lists all)")
+    if job["ranks_without_logs"]:
+        missing = job["ranks_without_logs"]
+        out.append(
+            f"  no lines from rank{'s' if len(missing) > 1 else ''} {_ranges(missing)}: "
+            "their files are not among the inputs, or the excerpt left them out"
+        )
+    if len(doc["attempts"]) > 1:
+        out.append(f"  runs in these logs ({len(doc['attempts'])}; the job above is the last):")
+        for a in doc["attempts"]:
+            where = ", ".join(
+                f"{Path(s['path']).name}:{s['first_line']}-{s['last_line'] or 'end'}"
+                for s in a["spans"][:3]
+            )
+            more = f" +{len(a['spans']) - 3} files" if len(a["spans"]) > 3 else ""
+            out.append(
+                f"    #{a['index']} started by {', '.join(a['started_by'])}: "
+                f"{len(a['hosts'])} host(s), ranks {_ranges(a['ranks']) or '?'}, "
+                f"{len(a['findings'])} findings  ({where}{more})"
+            )
     if job["transports"]:
         nets = f" (network plugin: {', '.join(job['networks'])})" if job["networks"] else ""
         out.append(f"  transports: {', '.join(job['transports'])}{nets}")

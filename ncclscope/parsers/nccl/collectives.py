@@ -122,7 +122,8 @@ def proc_comm_stats(lines: pl.LazyFrame, procs: pl.DataFrame) -> pl.DataFrame:
     """Per (process, comm pointer): calls, opCount range, first line, nranks; and for
     its collective calls (Send/Recv left out): how many, the last opCount, the last
     line, and a signature of what was called (a wrapping sum of a hash of op, count and
-    datatype: members that made the same calls have the same one)."""
+    datatype: members that made the same calls have the same one); and the first and
+    last time its lines carry (``ts_min``, ``ts_max``; null without times)."""
     coll = ~pl.col("op_tok").is_in(P2P_TOKENS)
     call = pl.struct("op_tok", "count", "dtype").hash(seed=0)
     per_token = (
@@ -137,6 +138,8 @@ def proc_comm_stats(lines: pl.LazyFrame, procs: pl.DataFrame) -> pl.DataFrame:
             pl.col("opcount").filter(coll).max().alias("coll_opcount_max"),
             pl.col("i").filter(coll).max().alias("last_line"),
             pl.when(coll).then(call).otherwise(0).sum().alias("signature"),
+            pl.col("ts").min().alias("ts_min"),
+            pl.col("ts").max().alias("ts_max"),
         )
         .collect(engine="streaming")
     )
@@ -155,6 +158,8 @@ def proc_comm_stats(lines: pl.LazyFrame, procs: pl.DataFrame) -> pl.DataFrame:
             pl.col("coll_opcount_max").max(),
             pl.col("last_line").max(),
             pl.col("signature").sum(),
+            pl.col("ts_min").min(),
+            pl.col("ts_max").max(),
         )
     )
 

@@ -48,7 +48,7 @@ class CollOnlyComm:
 
     proc: ProcKey
     comm: str
-    nranks: int
+    nranks: int | None  # None: the line was cut before ``[nranks=N]``
     first_line: int
 
 
@@ -70,6 +70,10 @@ def resolve_identity(
     """Build members and ranks from init lines, layouts and (as a fallback) COLL lines."""
     members = _members_from_init(records)
     for extra in coll_only:
+        # No ``[nranks=N]``: the line was cut there (an excerpt's last line), and the
+        # comm pointer in front of it may be cut too.  Nothing to match it by.
+        if extra.nranks is None:
+            continue
         if (extra.proc, extra.comm) not in members:
             members[(extra.proc, extra.comm)] = Member(
                 extra.proc, extra.comm, extra.nranks, extra.first_line
