@@ -13,6 +13,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import jobgen
 import pytest
 
 from ncclscope.analysis import Analysis, run_analysis
@@ -248,3 +249,136 @@ def test_several_clock_offsets_are_said_once(tmp_path: Path) -> None:
     # against the median of the other hosts' clocks (0.0005 s for both)
     assert by_host["node-1"] == pytest.approx(0.0295, abs=0.001)
     assert by_host["node-3"] == pytest.approx(0.0115, abs=0.001)
+
+
+# ---- a lone late rank on a small host; files cut short; spells mirrored on two hosts --
+
+
+@pytest.mark.parametrize("layout", ["combined", "per-rank"])
+@pytest.mark.parametrize(
+    ("share", "offsets"),
+    [
+        (0.10, (0.0, 0.02, 0.045, 0.01)),
+        (0.25, (0.0, 0.02, 0.045, 0.01)),
+    ],
+)
+def test_lone_late_rank_on_a_host_of_two_is_the_rank(
+    tmp_path: Path, layout: str, share: float, offsets: tuple[float, ...]
+) -> None:
+    """Hosts of two ranks, clocks apart: one late rank is named on its own, measured
+    against its host's other rank (one clock), and its healthy neighbour is not blamed
+    as part of a slow node."""
+    spec = SynthSpec(
+        ranks=8, hosts=4, steps=12, timestamps=True, seed=11, layout=layout,  # type: ignore[arg-type]
+        clock_offsets_s=offsets, faults=(SlowRank(5, _late(share)),),
+    )  # fmt: skip
+    a, _ = _run(tmp_path, spec)
+    found = [f for f in _stragglers(a) if severity_at_least(f.severity, "warning")]
+    assert [(f.ranks, f.hosts, f.evidence["cause"]) for f in found] == [([5], ["node-2"], "slow")]
+    f = found[0]
+    assert f.evidence["compared_with"] == "host"
+    assert f.evidence["host_members"] == 2
+    assert f.evidence["excess_lateness_s"] == pytest.approx(_late(share), rel=0.2)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("offsets_ms", [(35.0, 20.0, 6.0), (6.0, 20.0, 35.0)])
+def test_lone_late_rank_in_a_merged_log_is_not_its_host(
+    tmp_path: Path, seed: int, offsets_ms: tuple[float, ...]
+) -> None:
+    """One merged log (a launcher's), the late rank on a host of two whose clock is
+    behind the others' (its times say it is early) or ahead (they say it is late): the
+    host's median line comes after the others' (its late rank's), its first does not;
+    the host is not a slow node."""
+    job = jobgen.generate(
+        jobgen.JobSpec(
+            kind="slow_rank", hosts=(4, 4, 2), offsets_ms=offsets_ms, slowdown=0.05,
+            culprit_rank=8, layout="combined", seed=seed,
+        )
+    )  # fmt: skip
+    logs = jobgen.write_files(job.files, tmp_path / "logs")
+    a = run_analysis([str(logs)], workdir=tmp_path / "work")
+    found = [f for f in _stragglers(a) if severity_at_least(f.severity, "warning")]
+    assert all(f.ranks == [8] for f in found), [f.message for f in found]
+
+
+def _host_file(files: jobgen.Files, host: str) -> str:
+    (name,) = [n for n in files if host in n]
+    return name
+
+
+@pytest.mark.parametrize("cut_host", [0, 1, 2])
+def test_a_host_file_cut_short_moves_no_one(tmp_path: Path, cut_host: int) -> None:
+    """Healthy, clocks 0-45 ms apart, one host's file ends at 30% of its lines: the
+    instances it is missing from are not compared (the others' reference would jump by
+    its clock), so no host is late."""
+    job = jobgen.generate(
+        jobgen.JobSpec(kind="healthy", hosts=(4, 2, 3), offsets_ms=(0.0, 45.0, 20.0), seed=5)
+    )
+    names = sorted(job.files)
+    cut = jobgen.cut_lines(job.files, 0.0, 0.3, only=names[cut_host])
+    logs = jobgen.write_files(cut, tmp_path / "logs")
+    a = run_analysis([str(logs)], workdir=tmp_path / "work")
+    assert not [f.message for f in a.findings if severity_at_least(f.severity, "warning")]
+
+
+def test_slow_node_named_when_another_host_file_is_cut(tmp_path: Path) -> None:
+    job = jobgen.generate(
+        jobgen.JobSpec(
+            kind="slow_node", hosts=(4, 4, 4), offsets_ms=(20.0, 0.0, 41.0), slowdown=0.25,
+            culprit_host=1, steps=16, seed=15,
+        )
+    )  # fmt: skip
+    names = sorted(job.files)
+    cut = jobgen.cut_lines(job.files, 0.0, 0.6, only=names[0])
+    logs = jobgen.write_files(cut, tmp_path / "logs")
+    a = run_analysis([str(logs)], workdir=tmp_path / "work")
+    found = [f for f in _stragglers(a) if severity_at_least(f.severity, "warning")]
+    slow_host = job.truth["culprit_hosts"]
+    assert [(f.hosts, f.evidence["cause"]) for f in found] == [(slow_host, "slow")]
+
+
+def test_spell_over_most_of_the_run_is_the_slow_host(tmp_path: Path) -> None:
+    """Two hosts in separate files, one late by a constant delay over most of the run
+    (from instance 40 to 230 of 260): its lateness rises above its own lower level for
+    that stretch; the other host's only dips.  The host is named from its window."""
+    spec = SynthSpec(
+        ranks=16, hosts=2, steps=20, timestamps=True, seed=6, layout="per-rank",
+        clock_offsets_s=(0.0, 0.015),
+        faults=(SlowHost("node-0", lateness_s=0.012, from_instance=40, to_instance=230),),
+    )  # fmt: skip
+    a, truth = _run(tmp_path, spec)
+    found = [f for f in _stragglers(a) if severity_at_least(f.severity, "warning")]
+    assert [(f.hosts, f.evidence["cause"]) for f in found] == [(["node-0"], "slow")]
+    details = truth["faults"][0]["details"]
+    _window_ok(found[0], details["start"], details["end"], 3 * _GAP + 0.02)
+
+
+def test_spell_mirrored_on_two_hosts_blames_neither(tmp_path: Path) -> None:
+    """One of two hosts late by a constant delay from the start to 3/4 of the run: against
+    each other that reads as well as the other host late over the last quarter (clocks
+    apart, no merged order).  The delay does not grow with the compute, so nothing tells
+    which: an info finding names both hosts, blaming no rank."""
+    spec = SynthSpec(
+        ranks=16, hosts=2, steps=20, timestamps=True, seed=6, layout="per-rank",
+        clock_offsets_s=(0.0, 0.015),
+        faults=(SlowHost("node-0", lateness_s=0.012, from_instance=0, to_instance=190),),
+    )  # fmt: skip
+    a, _ = _run(tmp_path, spec)
+    assert not [f.message for f in _stragglers(a) if severity_at_least(f.severity, "warning")]
+    (f,) = [f for f in _stragglers(a) if f.evidence["cause"] == "slow_unattributed"]
+    assert (f.hosts, f.ranks, f.severity) == (["node-0", "node-1"], [], "info")
+
+
+def test_spell_that_grows_with_the_compute_is_told_from_its_mirror(tmp_path: Path) -> None:
+    """The same, but the node is slower at computing (its lateness grows with the gap
+    before each collective, the optimizer's longest): inside its window the lateness
+    grows with the gap, inside its mirror's it is a clock, flat."""
+    spec = SynthSpec(
+        ranks=16, hosts=2, steps=20, timestamps=True, seed=6, layout="per-rank",
+        telemetry=True, clock_offsets_s=(0.0, 0.015),
+        faults=(SlowHost("node-0", slowdown=0.3, from_instance=0, to_instance=190),),
+    )  # fmt: skip
+    a, _ = _run(tmp_path, spec)
+    found = [f for f in _stragglers(a) if severity_at_least(f.severity, "warning")]
+    assert [(f.hosts, f.evidence["cause"]) for f in found] == [(["node-0"], "slow")]

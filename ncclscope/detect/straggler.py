@@ -3,19 +3,25 @@
 NCCL logs a COLL line when the call is enqueued, so with sub-second timestamps on those
 lines a rank's arrival at each collective instance is known.  Three comparisons:
 
-* **A rank against its own host's members** (hosts of at least 3 members): its median
-  lateness over the host's typical member's.  One clock: offsets cancel, the lateness is
-  real (``cause`` ``slow``).
-* **A host against the other hosts**: per instance, each host's median arrival against
-  the median host's (the other host's when there are two), so a node whose ranks are all
-  late is named as a node, and a host of one rank is a host like the others.  Hosts'
+* **A rank against its own host's members** (hosts of at least 2 members): its median
+  lateness over the host's typical member's (of two, the earlier's), at the instances
+  its whole host logged.  One clock: offsets cancel, the lateness is real (``cause``
+  ``slow``), and no other host's cut or late start enters.
+* **A host against the other hosts**: per instance every member logged, each host's
+  median arrival against the median host's (the other host's when there are two), so a
+  node whose ranks are all late is named as a node, and a host of one rank is a host
+  like the others.  A host is a slow node only when its ranks are late together (its
+  first member too): one late rank of a small host is that rank, not the node.  Hosts'
   clocks differ (NTP: milliseconds; a broken one: seconds), so a constant shift is
   either a clock or a constant delay.  What does not read the clocks decides: in a log
   merged as lines were written (one launcher reading every worker's pipe) a late host's
   lines come *after* the others', a host whose clock is ahead only prints later times on
   lines that sit among theirs (``order_after``); a lateness that comes and goes is not a
   clock.  Where nothing tells (separate files, a constant shift) the finding says both
-  and what to check (``chronyc tracking``), as ``info`` within what NTP drifts.
+  and what to check (``chronyc tracking``), as ``info`` within what NTP drifts.  Two
+  hosts mirror each other (one's spell is the other's rest of the run): the spell whose
+  lateness grows with the compute gap is the slow one; where none does, neither is
+  blamed (``cause`` ``slow_unattributed``, ``info``).
 * **A unit against itself in time**: the stretch of collectives over which its lateness
   stood highest above its baseline (a CUSUM-like search with half the minimum effect as
   allowance, kept when its median exceeds the rest's by the minimum effect and stands
@@ -90,6 +96,11 @@ _BROKEN_CLOCK_S = 1.0
 _LOO_HOSTS = 16
 #: Instances a window of slowness must span.
 _MIN_WINDOW = 10
+#: Instances each side of a comparison of medians must hold (long against short gaps):
+#: the fewest whose median survives two wild values and whose MAD says something.  One
+#: long gap a step (the optimizer's) leaves few of them on a short or cut log; the
+#: ``_MIN_Z`` test on their median does the rest.
+_MIN_GROUP = 5
 #: A window that covers this share of the run is the whole run.
 _WHOLE_RUN = 0.8
 
@@ -106,14 +117,53 @@ def timing_usable(ctx: Context) -> bool:
 
 
 def _with_lateness(ctx: Context) -> pl.DataFrame:
-    """The sampled calls of fully timed instances, with ``late`` (seconds after the
-    instance's first arrival) and ``last`` (it arrived last) and the instance's size."""
-    inst = ctx.instances.filter((pl.col("n") >= 2) & (pl.col("with_ts") == pl.col("n")))
+    """The sampled calls of complete, fully timed instances, with ``late`` (seconds after
+    the instance's first arrival) and ``last`` (it arrived last) and the instance's size.
+
+    Complete: every member the communicator shows anywhere in the logs logged it.  An
+    instance some members are missing from (a file cut short, or starting late; ranks
+    that went on after a hang) says nothing about who came late: its first arrival is
+    that of whoever is left, and a host whose lines stop would move every other host's
+    reference."""
+    # Members by their comm rank: a rank logged twice at one sequence (two runs in one
+    # file, not told apart) makes the instance no measure of anyone's lateness either.
+    distinct = ctx.sample.group_by("comm_key", "seq").agg(
+        pl.col("comm_rank").n_unique().alias("distinct")
+    )
+    inst = ctx.instances.join(distinct, on=["comm_key", "seq"]).filter(
+        (pl.col("n") >= 2)
+        & (pl.col("with_ts") == pl.col("n"))
+        & (pl.col("distinct") == pl.col("n"))
+        & (pl.col("n") == pl.col("n").max().over("comm_key"))
+    )
     return ctx.sample.join(
         inst.select("comm_key", "seq", "ts_min", "ts_max", "n"), on=["comm_key", "seq"]
     ).with_columns(
         ((pl.col("ts") - pl.col("ts_min")).dt.total_microseconds() / 1e6).alias("late"),
         (pl.col("ts") == pl.col("ts_max")).alias("last"),
+    )
+
+
+def _within_host_rows(ctx: Context) -> pl.DataFrame:
+    """The sampled calls of hosts' members (hosts of at least two) at the instances every
+    member of their host logged with a time, with ``hlate``: seconds after the host's
+    first member (one clock: the host's offset cancels, and no other host's cut or late
+    start enters), ``k`` the host's members, ``ts_first`` the host's first arrival."""
+    s = ctx.sample
+    if s.is_empty():
+        return pl.DataFrame()
+    key = ["comm_key", "seq", "host"]
+    rows = s.filter(pl.col("ts").is_not_null() & pl.col("host").is_not_null()).with_columns(
+        pl.len().over(key).alias("k"),
+        pl.col("ts").min().over(key).alias("ts_first"),
+    )
+    rows = rows.filter(
+        (pl.col("k") >= 2)
+        & (pl.col("k") == pl.col("k").max().over("comm_key", "host"))
+        & (pl.col("comm_rank").n_unique().over(key) == pl.col("k"))
+    )
+    return rows.with_columns(
+        ((pl.col("ts") - pl.col("ts_first")).dt.total_microseconds() / 1e6).alias("hlate")
     )
 
 
@@ -240,7 +290,13 @@ def _host_instances(ctx: Context) -> pl.DataFrame:
         return pl.DataFrame()
     per = rows.group_by("comm_key", "seq", "host").agg(
         pl.col("ts").dt.epoch("us").median().alias("t_us"),
+        # How far the host's typical member came after its first (one clock): small
+        # when its ranks arrive together, half a lone late rank's delay on a host of two.
+        ((pl.col("ts").dt.epoch("us").median() - pl.col("ts").dt.epoch("us").min()) / 1e6).alias(
+            "inner_s"
+        ),
         pl.col("line_no").median().alias("pos"),
+        pl.col("line_no").min().alias("pos_first"),
         pl.col("file_id").min().alias("f0"),
         pl.col("file_id").max().alias("f1"),
         pl.col("ts").min().alias("ts_first"),
@@ -333,25 +389,46 @@ class StragglerDetector:
     # ---- ranks within their host (one clock: offsets cancel) -------------------------
 
     def _ranks(self, metric: pl.DataFrame, ctx: Context) -> list[Finding]:
-        ranked = metric.filter(pl.col("instances") >= _MIN_INSTANCES).with_columns(
-            pl.col("median_s").median().over("comm_key", "host").alias("typical"),
-            pl.len().over("comm_key", "host").alias("host_members"),
+        rows = _within_host_rows(ctx)
+        if rows.is_empty():
+            return []
+        per = rows.group_by("comm_key", "comm_rank").agg(
+            pl.col("rank").first(),
+            pl.col("host").first(),
+            pl.len().alias("instances"),
+            pl.col("hlate").median().alias("h_median_s"),
+            pl.col("hlate").mean().alias("h_mean_s"),
+            pl.col("k").max().alias("host_members"),
+            pl.col("file_id").first(),
+            pl.col("line_no").min(),
         )
-        # Only hosts with enough members to have a typical one: a host's own members
-        # share its clock.  Ranks of smaller hosts are compared host against host.
-        ranked = ranked.filter(pl.col("host_members") >= _HOST_BASELINE_MEMBERS)
+        comms = metric.group_by("comm_key").agg(pl.col("gap_s").first(), pl.col("members").max())
+        whole = metric.select("comm_key", "comm_rank", "median_s", "p95_s", "last")
+        # A host's typical member: its median one where it has a median member; of two,
+        # the earlier (a single late rank must not drag the baseline halfway to itself).
+        typical = (
+            pl.when(pl.col("host_members") >= _HOST_BASELINE_MEMBERS)
+            .then(pl.col("h_median_s").median().over("comm_key", "host"))
+            .otherwise(pl.col("h_median_s").min().over("comm_key", "host"))
+        )
+        ranked = (
+            per.filter(pl.col("instances") >= _MIN_INSTANCES)
+            .join(comms, on="comm_key")
+            .join(whole, on=["comm_key", "comm_rank"], how="left")
+            .with_columns(typical.alias("typical"))
+        )
         # How far members' medians stray from their own host's typical one.
         spread = pl.col("excess_s").abs().median().over("comm_key") * 1.4826
         scored = ranked.with_columns(
-            (pl.col("median_s") - pl.col("typical")).alias("excess_s"),
-            (pl.col("mean_s") - pl.col("typical")).clip(lower_bound=0).alias("mean_excess_s"),
+            (pl.col("h_median_s") - pl.col("typical")).alias("excess_s"),
+            (pl.col("h_mean_s") - pl.col("typical")).clip(lower_bound=0).alias("mean_excess_s"),
         ).with_columns(spread.alias("spread_s"))
         flagged = scored.filter(
             (pl.col("excess_s") >= MIN_SLOWDOWN * pl.col("gap_s"))
             & (pl.col("excess_s") >= MIN_EXCESS_S)
             & (pl.col("excess_s") >= _MIN_Z * pl.col("spread_s"))
         )
-        series = self._rank_series(ctx, scored, set(flagged["rank"].drop_nulls().to_list()))
+        series = self._rank_series(rows, scored, set(flagged["rank"].drop_nulls().to_list()))
         out: list[Finding] = []
         seen: set[int] = set()
         # The largest communicator first: a straggler is late on every communicator it is
@@ -367,7 +444,7 @@ class StragglerDetector:
         return out
 
     def _rank_series(
-        self, ctx: Context, scored: pl.DataFrame, flagged: set[int]
+        self, rows: pl.DataFrame, scored: pl.DataFrame, flagged: set[int]
     ) -> dict[tuple[str, int], tuple[list[float], list[datetime]]]:
         """Per (communicator, rank) of the largest communicator: its lateness over its
         host's typical member, instance after instance, and the instances' times.  Only
@@ -376,17 +453,21 @@ class StragglerDetector:
         if scored.is_empty():
             return {}
         top = scored.sort("members", descending=True)["comm_key"][0]
-        rows = _with_lateness(ctx).filter(pl.col("comm_key") == top)
-        rows = rows.join(
+        rows = rows.filter(pl.col("comm_key") == top).join(
             scored.filter(pl.col("comm_key") == top).select("comm_rank"), on="comm_rank"
         )
         gap = scored.filter(pl.col("comm_key") == top)["gap_s"].max()
         effect = max(MIN_SLOWDOWN * (gap if isinstance(gap, float) else 0.0), MIN_EXCESS_S)
         x = pl.col("x")
+        # The same baseline as the ranks' medians: a host's median member, or of two
+        # the earlier (``hlate`` already counts from it).
+        base = (
+            pl.when(pl.col("k") >= _HOST_BASELINE_MEMBERS)
+            .then(pl.col("hlate").median().over("seq", "host"))
+            .otherwise(0.0)
+        )
         rows = (
-            rows.with_columns(
-                (pl.col("late") - pl.col("late").median().over("seq", "host")).alias("x")
-            )
+            rows.with_columns((pl.col("hlate") - base).alias("x"))
             .filter(
                 pl.col("rank").is_in(pl.Series(sorted(flagged), dtype=pl.Int32).implode())
                 | (
@@ -400,7 +481,7 @@ class StragglerDetector:
         for (rank,), g in rows.group_by(["rank"], maintain_order=True):
             if rank is None:
                 continue
-            out[(top, int(rank))] = (g["x"].to_list(), g["ts_min"].to_list())
+            out[(top, int(rank))] = (g["x"].to_list(), g["ts_first"].to_list())
         return out
 
     def _rank_finding(
@@ -412,23 +493,36 @@ class StragglerDetector:
     ) -> Finding:
         slowdown = r["excess_s"] / r["gap_s"] if r["gap_s"] else None
         cost = r["mean_excess_s"] * r["instances"] * max(0, r["members"] - 1)
-        share_last = r["last"] / r["instances"]
         ops = self._per_op(ctx, r["comm_key"], r["comm_rank"])
+        base_who = (
+            "its host's typical rank"
+            if r["host_members"] >= _HOST_BASELINE_MEMBERS
+            else "its host's other rank"
+        )
         msg = (
             f"rank {who} on {r['host']} arrives late at collectives: median "
-            f"{duration_text(r['median_s'])} after the first rank (p95 "
-            f"{duration_text(r['p95_s'])}), last in {share_last:.0%} of "
-            f"{r['instances']:,} collectives"
+            f"{duration_text(r['excess_s'])} after {base_who}, over {r['instances']:,} "
+            f"collectives its whole host logged"
             + (f", {slowdown:.0%} of the gap between collectives" if slowdown else "")
         )
+        whole = r["median_s"] is not None
+        if whole and r["last"] is not None and r["p95_s"] is not None:
+            # Against every member (instances every member logged): what it makes them wait.
+            msg += (
+                f"; by the timestamps (which carry the hosts' clocks), "
+                f"{duration_text(r['median_s'])} after the first rank of all (p95 "
+                f"{duration_text(r['p95_s'])}), last at {r['last']:,} of them"
+            )
         evidence: dict[str, Any] = {
             "communicator": r["comm_key"],
             "instances": r["instances"],
             "sampled_every": ctx.stride,
+            "host_members": r["host_members"],
+            "excess_lateness_s": round(r["excess_s"], 6),
             "last": r["last"],
-            "median_lateness_s": round(r["median_s"], 6),
-            "p95_lateness_s": round(r["p95_s"], 6),
-            "typical_lateness_s": round(r["median_s"] - r["excess_s"], 6),
+            "median_lateness_s": round(r["median_s"], 6) if whole else None,
+            "p95_lateness_s": round(r["p95_s"], 6) if r["p95_s"] is not None else None,
+            "typical_lateness_s": round(r["median_s"] - r["excess_s"], 6) if whole else None,
             "median_gap_s": round(r["gap_s"], 6) if r["gap_s"] else None,
             "slowdown": round(slowdown, 4) if slowdown is not None else None,
             # its own host's members share its clock: the lateness is not a clock's
@@ -565,12 +659,40 @@ class StragglerDetector:
                 if f is not None:
                     out.append(f)
                     done.add(str(host))
+        out = self._mirrored_spells(out)
         slow = [f for f in out if f.evidence["cause"] == "slow"]
         by_cause: dict[str, list[Finding]] = {}
         for f in out:
             if f.evidence["cause"] != "slow":
                 by_cause.setdefault(f.evidence["cause"], []).append(f)
         return slow + [fs[0] if len(fs) == 1 else _merged(fs) for fs in by_cause.values()]
+
+    def _mirrored_spells(self, found: list[Finding]) -> list[Finding]:
+        """Spells of slowness on several hosts of one communicator, kept where the
+        lateness inside the window grows with the compute gap.
+
+        Hosts are compared with each other, so one host's spell is the others' dip: with
+        two hosts, A late over a stretch reads exactly as B late over the rest (plus a
+        clock offset), and either shows as a spell when the stretch holds most of the
+        kept log.  A slow node's lateness inside its window grows with the compute before
+        each collective; the mirror's "window" is the other host's normal stretch, where
+        its lateness is its clock, flat.  Where no spell (or every one) grows, the logs
+        cannot say which host was slow: one ``info`` finding names the hosts, blaming
+        none."""
+        spells: dict[str, list[Finding]] = {}
+        for f in found:
+            if f.evidence.get("cause") == "slow" and f.evidence.get("intermittent"):
+                spells.setdefault(str(f.evidence["communicator"]), []).append(f)
+        drop: set[int] = set()
+        add: list[Finding] = []
+        for fs in spells.values():
+            if len(fs) < 2:
+                continue
+            grown = [f for f in fs if f.evidence.get("window_grows_with_gap")]
+            drop |= {id(f) for f in fs if len(grown) != 1 or f is not grown[0]}
+            if len(grown) != 1:
+                add.append(_ambiguous_spell(fs))
+        return [f for f in found if id(f) not in drop] + add
 
     def _host_finding(
         self,
@@ -588,7 +710,9 @@ class StragglerDetector:
         noise = _mad(xs, shift)
         se = 1.253 * max(noise, 1e-6) / math.sqrt(len(xs))
         whole = shift >= effect and shift / se >= _MIN_Z
-        base = _quantile(xs, 0.1) if whole else shift
+        # The level where the host was not late: its lower decile.  Lateness only adds,
+        # and a spell that holds most of the log puts the median inside the spell.
+        base = _quantile(xs, 0.1)
         w = find_window(xs, base, effect)
         spell = w is not None and (w.last - w.first + 1) < _WHOLE_RUN * len(xs)
         merged = g.filter(pl.col("merged"))
@@ -597,6 +721,7 @@ class StragglerDetector:
         if not whole and not spell and not behind and grows is None:
             return None
         order_after: float | None = None
+        first_after = 0.0
         if merged.height >= _MIN_INSTANCES:
             sel = (
                 merged
@@ -606,10 +731,21 @@ class StragglerDetector:
             if sel.height >= _MIN_INSTANCES or (spell and sel.height >= _MIN_WINDOW):
                 after = (sel["pos"] > sel["ref_pos"]).sum()
                 order_after = int(after) / sel.height
+                first_after = int((sel["pos_first"] > sel["ref_pos"]).sum()) / sel.height
         cause = _cause(order_after, spell, grows is not None)
         if behind and not whole and not spell:
             return self._behind_finding(ctx, comm, host, g, metric, shift, order_after or 0.0)
         if not whole and not spell and cause != "slow":
+            return None
+        by_order = order_after is not None and order_after >= _ORDER_SLOW
+        if cause == "slow" and (
+            # Its ranks are not late together: one of them is (named on its own against
+            # its host's others, one clock); a node is not slow for one bad rank.  Where
+            # the order said "slow", its times carry its clock: the order says it, by
+            # the host's first line coming after the others' too.
+            (by_order and first_after < _ORDER_SLOW)
+            or (not by_order and not self._together(g, w if spell else None, shift, grows, gap))
+        ):
             return None
         members = metric.filter((pl.col("comm_key") == comm["comm_key"]) & (pl.col("host") == host))
         ranks = sorted(int(r) for r in members["rank"].drop_nulls().to_list())
@@ -650,6 +786,8 @@ class StragglerDetector:
         if spell and w is not None:
             evidence["window_excess_s"] = round(w.excess_s, 6)
             evidence["window_z"] = round(w.z, 1)
+            inside = self._grows_with_gap(g.slice(w.first, w.last - w.first + 1), effect)
+            evidence["window_grows_with_gap"] = inside is not None
         severity, msg = self._host_verdict(host, ranks, cause, excess, slowdown, evidence)
         if cause == "slow":
             evidence["window_cost_gpu_s"] = round(lost * max(0, everyone - len(ranks)), 3)
@@ -665,6 +803,38 @@ class StragglerDetector:
             lines=[LineRef(int(first["file_id"]), int(first["line_no"]))] if first else [],
             cost_gpu_s=evidence.get("window_cost_gpu_s") if cause == "slow" else None,
         )
+
+    def _together(
+        self,
+        g: pl.DataFrame,
+        w: Window | None,
+        shift: float,
+        grows: tuple[float, float, float] | None,
+        gap: float,
+    ) -> bool:
+        """The host's ranks are late together: its first member is late too.  The
+        host's typical member came ``inner_s`` after its first (one clock); that must be
+        under half of the host's lateness (the lateness of its window, of its growth with
+        the gap at a typical collective, or its shift), else most of it is one or a few
+        of its ranks, not the node.
+
+        >>> import polars as pl
+        >>> d = StragglerDetector()
+        >>> d._together(pl.DataFrame({"inner_s": [0.0002] * 30}), None, 0.01, None, 0.1)
+        True
+        >>> d._together(pl.DataFrame({"inner_s": [0.005] * 30}), None, 0.01, None, 0.1)
+        False
+        """
+        inner = g["inner_s"].to_list()
+        if w is not None:
+            inner = inner[w.first : w.last + 1]
+            late = w.excess_s
+        elif grows is not None and gap:
+            # Both grow with the gap for a lone late rank: compare at a typical one.
+            late = grows[2] * gap
+        else:
+            late = shift
+        return bool(inner) and statistics.median(inner) < late / 2
 
     def _grows_with_gap(self, g: pl.DataFrame, effect: float) -> tuple[float, float, float] | None:
         """The host's median lateness after its longest gaps between collectives (the
@@ -685,7 +855,7 @@ class StragglerDetector:
         is_long = pl.col("own_gap_s") >= 1.5 * typical
         long = sub.filter(is_long)["delta_s"].to_list()
         short = sub.filter(~is_long)["delta_s"].to_list()
-        if len(long) < _MIN_WINDOW or len(short) < _MIN_WINDOW:
+        if len(long) < _MIN_GROUP or len(short) < _MIN_GROUP:
             return None
         hi, lo = statistics.median(long), statistics.median(short)
         se = 1.253 * max(_mad(short, lo), _mad(long, hi), 1e-6) / math.sqrt(len(long))
@@ -706,7 +876,10 @@ class StragglerDetector:
         if n < _MIN_INSTANCES or shift >= effect:
             return False
         after = int((merged["pos"] > merged["ref_pos"]).sum())
-        return after / n >= _ORDER_SLOW and (after - n / 2) / math.sqrt(n / 4) >= _MIN_Z
+        # Its ranks late together: even its first line comes after the others' (one late
+        # rank of a host of two puts the host's median line after theirs on its own).
+        first = int((merged["pos_first"] > merged["ref_pos"]).sum())
+        return min(after, first) / n >= _ORDER_SLOW and (after - n / 2) / math.sqrt(n / 4) >= _MIN_Z
 
     def _behind_finding(
         self,
@@ -867,6 +1040,47 @@ def _merged(findings: list[Finding]) -> Finding:
             ],
         },
         lines=[ln for f in fs for ln in f.lines[:1]],
+    )
+
+
+def _ambiguous_spell(findings: list[Finding]) -> Finding:
+    """Spells on several hosts that mirror each other, none told from the others."""
+    hosts = sorted(f.hosts[0] for f in findings)
+    windows = "; ".join(
+        f"{f.hosts[0]} from {f.evidence['window_start']} to {f.evidence['window_end']}"
+        for f in findings
+    )
+    return Finding(
+        kind="straggler",
+        severity="info",
+        message=(
+            f"hosts {', '.join(hosts)} arrived late against each other for a while "
+            f"({windows}): one of them was slow then, but as each is measured against the "
+            f"others (their clocks differ), a stretch of one host's lateness reads as the "
+            f"rest of the run's on the other, and its lateness did not grow with the "
+            f"compute before each collective as a slow node's does; look at the hosts' "
+            f"step times or GPU clocks over those windows"
+        ),
+        ranks=[],
+        hosts=hosts,
+        evidence={
+            "communicator": findings[0].evidence["communicator"],
+            "cause": "slow_unattributed",
+            "compared_with": "hosts",
+            "unit": "host",
+            "intermittent": True,
+            "by_host": [
+                {
+                    "host": f.hosts[0],
+                    "ranks": f.evidence["ranks"],
+                    "window_start": f.evidence["window_start"],
+                    "window_end": f.evidence["window_end"],
+                    "window_excess_s": f.evidence.get("window_excess_s"),
+                }
+                for f in findings
+            ],
+        },
+        lines=[ln for f in findings for ln in f.lines[:1]],
     )
 
 
