@@ -13,6 +13,7 @@ import shutil
 from datetime import timedelta
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 from ncclscope.analysis import Analysis, run_analysis
@@ -483,3 +484,24 @@ def test_a_run_that_a_restart_followed_ended_but_blames_nobody(tmp_path: Path) -
     assert (hang.severity, hang.ranks) == ("info", [])
     assert hang.message.startswith("this run ended (a new run followed)")
     assert hang.evidence["waited_for"] == [6]
+
+
+def test_a_log_that_ends_with_the_watchdogs_aborts_holds_the_whole_block(
+    tmp_path: Path,
+) -> None:
+    """A combined log whose last lines are the ranks' own aborts ("To avoid data
+    inconsistency, we are taking the entire process down.", printed after each rank's
+    reports) kept the whole block of reports: the one member without a report is the
+    culprit, though nothing (no launcher summary) follows."""
+    src = Path(__file__).parent.parent / "fixtures" / "hang-tail-only" / "train.log"
+    lines = src.read_text().splitlines(keepends=True)
+    assert "taking the entire process down" in lines[-3]
+    cut = tmp_path / "tail.log"
+    cut.write_text("".join(lines[:-2]))  # the launcher's two lines dropped
+    a = _run(cut, tmp_path / "work")
+    hang = _one(a, "hang")
+    assert hang.ranks == [5]
+    assert hang.severity == "critical"
+    assert hang.evidence["culprit_basis"] == "non_reporting_member"
+    aborts = a.frameworks.torch_events.filter(pl.col("kind") == "process_abort")
+    assert aborts.height == 7

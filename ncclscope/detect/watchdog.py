@@ -60,6 +60,7 @@ _WATCHDOG_EVENTS = (
     "heartbeat_timeout",
     "watchdog_stuck",
     "watchdog_terminated",
+    "process_abort",
     "desync_timeout",
     "desync_lagging",
     "work_status",
