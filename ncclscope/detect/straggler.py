@@ -243,12 +243,20 @@ def find_window(xs: list[float], baseline: float, effect_s: float) -> Window | N
     best = run = 0.0
     start = 0
     span: tuple[int, int] | None = None
+    half, lo, hi = effect_s / 2, -2 * effect_s, 2 * effect_s
+    # A plain loop with comparisons, not min()/max() calls: it runs over every sampled
+    # instance of every unit (hundreds of thousands on a large job).
     for i, x in enumerate(xs):
         if run <= 0.0:
             run, start = 0.0, i
         # Each instance counts at most twice the effect either way: one large one-off
         # delay must not stretch a window over the quiet instances around it.
-        run += min(max(x - baseline - effect_s / 2, -2 * effect_s), 2 * effect_s)
+        c = x - baseline - half
+        if c > hi:
+            c = hi
+        elif c < lo:
+            c = lo
+        run += c
         if run > best:
             best, span = run, (start, i)
     if span is None or span[1] - span[0] + 1 < _MIN_WINDOW:
@@ -445,7 +453,7 @@ class StragglerDetector:
 
     def _rank_series(
         self, rows: pl.DataFrame, scored: pl.DataFrame, flagged: set[int]
-    ) -> dict[tuple[str, int], tuple[list[float], list[datetime]]]:
+    ) -> dict[tuple[str, int], tuple[list[float], pl.Series]]:
         """Per (communicator, rank) of the largest communicator: its lateness over its
         host's typical member, instance after instance, and the instances' times.  Only
         the flagged ranks and those that could hold a window: at least half a window's
@@ -477,11 +485,13 @@ class StragglerDetector:
             )
             .sort("rank", "seq")
         )
-        out: dict[tuple[str, int], tuple[list[float], list[datetime]]] = {}
-        for (rank,), g in rows.group_by(["rank"], maintain_order=True):
+        out: dict[tuple[str, int], tuple[list[float], pl.Series]] = {}
+        # The times stay a Series: a window reads two of them, and turning thousands of
+        # datetimes per rank into Python objects costs more than the search.
+        for (rank,), g in rows.partition_by("rank", as_dict=True, maintain_order=True).items():
             if rank is None:
                 continue
-            out[(top, int(rank))] = (g["x"].to_list(), g["ts_first"].to_list())
+            out[(top, int(rank))] = (g["x"].to_list(), g["ts_first"])
         return out
 
     def _rank_finding(
@@ -489,7 +499,7 @@ class StragglerDetector:
         ctx: Context,
         r: dict[str, Any],
         who: int,
-        series: tuple[list[float], list[datetime]] | None,
+        series: tuple[list[float], pl.Series] | None,
     ) -> Finding:
         slowdown = r["excess_s"] / r["gap_s"] if r["gap_s"] else None
         cost = r["mean_excess_s"] * r["instances"] * max(0, r["members"] - 1)
@@ -556,7 +566,7 @@ class StragglerDetector:
         ctx: Context,
         w: Window | None,
         xs: list[float],
-        times: list[datetime],
+        times: pl.Series,
         base: float,
         others: int | None,
     ) -> dict[str, Any]:
@@ -582,7 +592,7 @@ class StragglerDetector:
         self,
         ctx: Context,
         scored: pl.DataFrame,
-        series: dict[tuple[str, int], tuple[list[float], list[datetime]]],
+        series: dict[tuple[str, int], tuple[list[float], pl.Series]],
         seen: set[int],
     ) -> list[Finding]:
         """Ranks late over their host's members for part of the run only."""
@@ -703,7 +713,7 @@ class StragglerDetector:
         metric: pl.DataFrame,
     ) -> Finding | None:
         xs: list[float] = g["delta_s"].to_list()
-        times: list[datetime] = g["at"].to_list()
+        times = g["at"]
         gap = float(comm["gap_s"] or 0.0)
         effect = max(MIN_SLOWDOWN * gap, MIN_EXCESS_S)
         shift = statistics.median(xs)
@@ -894,7 +904,7 @@ class StragglerDetector:
         members = metric.filter((pl.col("comm_key") == comm["comm_key"]) & (pl.col("host") == host))
         ranks = sorted(int(r) for r in members["rank"].drop_nulls().to_list())
         first = members.sort("line_no").row(0, named=True) if members.height else None
-        times: list[datetime] = g["at"].to_list()
+        times = g["at"]
         return Finding(
             kind="straggler",
             severity="warning",
