@@ -117,6 +117,21 @@ def timing_usable(ctx: Context) -> bool:
 
 
 def _with_lateness(ctx: Context) -> pl.DataFrame:
+    """``_lateness_rows``, computed once per context: the metric, the hosts' comparison
+    and each finding's per-op breakdown all read it, and on a large job it is a join of
+    the whole sample (tens of milliseconds each time)."""
+    memo = vars(ctx)
+    rows = memo.get(_ROWS_KEY)
+    if not isinstance(rows, pl.DataFrame):
+        rows = memo[_ROWS_KEY] = _lateness_rows(ctx)
+    return rows
+
+
+#: Where ``_with_lateness`` keeps its table on the context (as ``cached_property`` does).
+_ROWS_KEY = "_straggler_lateness_rows"
+
+
+def _lateness_rows(ctx: Context) -> pl.DataFrame:
     """The sampled calls of complete, fully timed instances, with ``late`` (seconds after
     the instance's first arrival) and ``last`` (it arrived last) and the instance's size.
 
@@ -279,6 +294,30 @@ def find_window(xs: list[float], baseline: float, effect_s: float) -> Window | N
     return Window(span[0], span[1], excess, excess / se)
 
 
+def _may_hold_spell(effect: float) -> pl.Expr:
+    """Per ``rank`` (rows in instance order, lateness ``x``): whether a spell
+    (``_rank_spells``) can be found at all, tested on the whole series at once instead of
+    a search per rank, which on a large job is most of the detector's time.
+
+    A spell is a window of at least ``_MIN_WINDOW`` instances, under ``_WHOLE_RUN`` of
+    the series, whose median is ``effect`` above the median of the rest (or of the whole
+    series).  The rest holds over a fifth of the instances, so its median is at least the
+    series' ``n / 10 - 2``-th smallest value (``floor``); the window's median reaches
+    ``effect`` above that only if at least half its instances do.  So some stretch of
+    ``_MIN_WINDOW`` or more instances must have as many at that level as below it: with
+    ``+1``/``-1`` per instance, a stretch whose sum is not negative (integer prefix sums,
+    exact).  The tolerance keeps a value a rounding away from the level in."""
+    x = pl.col("x")
+    k = ((pl.len() // 10).cast(pl.Int64) - 2).clip(lower_bound=0)
+    floor = x.sort().gather(k).first().over("rank")
+    y = pl.when(x >= floor + effect * (1 - 1e-9)).then(1).otherwise(-1).cast(pl.Int64)
+    total = y.cum_sum().over("rank")
+    # The lowest prefix sum a stretch ending here may start from (0: the series' start).
+    lowest = total.shift(_MIN_WINDOW).over("rank").fill_null(0).cum_min().over("rank")
+    row = pl.int_range(pl.len()).over("rank")
+    return ((total - lowest >= 0) & (row >= _MIN_WINDOW - 1)).any().over("rank")
+
+
 def _iso(t: datetime) -> str:
     return t.isoformat(timespec="microseconds")
 
@@ -298,11 +337,7 @@ def _host_instances(ctx: Context) -> pl.DataFrame:
         return pl.DataFrame()
     per = rows.group_by("comm_key", "seq", "host").agg(
         pl.col("ts").dt.epoch("us").median().alias("t_us"),
-        # How far the host's typical member came after its first (one clock): small
-        # when its ranks arrive together, half a lone late rank's delay on a host of two.
-        ((pl.col("ts").dt.epoch("us").median() - pl.col("ts").dt.epoch("us").min()) / 1e6).alias(
-            "inner_s"
-        ),
+        pl.col("ts").dt.epoch("us").min().alias("t_first_us"),
         pl.col("line_no").median().alias("pos"),
         pl.col("line_no").min().alias("pos_first"),
         pl.col("file_id").min().alias("f0"),
@@ -321,21 +356,28 @@ def _host_instances(ctx: Context) -> pl.DataFrame:
         .otherwise(None)
         .alias("own_gap_s")
     )
-    per = per.with_columns(hosts.alias("hosts"))
+    per = per.with_columns(
+        hosts.alias("hosts"),
+        # How far the host's typical member came after its first (one clock): small
+        # when its ranks arrive together, half a lone late rank's delay on a host of two.
+        ((pl.col("t_us") - pl.col("t_first_us")) / 1e6).alias("inner_s"),
+    ).drop("t_first_us")
     # Leave-one-out: a host is compared with the others only (with two hosts, each with
     # the other: a signed difference), so that it is never its own reference.
-    few = per.filter(pl.col("hosts") <= _LOO_HOSTS)
-    others = (
-        few.select(*inst, "host", "t_us", "pos")
-        .join(
-            few.select(*inst, pl.col("host").alias("o_host"), pl.col("t_us").alias("o_t"),
-                       pl.col("pos").alias("o_pos")),
-            on=inst,
+    few = (
+        per.filter(pl.col("hosts") <= _LOO_HOSTS)
+        .select(*inst, "host", "t_us", "pos", "hosts")
+        .with_columns(
+            pl.col("t_us").sort().implode().over(inst).alias("_ts"),
+            pl.col("pos").sort().implode().over(inst).alias("_ps"),
         )
-        .filter(pl.col("host") != pl.col("o_host"))
-        .group_by(*inst, "host")
-        .agg(pl.col("o_t").median().alias("loo_t"), pl.col("o_pos").median().alias("loo_pos"))
-    )  # fmt: skip
+    )
+    others = few.select(
+        *inst,
+        "host",
+        _others_median("_ts", "t_us", inst).alias("loo_t"),
+        _others_median("_ps", "pos", inst).alias("loo_pos"),
+    )
     per = per.join(others, on=[*inst, "host"], how="left")
     return (
         per.with_columns(
@@ -348,6 +390,23 @@ def _host_instances(ctx: Context) -> pl.DataFrame:
         .sort("comm_key", "host", "seq")
         .with_columns(own_gap)
     )
+
+
+def _others_median(sorted_col: str, value: str, inst: list[str]) -> pl.Expr:
+    """The median of the instance's other hosts' ``value``: read off the instance's
+    values in order (``sorted_col``) with the host's own place skipped.  The same numbers
+    as a join of hosts x hosts and a median per host, without the rows of that join (the
+    largest table of the detector on a big job); polars' median of an even count is
+    ``a + (b - a) * 0.5``, computed the same way here.  None for a host alone at the
+    instance."""
+    others = pl.col("hosts").cast(pl.Int64) - 1
+    own = pl.col(value).rank("ordinal").over(inst).cast(pl.Int64) - 1
+
+    def nth(j: pl.Expr) -> pl.Expr:
+        return pl.col(sorted_col).list.get(pl.when(j < own).then(j).otherwise(j + 1))
+
+    a, b = nth((others - 1) // 2), nth(others // 2)
+    return pl.when(others >= 1).then(a + (b - a) * 0.5)
 
 
 def _cause(order_after: float | None, spell: bool, grows: bool) -> str:
@@ -476,14 +535,17 @@ class StragglerDetector:
         )
         rows = (
             rows.with_columns((pl.col("hlate") - base).alias("x"))
+            .sort("rank", "seq")
             .filter(
                 pl.col("rank").is_in(pl.Series(sorted(flagged), dtype=pl.Int32).implode())
                 | (
-                    (x >= x.quantile(0.1).over("rank") + effect).sum().over("rank")
-                    >= _MIN_WINDOW // 2
+                    (
+                        (x >= x.quantile(0.1).over("rank") + effect).sum().over("rank")
+                        >= _MIN_WINDOW // 2
+                    )
+                    & _may_hold_spell(effect)
                 )
             )
-            .sort("rank", "seq")
         )
         out: dict[tuple[str, int], tuple[list[float], pl.Series]] = {}
         # The times stay a Series: a window reads two of them, and turning thousands of
