@@ -294,8 +294,8 @@ def find_window(xs: list[float], baseline: float, effect_s: float) -> Window | N
     return Window(span[0], span[1], excess, excess / se)
 
 
-def _may_hold_spell(effect: float) -> pl.Expr:
-    """Per ``rank`` (rows in instance order, lateness ``x``): whether a spell
+def _may_hold_spell(x: pl.Expr, effect: float) -> pl.Expr:
+    """Aggregated over one rank's lateness ``x`` in instance order: whether a spell
     (``_rank_spells``) can be found at all, tested on the whole series at once instead of
     a search per rank, which on a large job is most of the detector's time.
 
@@ -306,16 +306,24 @@ def _may_hold_spell(effect: float) -> pl.Expr:
     ``effect`` above that only if at least half its instances do.  So some stretch of
     ``_MIN_WINDOW`` or more instances must have as many at that level as below it: with
     ``+1``/``-1`` per instance, a stretch whose sum is not negative (integer prefix sums,
-    exact).  The tolerance keeps a value a rounding away from the level in."""
-    x = pl.col("x")
+    exact).  The tolerance keeps a value a rounding away from the level in.
+
+    >>> import polars as pl
+    >>> def may(xs: list[float]) -> bool:
+    ...     return pl.DataFrame({"x": xs}).select(_may_hold_spell(pl.col("x"), 0.002)).item()
+    >>> may([0.0] * 40 + [0.01] * 10 + [0.0] * 40), may([0.0, 0.01] * 40 + [0.0] * 20)
+    (True, True)
+    >>> may([0.0] * 40 + [0.01] * 4 + [0.0] * 40), may([0.0, 0.0, 0.01] * 40)
+    (False, False)
+    """
     k = ((pl.len() // 10).cast(pl.Int64) - 2).clip(lower_bound=0)
-    floor = x.sort().gather(k).first().over("rank")
+    floor = x.sort().gather(k).first()
     y = pl.when(x >= floor + effect * (1 - 1e-9)).then(1).otherwise(-1).cast(pl.Int64)
-    total = y.cum_sum().over("rank")
+    total = y.cum_sum()
     # The lowest prefix sum a stretch ending here may start from (0: the series' start).
-    lowest = total.shift(_MIN_WINDOW).over("rank").fill_null(0).cum_min().over("rank")
-    row = pl.int_range(pl.len()).over("rank")
-    return ((total - lowest >= 0) & (row >= _MIN_WINDOW - 1)).any().over("rank")
+    lowest = total.shift(_MIN_WINDOW).fill_null(0).cum_min()
+    row = pl.int_range(pl.len())
+    return ((total - lowest >= 0) & (row >= _MIN_WINDOW - 1)).any()
 
 
 def _iso(t: datetime) -> str:
@@ -533,19 +541,23 @@ class StragglerDetector:
             .then(pl.col("hlate").median().over("seq", "host"))
             .otherwise(0.0)
         )
-        rows = (
-            rows.with_columns((pl.col("hlate") - base).alias("x"))
-            .sort("rank", "seq")
-            .filter(
-                pl.col("rank").is_in(pl.Series(sorted(flagged), dtype=pl.Int32).implode())
-                | (
-                    (
-                        (x >= x.quantile(0.1).over("rank") + effect).sum().over("rank")
-                        >= _MIN_WINDOW // 2
-                    )
-                    & _may_hold_spell(effect)
-                )
+        rows = rows.select("rank", "seq", "ts_first", (pl.col("hlate") - base).alias("x"))
+        # Which ranks to keep, decided per rank (a group-by, no window over every row),
+        # so that only their rows are sorted and turned into lists.
+        kept = (
+            rows.group_by("rank")
+            .agg(
+                (
+                    ((x >= x.quantile(0.1) + effect).sum() >= _MIN_WINDOW // 2)
+                    & _may_hold_spell(x.sort_by("seq"), effect)
+                ).alias("keep")
             )
+            .filter(pl.col("keep") & pl.col("rank").is_not_null())["rank"]
+            .to_list()
+        )
+        keep = sorted(set(kept) | flagged)
+        rows = rows.filter(pl.col("rank").is_in(pl.Series(keep, dtype=pl.Int32).implode())).sort(
+            "rank", "seq"
         )
         out: dict[tuple[str, int], tuple[list[float], pl.Series]] = {}
         # The times stay a Series: a window reads two of them, and turning thousands of
