@@ -171,12 +171,14 @@ def _within_host_rows(ctx: Context) -> pl.DataFrame:
     rows = s.filter(pl.col("ts").is_not_null() & pl.col("host").is_not_null()).with_columns(
         pl.len().over(key).alias("k"),
         pl.col("ts").min().over(key).alias("ts_first"),
+        # In the same context as the two above: polars groups the rows by ``key`` once.
+        pl.col("comm_rank").n_unique().over(key).alias("distinct"),
     )
     rows = rows.filter(
         (pl.col("k") >= 2)
         & (pl.col("k") == pl.col("k").max().over("comm_key", "host"))
-        & (pl.col("comm_rank").n_unique().over(key) == pl.col("k"))
-    )
+        & (pl.col("distinct") == pl.col("k"))
+    ).drop("distinct")
     return rows.with_columns(
         ((pl.col("ts") - pl.col("ts_first")).dt.total_microseconds() / 1e6).alias("hlate")
     )
