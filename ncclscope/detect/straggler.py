@@ -242,6 +242,19 @@ def _mad(xs: list[float], centre: float) -> float:
     return statistics.median(abs(x - centre) for x in xs) * 1.4826 if xs else 0.0
 
 
+def _sorted_median(ordered: pl.Series) -> float:
+    """``statistics.median`` of an already sorted series (the mean of the two middle
+    values of an even count, as it computes it).
+
+    >>> _sorted_median(pl.Series([1.0, 2.0, 4.0, 8.0])), _sorted_median(pl.Series([3.0]))
+    (3.0, 3.0)
+    """
+    n = len(ordered)
+    if n % 2:
+        return float(ordered[n // 2])
+    return (float(ordered[n // 2 - 1]) + float(ordered[n // 2])) / 2
+
+
 def find_window(xs: list[float], baseline: float, effect_s: float) -> Window | None:
     """The stretch of ``xs`` (a unit's lateness, instance after instance) that stands
     highest above ``baseline``: the largest sum of ``x - baseline - effect_s / 2`` over a
@@ -792,13 +805,16 @@ class StragglerDetector:
         times = g["at"]
         gap = float(comm["gap_s"] or 0.0)
         effect = max(MIN_SLOWDOWN * gap, MIN_EXCESS_S)
-        shift = statistics.median(xs)
-        noise = _mad(xs, shift)
+        # Sorted by polars, not Python: the same values as ``statistics.median``,
+        # ``_mad`` and ``_quantile`` of ``xs``, at a fraction of the cost per host.
+        ordered = g["delta_s"].sort()
+        shift = _sorted_median(ordered)
+        noise = _sorted_median((ordered - shift).abs().sort()) * 1.4826
         se = 1.253 * max(noise, 1e-6) / math.sqrt(len(xs))
         whole = shift >= effect and shift / se >= _MIN_Z
         # The level where the host was not late: its lower decile.  Lateness only adds,
         # and a spell that holds most of the log puts the median inside the spell.
-        base = _quantile(xs, 0.1)
+        base = float(ordered[min(len(xs) - 1, int(0.1 * len(xs)))])
         w = find_window(xs, base, effect)
         spell = w is not None and (w.last - w.first + 1) < _WHOLE_RUN * len(xs)
         merged = g.filter(pl.col("merged"))
