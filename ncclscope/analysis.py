@@ -137,13 +137,16 @@ def run_analysis(
     progress: Progress | None = None,
     coll_ts_source: str = "nccl",
     telemetry: pl.DataFrame | None = None,
+    now: datetime | None = None,
 ) -> Analysis:
     """Analyse the logs named by ``names`` (files, directories, globs, ``.gz``, ``-``).
 
     ``coll_ts_source`` is where COLL lines' times came from: ``nccl`` (NCCL printed
     them), or ``stamped`` (the agent wrote each line's arrival time in front of it).
     ``telemetry`` is the agent's samples (``read_telemetry``), for the detectors that
-    correlate logs with GPU and host telemetry.
+    correlate logs with GPU and host telemetry.  ``now``: the wall clock of a live
+    reading (the agent's window), for the detectors of the last attempt
+    (``Context.now``); None post-mortem.
 
     ``workdir`` holds the Parquet stores and decompressed copies; the caller owns it
     (and should keep it alive while reading ``Analysis.collectives``).
@@ -237,7 +240,7 @@ def run_analysis(
     report("build", 1, 1)
     report("detect", 0, 1)
     sizes = _launcher_world_sizes(hints) if hints is not None else []
-    found = _diagnose_attempts(analysis, builds, starts, sizes)
+    found = _diagnose_attempts(analysis, builds, starts, sizes, now)
     unique = {id(f): f for _a, fs in found for f in fs}
     analysis.findings = sorted(unique.values(), key=Finding.order)
     at = {id(f): k for k, f in enumerate(analysis.findings)}
@@ -415,6 +418,7 @@ def _diagnose_attempts(
     builds: list[tuple[_Built, LineRecords, pl.DataFrame, FrameworkTables]],
     starts: pl.DataFrame | None,
     launcher_sizes: list[int],
+    now: datetime | None = None,
 ) -> list[tuple[Attempt, list[Finding]]]:
     """Each attempt through the detectors on its own tables; with several attempts a
     finding says which one it is about.  Advice about the logs (``config`` findings)
@@ -444,7 +448,8 @@ def _diagnose_attempts(
                 view.world_size_source,
             )
             analysis.ranks_without_logs = view.ranks_without_logs
-        findings = run_detectors(view)
+        # Only the last attempt can still be running: the wall clock is about it.
+        findings = run_detectors(view, now=now if k == len(builds) - 1 else None)
         if several:
             kept = []
             for f in findings:

@@ -103,7 +103,10 @@ def find_cuts(
     # redundant cut would look like a process that stopped and started again.
     hard = _keep_separating(sorted(set(hard)), work, marks)
     cuts = sorted({*hard, *_turnover_cuts(_pieces(points, hard, records))})
-    return _keep_separating(cuts, work, marks)
+    # A turnover is new processes in slots that stopped processes held: those processes'
+    # own init lines are the run before, even where it stopped before any call (a run
+    # that died during start-up), so its inits count as something logged.
+    return _keep_separating(cuts, work, marks, turnover=points)
 
 
 def segment_starts(cuts: list[Cut], file_ids: list[int]) -> pl.DataFrame:
@@ -254,6 +257,9 @@ def _turnover_cuts(pieces: dict[int, list[_Piece]]) -> list[Cut]:
             for slot in piece_slots:
                 holders[slot].add(file_id)
     cuts = []
+    #: per file, where processes whose slots no line says (their init lines were cut
+    #: away) all stopped and processes holding slots started
+    unknown: list[Cut] = []
     for file_id, file_pieces in pieces.items():
         end = -1
         slots: set[tuple[str, int, int]] = set()
@@ -262,19 +268,30 @@ def _turnover_cuts(pieces: dict[int, list[_Piece]]) -> list[Cut]:
             if end >= 0 and lo > end and (piece_slots & slots or elsewhere):
                 cuts.append(Cut(file_id, lo, "pids"))
                 slots = set()
+            elif end >= 0 and lo > end and piece_slots and not slots:
+                unknown.append(Cut(file_id, lo, "pids"))
             end = max(end, hi)
             slots |= piece_slots
+    # Those are a new run where the job turned over in another file too (a launcher
+    # restarts every host at once); alone, they may be two ranks' files joined end to end.
+    turned = {c.file_id for c in cuts}
+    cuts += [c for c in unknown if c.file_id not in turned and turned]
     return cuts
 
 
 def _keep_separating(
-    cuts: list[Cut], points: dict[ProcKey, list[int]], marks: pl.DataFrame
+    cuts: list[Cut],
+    points: dict[ProcKey, list[int]],
+    marks: pl.DataFrame,
+    turnover: dict[ProcKey, list[int]] | None = None,
 ) -> list[Cut]:
     """The cuts that separate work (``points``: lines of work per process).  A process's
     own cut (a banner, an init) counts when that process worked since the last kept
     cut: the next processes' banners and inits of the same restart are not new
     attempts.  A launcher's or a turnover cut counts when anything was logged since the
-    last kept cut (``will restart``, then ``restart_count=1``, is one restart)."""
+    last kept cut (``will restart``, then ``restart_count=1``, is one restart); for a
+    turnover, ``turnover`` (every line of the processes, starts included) says what was
+    logged."""
     if not cuts:
         return []  # the common case: marks (framework lines, many) are not even read
     any_line: dict[int, list[int]] = defaultdict(list)
@@ -284,6 +301,12 @@ def _keep_separating(
         for (f,), part in marks.group_by("file_id"):
             any_line[int(f)] += part["line_no"].to_list()
     per_file = {f: sorted(lines) for f, lines in any_line.items()}
+    started: dict[int, list[int]] = defaultdict(list)
+    for proc, lines in (turnover or {}).items():
+        started[proc[0]] += lines
+    for f, lines in per_file.items():
+        started[f] += lines
+    per_file_turnover = {f: sorted(lines) for f, lines in started.items()}
     per_proc = {proc: lines for proc, lines in points.items()}  # sorted by _points
     kept: list[Cut] = []
     last: dict[int, int] = {}
@@ -291,6 +314,8 @@ def _keep_separating(
         before = last.get(cut.file_id, 0)
         if cut.pid is not None and cut.host is not None:
             lines = per_proc.get((cut.file_id, cut.host, cut.pid), [])
+        elif cut.reason == "pids" and turnover is not None:
+            lines = per_file_turnover.get(cut.file_id, [])
         else:
             lines = per_file.get(cut.file_id, [])
         # Any line strictly between the last kept cut and this one.

@@ -274,8 +274,9 @@ TORCH_EVENTS_SCHEMA = _schema(
         "global_rank": pl.Int32,
         "rank": pl.Int32,  # rank in the PG where printed
         "pg": pl.String,
-        # heartbeat_timeout | watchdog_stuck | watchdog_terminated | desync_timeout |
-        # desync_lagging | nccl_error | exception | closing_signal | work_status
+        # heartbeat_timeout | watchdog_stuck | watchdog_terminated | process_abort |
+        # desync_timeout | desync_lagging | nccl_error | exception | closing_signal |
+        # work_status | cuda_oom
         "kind": pl.String,
         "seq": pl.Int64,
         "op": pl.String,

@@ -287,9 +287,9 @@ def test_detectors_see_that_an_attempt_was_followed(
     seen: list[list[str] | None] = []
     real = analysis_module.run_detectors
 
-    def spy(view: analysis_module.Analysis) -> list[Finding]:
+    def spy(view: analysis_module.Analysis, *, now: datetime | None = None) -> list[Finding]:
         seen.append(Context(view).followed_by)
-        return real(view)
+        return real(view, now=now)
 
     monkeypatch.setattr(analysis_module, "run_detectors", spy)
     first = _run((3101, 3102, 5120, 5121), 12, stop=2)

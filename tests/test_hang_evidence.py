@@ -13,6 +13,7 @@ import shutil
 from datetime import timedelta
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 from ncclscope.analysis import Analysis, run_analysis
@@ -411,3 +412,96 @@ def test_heartbeat_monitor_alone_says_the_job_stopped(tmp_path: Path) -> None:
         {"rank": 1, "works": 14},
         {"rank": 3, "works": 12},
     ]
+
+
+# --------------------------------------------------------------------------------------
+# Live: the idle time runs to the agent's wall clock
+
+
+STALLED = Path(__file__).resolve().parent.parent / "fixtures" / "stalled-227-ts"
+
+
+@pytest.mark.parametrize(
+    ("idle_s", "severity"), [(None, "info"), (60.0, "info"), (900.0, "warning")]
+)
+def test_live_now_makes_a_long_stall_stop_evidence(
+    tmp_path: Path, idle_s: float | None, severity: str
+) -> None:
+    """Seven ranks entered AllGather #30 and the log ends (no watchdog yet).  Post-mortem
+    (no ``now``) or live a minute later, that is a log that ends: ``info``.  Live, with
+    the wall clock past the bound (``MIN_STALL_S``) since the waiters' last line, the
+    stall is the evidence: a ``warning`` naming rank 6, and the countdown with it."""
+    end = Context(run_analysis([str(STALLED)], workdir=tmp_path / "w0")).last_ts
+    assert end is not None
+    now = None if idle_s is None else end + timedelta(seconds=idle_s)
+    a = run_analysis([str(STALLED)], workdir=tmp_path / "w1", now=now)
+    (hang,) = [f for f in a.findings if f.kind == "hang"]
+    (soon,) = [f for f in a.findings if f.kind == "timeout_imminent"]
+    assert (hang.severity, soon.severity) == (severity, severity)
+    if severity == "info":
+        assert hang.ranks == []
+        assert hang.evidence["stop_evidence"] == []
+    else:
+        assert hang.ranks == [6]
+        assert soon.ranks == [6]
+        assert hang.evidence["stop_evidence"] == ["no_progress"]
+        assert hang.evidence["idle_s"] > MIN_STALL_S
+        # The countdown itself is still measured at the last line (the metrics' time).
+        assert soon.evidence["age_s"] < 1.0
+
+
+def test_live_window_passes_the_wall_clock(tmp_path: Path) -> None:
+    """The agent's window hands its wall clock to the detectors: the same lines give an
+    ``info`` hang without it and a ``warning`` 15 minutes after the waiters' last line."""
+    from ncclscope.agent.live import LiveWindow
+
+    window = LiveWindow(tmp_path / "seg")
+    end = Context(run_analysis([str(STALLED)], workdir=tmp_path / "w0")).last_ts
+    assert end is not None
+    text = (STALLED / "job.log").read_text().splitlines()
+    window.add([("job.log", line, end) for line in text])
+    severities = []
+    try:
+        for now in (None, end + timedelta(minutes=15)):
+            a = window.analyse(tmp_path / f"live-{now is None}", now=now)
+            assert a is not None
+            severities.append([f.severity for f in a.findings if f.kind == "hang"])
+    finally:
+        window.close()
+    assert severities == [["info"], ["warning"]]
+
+
+def test_a_run_that_a_restart_followed_ended_but_blames_nobody(tmp_path: Path) -> None:
+    """The same stall in a run that a later run followed (``Context.followed_by``): the
+    run ended there (``restarted`` is stop evidence), but a killed or preempted healthy
+    run ends so too; with nothing else, the hang stays ``info`` and nobody is blamed."""
+    a = run_analysis([str(STALLED)], workdir=tmp_path / "w")
+    a.followed_by = ["restart"]
+    ctx = Context(a)
+    detector = HangDetector()
+    (hang,) = detector.policy(detector.metric(ctx), ctx)
+    assert hang.evidence["stop_evidence"] == ["restarted"]
+    assert (hang.severity, hang.ranks) == ("info", [])
+    assert hang.message.startswith("this run ended (a new run followed)")
+    assert hang.evidence["waited_for"] == [6]
+
+
+def test_a_log_that_ends_with_the_watchdogs_aborts_holds_the_whole_block(
+    tmp_path: Path,
+) -> None:
+    """A combined log whose last lines are the ranks' own aborts ("To avoid data
+    inconsistency, we are taking the entire process down.", printed after each rank's
+    reports) kept the whole block of reports: the one member without a report is the
+    culprit, though nothing (no launcher summary) follows."""
+    src = Path(__file__).parent.parent / "fixtures" / "hang-tail-only" / "train.log"
+    lines = src.read_text().splitlines(keepends=True)
+    assert "taking the entire process down" in lines[-3]
+    cut = tmp_path / "tail.log"
+    cut.write_text("".join(lines[:-2]))  # the launcher's two lines dropped
+    a = _run(cut, tmp_path / "work")
+    hang = _one(a, "hang")
+    assert hang.ranks == [5]
+    assert hang.severity == "critical"
+    assert hang.evidence["culprit_basis"] == "non_reporting_member"
+    aborts = a.frameworks.torch_events.filter(pl.col("kind") == "process_abort")
+    assert aborts.height == 7

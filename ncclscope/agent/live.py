@@ -280,11 +280,17 @@ class LiveWindow:
         return written
 
     def analyse(
-        self, workdir: Path, *, lock: AbstractContextManager[object] | None = None
+        self,
+        workdir: Path,
+        *,
+        lock: AbstractContextManager[object] | None = None,
+        now: datetime | None = None,
     ) -> Analysis | None:
         """The window through ``analyze``'s pipeline; None while it is empty.  ``lock``
         (the agent's, shared with the thread that adds lines) is held only while the
-        window is copied out, not through the analysis."""
+        window is copied out, not through the analysis.  ``now``: the agent's wall
+        clock, so that a job that stopped logging is idle until now, not until its last
+        line (``Context.now``)."""
         with lock if lock is not None else nullcontext():
             if not self._files:
                 return None
@@ -296,6 +302,7 @@ class LiveWindow:
             [str(p) for p in paths],
             workdir=workdir / "analysis",
             coll_ts_source="stamped" if stamped else "nccl",
+            now=now,
         )
         self.dropped = self._dropped_frame(counts, analysis.paths)
         return analysis

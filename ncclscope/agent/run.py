@@ -266,9 +266,10 @@ class Agent:
 
     def _detect_once(self) -> bool:
         work = Path(self._workdir.name) / "live"
-        analysis = self.window.analyse(work, lock=self._window_lock)
+        now = self.wall()
+        analysis = self.window.analyse(work, lock=self._window_lock, now=now)
         if analysis is not None:
-            self.board.set("job", job_rows(analysis, self.wall(), dropped=self.window.dropped))
+            self.board.set("job", job_rows(analysis, now, dropped=self.window.dropped))
             self._learn_pids(analysis)
         return True
 

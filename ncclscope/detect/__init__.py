@@ -24,6 +24,8 @@ from ncclscope.detect.base import DETECTORS, Finding
 from ncclscope.detect.context import Context
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from ncclscope.analysis import Analysis
 
 __all__ = ["DETECTORS", "Context", "Finding", "run_detectors"]
@@ -31,9 +33,10 @@ __all__ = ["DETECTORS", "Context", "Finding", "run_detectors"]
 _MODULES = (config, hang, nccl_errors, straggler, timeout, pcie_contention, oom_risk, zero_stage)
 
 
-def run_detectors(analysis: Analysis) -> list[Finding]:
-    """Every detector's findings, the most severe and most costly first."""
-    ctx = Context(analysis)
+def run_detectors(analysis: Analysis, *, now: datetime | None = None) -> list[Finding]:
+    """Every detector's findings, the most severe and most costly first.  ``now``: the
+    wall clock of a live reading (``Context.now``), None post-mortem."""
+    ctx = Context(analysis, now=now)
     findings: list[Finding] = []
     for detector in DETECTORS.values():
         findings += detector.policy(detector.metric(ctx), ctx)

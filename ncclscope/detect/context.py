@@ -11,7 +11,7 @@ filter on the sequence, which polars pushes into the Parquet scan.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
 from typing import TYPE_CHECKING
@@ -38,6 +38,10 @@ class Context:
     """One analysis and the shared tables the detectors read."""
 
     analysis: Analysis
+    #: The wall clock of a live reading (the agent's window); None post-mortem.  Where
+    #: set, "no progress since" is measured to it rather than to the last line: a live
+    #: job that stopped logging has been idle for as long as the clock has run since.
+    now: datetime | None = field(default=None, kw_only=True)
 
     def collectives(self) -> pl.LazyFrame | None:
         """Every collective call (P2P left out) with a known communicator, lazily."""
@@ -97,6 +101,134 @@ class Context:
         workers; ``banner``/``init``/``pids``: new processes).  The job stopped there:
         evidence that this run's last collectives did not complete.  None otherwise."""
         return self.analysis.followed_by
+
+    @cached_property
+    def file_ends(self) -> dict[int, datetime]:
+        """Per input file: the latest time any record of it carries (NCCL lines, PyTorch
+        and launcher lines, timers, errors).  Files without a timed record are absent."""
+        a = self.analysis
+        fw = a.frameworks
+        frames = [
+            t.select("file_id", "ts")
+            for t in (fw.timeouts, fw.torch_events, fw.failures, fw.timers, a.errors)
+            if "ts" in t.columns and "file_id" in t.columns
+        ]
+        if "ts_max" in a.stats.columns:
+            frames.append(a.stats.select("file_id", pl.col("ts_max").alias("ts")))
+        ends: dict[int, datetime] = {}
+        for frame in frames:
+            per = (
+                frame.cast({"file_id": pl.UInt32, "ts": pl.Datetime("us", "UTC")})
+                .drop_nulls()
+                .group_by("file_id")
+                .agg(pl.col("ts").max())
+            )
+            for fid, ts in per.iter_rows():
+                if isinstance(ts, datetime) and (fid not in ends or ts > ends[fid]):
+                    ends[int(fid)] = ts
+        return ends
+
+    @cached_property
+    def processes_per_file(self) -> dict[int, int]:
+        """Per input file: how many processes (host, pid) logged NCCL lines in it."""
+        stats = self.analysis.stats
+        if stats.is_empty():
+            return {}
+        per = stats.group_by("file_id").agg(pl.struct("host", "pid").n_unique().alias("n"))
+        return {int(f): int(n) for f, n in per.iter_rows()}
+
+    def files_of(self, rank: int, group_size: int | None = None) -> set[int]:
+        """The input files holding lines of global rank ``rank``: its NCCL lines (as a
+        member of any communicator) or its ``[rankN]:``-prefixed PyTorch lines, or a
+        stream that holds every rank of its host or of the job (``group_size``: the size
+        of the group it belongs to, where the world's is not known)."""
+        a = self.analysis
+        fw = a.frameworks
+        out = set(
+            a.identity.members.filter(pl.col("rank") == rank)["file_id"].drop_nulls().to_list()
+        )
+        for t in (fw.timeouts, fw.torch_events):
+            out |= set(t.filter(pl.col("global_rank") == rank)["file_id"].to_list())
+        # Where its own lines are unknown (init lines cut away, and it printed no
+        # report): a host's combined stream (torchrun's stdout, several ranks' lines in
+        # one file) holds every rank of that host, and the launcher's summary says which
+        # host ran it.
+        hosts = set(a.identity.members.filter(pl.col("rank") == rank)["host"].drop_nulls())
+        hosts |= set(fw.failures.filter(pl.col("rank") == rank)["host"].drop_nulls())
+        for host in hosts:
+            out |= self._combined_files(str(host))
+        out |= self._spanning_files(rank)
+        if not hosts:
+            # Host unknown too: a job-wide stream (the lines of several hosts in one
+            # file: a launcher's or scheduler's combined output) holds every rank's.
+            out |= self._job_wide_files(group_size)
+        return {int(f) for f in out}
+
+    def _spanning_files(self, rank: int) -> set[int]:
+        """Files holding lines of ranks below and above ``rank``: launchers give each node
+        a contiguous block of global ranks (node_rank x local ranks + local_rank), so a
+        stream holding ranks 0, 1, 2, 4 and 5 of one node holds rank 3's too."""
+        a = self.analysis
+        fw = a.frameworks
+        parts = [a.identity.members.select("file_id", "rank")] + [
+            t.select("file_id", pl.col("global_rank").alias("rank"))
+            for t in (fw.timeouts, fw.torch_events)
+        ]
+        rows = pl.concat([p.cast({"file_id": pl.UInt32, "rank": pl.Int32}) for p in parts])
+        per = (
+            rows.drop_nulls()
+            .group_by("file_id")
+            .agg(
+                (pl.col("rank") < rank).any().alias("below"),
+                (pl.col("rank") > rank).any().alias("above"),
+            )
+        )
+        return {int(f) for f in per.filter(pl.col("below") & pl.col("above"))["file_id"]}
+
+    def _job_wide_files(self, group_size: int | None) -> set[int]:
+        """Files holding the lines of two or more hosts; or, where no line of a file
+        names its host, the lines of more than half the world's ranks (one host's
+        stream holds its own ranks only, rarely most of the job's)."""
+        a = self.analysis
+        fw = a.frameworks
+        parts = [
+            t.select("file_id", "host", pl.col(col).alias("rank"))
+            for t, col in (
+                (a.identity.members, "rank"),
+                (fw.timeouts, "global_rank"),
+                (fw.torch_events, "global_rank"),
+                (fw.failures, "rank"),
+                (a.errors, "rank"),
+            )
+        ]
+        rows = pl.concat(
+            [p.cast({"file_id": pl.UInt32, "host": pl.String, "rank": pl.Int32}) for p in parts]
+        )
+        per = rows.group_by("file_id").agg(
+            pl.col("host").drop_nulls().n_unique().alias("hosts"),
+            pl.col("rank").drop_nulls().n_unique().alias("ranks"),
+        )
+        world = a.world_size or a.identity.world_size or fw.world_size or group_size
+        most = (pl.col("ranks") * 2 > world) if world else pl.lit(value=False)
+        wide = per.filter((pl.col("hosts") >= 2) | ((pl.col("hosts") == 0) & most))
+        return {int(f) for f in wide["file_id"].to_list()}
+
+    def _combined_files(self, host: str) -> set[int]:
+        """Files holding the lines of two or more ranks of ``host``."""
+        a = self.analysis
+        fw = a.frameworks
+        parts = [
+            a.identity.members.select("file_id", "host", "rank"),
+            *(
+                t.select("file_id", "host", pl.col("global_rank").alias("rank"))
+                for t in (fw.timeouts, fw.torch_events)
+            ),
+        ]
+        rows = pl.concat(
+            [p.cast({"file_id": pl.UInt32, "host": pl.String, "rank": pl.Int32}) for p in parts]
+        ).filter((pl.col("host") == host) & pl.col("rank").is_not_null())
+        per = rows.group_by("file_id").agg(pl.col("rank").n_unique().alias("ranks"))
+        return {int(f) for f in per.filter(pl.col("ranks") >= 2)["file_id"].to_list()}
 
     @cached_property
     def stride(self) -> int:

@@ -37,7 +37,9 @@ from ncclscope.detect.watchdog import (
     PgTimeout,
     StopEvidence,
     consequence_deaths,
+    log_continues,
     pg_timeouts,
+    report_extent,
     stop_evidence,
 )
 from ncclscope.units import DTYPE_NAMES
@@ -399,7 +401,9 @@ class HangDetector:
             )
         # Severity follows the evidence: the job's own lines say it stopped, or only
         # its timestamps do; a culprit the evidence cannot settle lowers it too.
-        severity: Severity = "critical" if (ev.direct or stall.ahead) and v.culprits else "warning"
+        severity: Severity = (
+            "critical" if (ev.direct or stall.ahead) and v.culprits and v.confident else "warning"
+        )
         return Finding(
             kind="hang",
             severity=severity,
@@ -444,7 +448,7 @@ class HangDetector:
         return [
             Finding(
                 kind="hang",
-                severity="critical" if v.culprits or v.decided else "warning",
+                severity="critical" if (v.culprits and v.confident) or v.decided else "warning",
                 message=(
                     f"{waiting} rank(s) of process group {g.label} timed out in "
                     f"{first['op']} SeqNum {g.seq}: {v.why}"
@@ -522,7 +526,7 @@ def _mid_run(
             "waited_for": stall.culprits,
             "culprit_basis": "withheld",
             "culprit_bases": ["withheld"],
-            "withheld": "nothing in the logs says the job stopped there",
+            "withheld": "nothing in the logs says the job was stuck there",
             "confirm_if": [
                 "watchdog timeouts (Watchdog caught collective operation timeout) from the "
                 "waiting ranks",
@@ -532,11 +536,16 @@ def _mid_run(
             ],
         }
     )
+    # A run that a restart followed ended there for sure, but a killed or preempted
+    # healthy run ends so too: that it was stuck, nothing says.
+    ended = (
+        "this run ended (a new run followed)" if "restarted" in ev.kinds else "the log ends mid-run"
+    )
     return Finding(
         kind="hang",
         severity="info",
         message=(
-            f"the log ends mid-run at {stall.op or 'a collective'} #{stall.seq}, which "
+            f"{ended} at {stall.op or 'a collective'} #{stall.seq}, which "
             f"{len(stall.waiting)} rank(s) had entered; if the job was stuck at that "
             f"point, it waited for rank {who}"
         ),
@@ -634,6 +643,9 @@ class Verdict:
     decided: bool = False
     evidence: dict[str, Any] = field(default_factory=dict)
     lines: list[LineRef] = field(default_factory=list)
+    #: False where the culprit rests on weaker evidence than the policy's best (its own
+    #: log ends at the stall, before the others' reports): the severity is lowered
+    confident: bool = True
 
     def basis_json(self) -> dict[str, Any]:
         """``culprit_basis``: the strongest evidence (``non_reporting_member``,
@@ -722,6 +734,7 @@ def judge_stall(ctx: Context, stall: Stall) -> Verdict:
     cands = [c for c in stall.culprits if c not in reported]
     lines: list[LineRef] = []
     basis = ["last_seen"]
+    confident = True
     if reported:
         evidence["reported_timeout"] = sorted(reported)
         if not cands:
@@ -730,7 +743,46 @@ def judge_stall(ctx: Context, stall: Stall) -> Verdict:
                 "watchdog timeout itself: it was waiting too, on something the logs do not show",
                 evidence,
             )
-        basis.insert(0, "non_reporting_member")
+        # Its silence counts only where its log could have shown a report: a member
+        # whose file ends before the others' reports is behind because its log ends,
+        # unless its lines went on until the others stopped (a rank's own file, which a
+        # stuck rank stops writing at the stall) or its death explains the end.
+        at, files = report_extent(ctx)
+        unseen = [c for c in cands if not log_continues(ctx, c, at, files)]
+        cause = _first_cause(ctx, reported)
+        died = {int(cause["rank"])} if cause is not None else set()
+        early = [c for c in unseen if c not in died and not ended_at_stall(ctx, c)]
+        weak = [c for c in unseen if c not in died]
+        if not early and weak and (len(weak) > 1 or ctx.ranks_without_logs):
+            # Several ranks whose logs end at the stall: a stuck rank's own file, or one
+            # cut there, look alike; with ranks missing, the stuck one may be among them.
+            evidence["log_ends_at_stall"] = weak
+            return _withhold(
+                f"rank {ranks_text(weak)} did not report, but no log of theirs goes on past "
+                "the stall: a stuck rank's file and one cut there look alike"
+                + (
+                    f", and rank {ranks_text(sorted(ctx.ranks_without_logs))} left no line"
+                    if ctx.ranks_without_logs
+                    else ""
+                ),
+                evidence,
+            )
+        if early:
+            evidence["log_ends_early"] = early
+            return _withhold(
+                f"rank {ranks_text(early)}, behind on this communicator, has no line as late "
+                "as the others' watchdog reports, and its collectives stop well before "
+                "theirs: its log ends early (cut, or absent), so its report and its later "
+                "collectives may only have been lost",
+                evidence,
+            )
+        if unseen and not set(unseen) <= died:
+            # Its own lines stop at the stall, and then nothing: consistent with a rank
+            # stuck there, but its log could not have shown a report either.
+            evidence["log_ends_at_stall"] = unseen
+            confident = False
+        else:
+            basis.insert(0, "non_reporting_member")
     hang_class: HangClass = "missing_rank"
     why = "never joined"
     cause = _first_cause(ctx, reported)
@@ -750,6 +802,7 @@ def judge_stall(ctx: Context, stall: Stall) -> Verdict:
             )
         cands, basis = [int(cause["rank"])], ["died_first", *basis]
         hang_class, why = "dead_process", "died before"
+        confident = True  # its death is why its log ends
     named, desync = _desync_named(ctx)
     if named:
         evidence["desync_named"] = named
@@ -778,7 +831,26 @@ def judge_stall(ctx: Context, stall: Stall) -> Verdict:
         evidence["watchdog"] = _watchdog(a.frameworks.timeouts)
         first = a.frameworks.timeouts.sort("file_id", "line_no").row(0, named=True)
         lines.append(LineRef(int(first["file_id"]), int(first["line_no"])))
-    return Verdict(sorted(cands), basis, hang_class, why, evidence=evidence, lines=lines)
+    return Verdict(
+        sorted(cands), basis, hang_class, why, evidence=evidence, lines=lines, confident=confident
+    )
+
+
+def ended_at_stall(ctx: Context, rank: int) -> bool:
+    """Did ``rank``'s collectives go on until the others stopped?  On every communicator
+    it belongs to, its last collective is at most one (the stuck one) plus what waiting
+    ranks enqueue ahead (``_MAX_WAITER_SPREAD``) behind the others' last.  A log cut
+    short ends many collectives behind on some communicator (the world's, at least)."""
+    p = ctx.progress.with_columns(_WHO.alias("who"))
+    mine = p.filter(pl.col("who") == rank)
+    if mine.is_empty():
+        return False
+    tops = p.filter(pl.col("who") != rank).group_by("comm_key").agg(pl.col("last_seq").max())
+    joined = mine.join(tops, on="comm_key", how="inner", suffix="_others")
+    if joined.is_empty():
+        return False
+    behind = (joined["last_seq_others"] - joined["last_seq"]).max()
+    return isinstance(behind, int) and behind <= 1 + _MAX_WAITER_SPREAD
 
 
 def judge_group(ctx: Context, g: PgTimeout, reported: set[int]) -> Verdict:
@@ -863,6 +935,35 @@ def judge_group(ctx: Context, g: PgTimeout, reported: set[int]) -> Verdict:
             "rank is not in the logs",
             evidence,
         )
+    # Not reporting says something only where the member's log could have shown it.
+    at, files = report_extent(ctx, g.rows)
+    size = len(g.members) if g.members is not None else None
+    unseen = [c for c in culprits if not log_continues(ctx, c, at, files, size)]
+    if len(unseen) == 1 and not ctx.ranks_without_logs - set(unseen):
+        stream = _own_stream(ctx, unseen[0], files, at)
+        if stream is not None and _calls_at_stall(ctx, stream, size):
+            # Its own file (by its lines, or the one file no reporter wrote in) stops
+            # with its collectives at the stall: a stuck rank's picture, but its log
+            # could not have shown a report: named, with less confidence.
+            evidence["log_ends_at_stall"] = unseen
+            return Verdict(
+                culprits,
+                ["last_seen"],
+                "missing_rank",
+                f"rank {ranks_text(culprits)}, the one member of the group that reported no "
+                "timeout, stopped logging at the stall and never joined",
+                evidence=evidence,
+                lines=lines,
+                confident=False,
+            )
+    if unseen:
+        evidence["log_ends_early"] = unseen
+        return _nccl_error_or(
+            ctx,
+            evidence,
+            f"rank {ranks_text(unseen)} did not report, but its log ends before the reports "
+            "(or is absent): its report may only have been lost",
+        )
     return Verdict(
         culprits,
         ["non_reporting_member"],
@@ -872,6 +973,54 @@ def judge_group(ctx: Context, g: PgTimeout, reported: set[int]) -> Verdict:
         evidence=evidence,
         lines=lines,
     )
+
+
+def _own_stream(
+    ctx: Context, rank: int, reporter_files: set[int], at: datetime | None
+) -> tuple[int, str, int] | None:
+    """The one NCCL process whose lines are ``rank``'s, as (file_id, host, pid): its
+    file's only process, where its lines name it; else, by elimination, the only
+    process of the only file that holds NCCL lines and no report and ends before them."""
+    stats = ctx.analysis.stats
+    if stats.is_empty():
+        return None
+    procs = stats.select("file_id", "host", "pid").unique()
+    own = ctx.files_of(rank)
+    if not own:
+        ends = ctx.file_ends
+        own = {
+            int(f)
+            for f in procs["file_id"].unique().to_list()
+            if int(f) not in reporter_files
+            and (at is None or (int(f) in ends and ends[int(f)] < at))
+        }
+    if len(own) != 1:
+        return None
+    mine = procs.filter(pl.col("file_id") == next(iter(own)))
+    if len(mine) != 1:
+        return None
+    f, host, pid = mine.row(0)
+    return int(f), str(host), int(pid)
+
+
+def _calls_at_stall(ctx: Context, proc: tuple[int, str, int], size: int | None) -> bool:
+    """Did the process log as many collectives on the group's communicator (its size)
+    as the others typically did, less the stuck one and what waiting ranks enqueue
+    ahead?  A log cut short has logged far fewer."""
+    stats = ctx.analysis.stats
+    if size is None or "nranks" not in stats.columns:
+        return False
+    comm = stats.filter(pl.col("nranks") == size)
+    is_mine = (
+        (pl.col("file_id") == proc[0]) & (pl.col("host") == proc[1]) & (pl.col("pid") == proc[2])
+    )
+    mine = comm.filter(is_mine)["coll_calls"].max()
+    # The others' typical count: a cut at one time splits hosts whose clocks differ at
+    # different collectives, so the highest is one off.
+    others = comm.filter(~is_mine)["coll_calls"].median()
+    if not isinstance(mine, int) or not isinstance(others, int | float):
+        return False
+    return others - mine <= 1 + _MAX_WAITER_SPREAD
 
 
 def _nccl_error_or(ctx: Context, evidence: dict[str, Any], reason: str) -> Verdict:

@@ -217,7 +217,13 @@ class TimeoutDetector:
                 op = seq = stall_at = None
                 extra = {
                     k: v.evidence[k]
-                    for k in ("non_reporting", "culprit_pg_ranks", "inside_collective")
+                    for k in (
+                        "non_reporting",
+                        "culprit_pg_ranks",
+                        "inside_collective",
+                        "log_ends_early",
+                        "log_ends_at_stall",
+                    )
                     if k in v.evidence
                 }
                 if len(g.shapes) > 1:

@@ -40,7 +40,9 @@ __all__ = [
     "PgTimeout",
     "StopEvidence",
     "consequence_deaths",
+    "log_continues",
     "pg_timeouts",
+    "report_extent",
     "stop_evidence",
 ]
 
@@ -58,6 +60,7 @@ _WATCHDOG_EVENTS = (
     "heartbeat_timeout",
     "watchdog_stuck",
     "watchdog_terminated",
+    "process_abort",
     "desync_timeout",
     "desync_lagging",
     "work_status",
@@ -78,12 +81,14 @@ class StopEvidence:
 
     @property
     def stopped(self) -> bool:
-        return bool(self.kinds)
+        """Evidence that the job was stuck: anything but a later run alone (a run that a
+        restart followed ended there, but a preempted or killed healthy run ends so too)."""
+        return any(k != "restarted" for k in self.kinds)
 
     @property
     def direct(self) -> bool:
         """Evidence printed by the job itself, not inferred from timestamps."""
-        return any(k != "no_progress" for k in self.kinds)
+        return any(k not in ("no_progress", "restarted") for k in self.kinds)
 
     def json(self) -> dict[str, object]:
         out: dict[str, object] = {"stop_evidence": list(self.kinds)}
@@ -110,8 +115,13 @@ def stop_evidence(ctx: Context, last_active: datetime | None = None) -> StopEvid
         kinds.append("launcher_failure")
     if len(fw.torch_events.filter(pl.col("kind") == "closing_signal")):
         kinds.append("launcher_stop")
+    if ctx.followed_by:
+        # A later run followed this one (``Context.followed_by``): this run ended here.
+        kinds.append("restarted")
     idle = bound = None
-    end = ctx.last_ts
+    # Live, the idle time runs to the wall clock: a job that stopped logging is idle for
+    # as long as the clock has run since, not only until its last line.
+    end = ctx.now if ctx.now is not None else ctx.last_ts
     if last_active is not None and end is not None:
         idle = (end - last_active).total_seconds()
         gap = _normal_gap_s(ctx)
@@ -138,6 +148,56 @@ def _normal_gap_s(ctx: Context) -> float | None:
     )
     positive = [g for g in gaps if g is not None and g >= 0]
     return float(median(positive)) if positive else None
+
+
+def report_extent(
+    ctx: Context, rows: pl.DataFrame | None = None
+) -> tuple[datetime | None, set[int]]:
+    """When the watchdog reports (``rows``, else every timeout line) began, and the files
+    holding them or their companion lines: what ``log_continues`` holds a member to."""
+    fw = ctx.analysis.frameworks
+    t = fw.timeouts if rows is None else rows
+    first = t["ts"].min()
+    files = set(t["file_id"].to_list())
+    status = fw.torch_events.filter(pl.col("kind") == "work_status")
+    if rows is not None:
+        status = status.filter(pl.col("seq").is_in(rows["seq"].unique().implode()))
+    files |= set(status["file_id"].to_list())
+    return (first if isinstance(first, datetime) else None), {int(f) for f in files}
+
+
+def log_continues(
+    ctx: Context,
+    rank: int,
+    at: datetime | None,
+    reporter_files: set[int],
+    group_size: int | None = None,
+) -> bool:
+    """Could ``rank``'s own log have shown a line at time ``at`` (the watchdog's)?  Only
+    then does its silence say something.  Yes when a file holding its lines also holds a
+    reporter's watchdog line (the same stream: its line would be there), or carries a
+    time at or after ``at``.  A rank that left no line, or whose file ends before the
+    reports (a file cut short, copied early, lost its tail), cannot be said to have
+    stayed silent: its report may only have been lost."""
+    files = ctx.files_of(rank, group_size)
+    if files & reporter_files:
+        return True
+    if rank in ctx.ranks_without_logs:
+        return False  # no line of its own, and no stream it shares with the reporters
+    ends = ctx.file_ends
+
+    def goes_on(f: int) -> bool:
+        return f in reporter_files or (at is not None and f in ends and not _before(ends[f], at))
+
+    if not files:
+        # Which file is its own no line says (its init lines were cut): as many NCCL
+        # processes logged as the group has members, so one of them is it, and every
+        # file they logged in goes on past the reports: wherever it is, it could have
+        # reported.
+        size = group_size or ctx.analysis.world_size or ctx.analysis.identity.world_size
+        procs = ctx.processes_per_file
+        return bool(size and procs and sum(procs.values()) >= size and all(map(goes_on, procs)))
+    return any(goes_on(f) for f in files)
 
 
 def consequence_deaths(ctx: Context) -> set[int]:

@@ -1202,6 +1202,14 @@ def _on_heartbeat(p: _Parser, i: int, ctx: _Ctx, text: str) -> tuple[_Outcome, s
     return _Outcome.PARSED, text
 
 
+def _on_abort(p: _Parser, i: int, ctx: _Ctx, text: str) -> tuple[_Outcome, str]:
+    """``[Rank 3] To avoid data inconsistency, we are taking the entire process down.``:
+    the watchdog aborts its own process after a timeout or an error (2.0+), the line
+    after each rank's reports."""
+    p.event(i, ctx, "process_abort", message=text.strip()[:_MAX_MSG])
+    return _Outcome.PARSED, text
+
+
 def _on_stuck(p: _Parser, i: int, ctx: _Ctx, text: str) -> tuple[_Outcome, str]:
     m, text = p.match(i, text, _STUCK_RE)
     if m is None:
@@ -1538,6 +1546,12 @@ _FAMILIES: tuple[_Family, ...] = (
         _on_heartbeat,
     ),
     _Family("watchdog_stuck", r"watchdog got stuck for \d", ("watchdog got stuck",), _on_stuck),
+    _Family(
+        "process_abort",
+        r"we are taking the entire process down",
+        ("taking the entire process down",),
+        _on_abort,
+    ),
     _Family(
         "desync_timeout",
         r"\] Timeout at collective: ",
