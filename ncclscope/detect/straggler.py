@@ -117,6 +117,21 @@ def timing_usable(ctx: Context) -> bool:
 
 
 def _with_lateness(ctx: Context) -> pl.DataFrame:
+    """``_lateness_rows``, computed once per context: the metric, the hosts' comparison
+    and each finding's per-op breakdown all read it, and on a large job it is a join of
+    the whole sample (tens of milliseconds each time)."""
+    memo = vars(ctx)
+    rows = memo.get(_ROWS_KEY)
+    if not isinstance(rows, pl.DataFrame):
+        rows = memo[_ROWS_KEY] = _lateness_rows(ctx)
+    return rows
+
+
+#: Where ``_with_lateness`` keeps its table on the context (as ``cached_property`` does).
+_ROWS_KEY = "_straggler_lateness_rows"
+
+
+def _lateness_rows(ctx: Context) -> pl.DataFrame:
     """The sampled calls of complete, fully timed instances, with ``late`` (seconds after
     the instance's first arrival) and ``last`` (it arrived last) and the instance's size.
 
@@ -156,12 +171,14 @@ def _within_host_rows(ctx: Context) -> pl.DataFrame:
     rows = s.filter(pl.col("ts").is_not_null() & pl.col("host").is_not_null()).with_columns(
         pl.len().over(key).alias("k"),
         pl.col("ts").min().over(key).alias("ts_first"),
+        # In the same context as the two above: polars groups the rows by ``key`` once.
+        pl.col("comm_rank").n_unique().over(key).alias("distinct"),
     )
     rows = rows.filter(
         (pl.col("k") >= 2)
         & (pl.col("k") == pl.col("k").max().over("comm_key", "host"))
-        & (pl.col("comm_rank").n_unique().over(key) == pl.col("k"))
-    )
+        & (pl.col("distinct") == pl.col("k"))
+    ).drop("distinct")
     return rows.with_columns(
         ((pl.col("ts") - pl.col("ts_first")).dt.total_microseconds() / 1e6).alias("hlate")
     )
@@ -225,6 +242,19 @@ def _mad(xs: list[float], centre: float) -> float:
     return statistics.median(abs(x - centre) for x in xs) * 1.4826 if xs else 0.0
 
 
+def _sorted_median(ordered: pl.Series) -> float:
+    """``statistics.median`` of an already sorted series (the mean of the two middle
+    values of an even count, as it computes it).
+
+    >>> _sorted_median(pl.Series([1.0, 2.0, 4.0, 8.0])), _sorted_median(pl.Series([3.0]))
+    (3.0, 3.0)
+    """
+    n = len(ordered)
+    if n % 2:
+        return float(ordered[n // 2])
+    return (float(ordered[n // 2 - 1]) + float(ordered[n // 2])) / 2
+
+
 def find_window(xs: list[float], baseline: float, effect_s: float) -> Window | None:
     """The stretch of ``xs`` (a unit's lateness, instance after instance) that stands
     highest above ``baseline``: the largest sum of ``x - baseline - effect_s / 2`` over a
@@ -243,12 +273,20 @@ def find_window(xs: list[float], baseline: float, effect_s: float) -> Window | N
     best = run = 0.0
     start = 0
     span: tuple[int, int] | None = None
+    half, lo, hi = effect_s / 2, -2 * effect_s, 2 * effect_s
+    # A plain loop with comparisons, not min()/max() calls: it runs over every sampled
+    # instance of every unit (hundreds of thousands on a large job).
     for i, x in enumerate(xs):
         if run <= 0.0:
             run, start = 0.0, i
         # Each instance counts at most twice the effect either way: one large one-off
         # delay must not stretch a window over the quiet instances around it.
-        run += min(max(x - baseline - effect_s / 2, -2 * effect_s), 2 * effect_s)
+        c = x - baseline - half
+        if c > hi:
+            c = hi
+        elif c < lo:
+            c = lo
+        run += c
         if run > best:
             best, span = run, (start, i)
     if span is None or span[1] - span[0] + 1 < _MIN_WINDOW:
@@ -271,6 +309,38 @@ def find_window(xs: list[float], baseline: float, effect_s: float) -> Window | N
     return Window(span[0], span[1], excess, excess / se)
 
 
+def _may_hold_spell(x: pl.Expr, effect: float) -> pl.Expr:
+    """Aggregated over one rank's lateness ``x`` in instance order: whether a spell
+    (``_rank_spells``) can be found at all, tested on the whole series at once instead of
+    a search per rank, which on a large job is most of the detector's time.
+
+    A spell is a window of at least ``_MIN_WINDOW`` instances, under ``_WHOLE_RUN`` of
+    the series, whose median is ``effect`` above the median of the rest (or of the whole
+    series).  The rest holds over a fifth of the instances, so its median is at least the
+    series' ``n / 10 - 2``-th smallest value (``floor``); the window's median reaches
+    ``effect`` above that only if at least half its instances do.  So some stretch of
+    ``_MIN_WINDOW`` or more instances must have as many at that level as below it: with
+    ``+1``/``-1`` per instance, a stretch whose sum is not negative (integer prefix sums,
+    exact).  The tolerance keeps a value a rounding away from the level in.
+
+    >>> import polars as pl
+    >>> def may(xs: list[float]) -> bool:
+    ...     return pl.DataFrame({"x": xs}).select(_may_hold_spell(pl.col("x"), 0.002)).item()
+    >>> may([0.0] * 40 + [0.01] * 10 + [0.0] * 40), may([0.0, 0.01] * 40 + [0.0] * 20)
+    (True, True)
+    >>> may([0.0] * 40 + [0.01] * 4 + [0.0] * 40), may([0.0, 0.0, 0.01] * 40)
+    (False, False)
+    """
+    k = ((pl.len() // 10).cast(pl.Int64) - 2).clip(lower_bound=0)
+    floor = x.sort().gather(k).first()
+    y = pl.when(x >= floor + effect * (1 - 1e-9)).then(1).otherwise(-1).cast(pl.Int64)
+    total = y.cum_sum()
+    # The lowest prefix sum a stretch ending here may start from (0: the series' start).
+    lowest = total.shift(_MIN_WINDOW).fill_null(0).cum_min()
+    row = pl.int_range(pl.len())
+    return ((total - lowest >= 0) & (row >= _MIN_WINDOW - 1)).any()
+
+
 def _iso(t: datetime) -> str:
     return t.isoformat(timespec="microseconds")
 
@@ -290,11 +360,7 @@ def _host_instances(ctx: Context) -> pl.DataFrame:
         return pl.DataFrame()
     per = rows.group_by("comm_key", "seq", "host").agg(
         pl.col("ts").dt.epoch("us").median().alias("t_us"),
-        # How far the host's typical member came after its first (one clock): small
-        # when its ranks arrive together, half a lone late rank's delay on a host of two.
-        ((pl.col("ts").dt.epoch("us").median() - pl.col("ts").dt.epoch("us").min()) / 1e6).alias(
-            "inner_s"
-        ),
+        pl.col("ts").dt.epoch("us").min().alias("t_first_us"),
         pl.col("line_no").median().alias("pos"),
         pl.col("line_no").min().alias("pos_first"),
         pl.col("file_id").min().alias("f0"),
@@ -313,21 +379,28 @@ def _host_instances(ctx: Context) -> pl.DataFrame:
         .otherwise(None)
         .alias("own_gap_s")
     )
-    per = per.with_columns(hosts.alias("hosts"))
+    per = per.with_columns(
+        hosts.alias("hosts"),
+        # How far the host's typical member came after its first (one clock): small
+        # when its ranks arrive together, half a lone late rank's delay on a host of two.
+        ((pl.col("t_us") - pl.col("t_first_us")) / 1e6).alias("inner_s"),
+    ).drop("t_first_us")
     # Leave-one-out: a host is compared with the others only (with two hosts, each with
     # the other: a signed difference), so that it is never its own reference.
-    few = per.filter(pl.col("hosts") <= _LOO_HOSTS)
-    others = (
-        few.select(*inst, "host", "t_us", "pos")
-        .join(
-            few.select(*inst, pl.col("host").alias("o_host"), pl.col("t_us").alias("o_t"),
-                       pl.col("pos").alias("o_pos")),
-            on=inst,
+    few = (
+        per.filter(pl.col("hosts") <= _LOO_HOSTS)
+        .select(*inst, "host", "t_us", "pos", "hosts")
+        .with_columns(
+            pl.col("t_us").sort().implode().over(inst).alias("_ts"),
+            pl.col("pos").sort().implode().over(inst).alias("_ps"),
         )
-        .filter(pl.col("host") != pl.col("o_host"))
-        .group_by(*inst, "host")
-        .agg(pl.col("o_t").median().alias("loo_t"), pl.col("o_pos").median().alias("loo_pos"))
-    )  # fmt: skip
+    )
+    others = few.select(
+        *inst,
+        "host",
+        _others_median("_ts", "t_us", inst).alias("loo_t"),
+        _others_median("_ps", "pos", inst).alias("loo_pos"),
+    )
     per = per.join(others, on=[*inst, "host"], how="left")
     return (
         per.with_columns(
@@ -340,6 +413,23 @@ def _host_instances(ctx: Context) -> pl.DataFrame:
         .sort("comm_key", "host", "seq")
         .with_columns(own_gap)
     )
+
+
+def _others_median(sorted_col: str, value: str, inst: list[str]) -> pl.Expr:
+    """The median of the instance's other hosts' ``value``: read off the instance's
+    values in order (``sorted_col``) with the host's own place skipped.  The same numbers
+    as a join of hosts x hosts and a median per host, without the rows of that join (the
+    largest table of the detector on a big job); polars' median of an even count is
+    ``a + (b - a) * 0.5``, computed the same way here.  None for a host alone at the
+    instance."""
+    others = pl.col("hosts").cast(pl.Int64) - 1
+    own = pl.col(value).rank("ordinal").over(inst).cast(pl.Int64) - 1
+
+    def nth(j: pl.Expr) -> pl.Expr:
+        return pl.col(sorted_col).list.get(pl.when(j < own).then(j).otherwise(j + 1))
+
+    a, b = nth((others - 1) // 2), nth(others // 2)
+    return pl.when(others >= 1).then(a + (b - a) * 0.5)
 
 
 def _cause(order_after: float | None, spell: bool, grows: bool) -> str:
@@ -445,7 +535,7 @@ class StragglerDetector:
 
     def _rank_series(
         self, rows: pl.DataFrame, scored: pl.DataFrame, flagged: set[int]
-    ) -> dict[tuple[str, int], tuple[list[float], list[datetime]]]:
+    ) -> dict[tuple[str, int], tuple[list[float], pl.Series]]:
         """Per (communicator, rank) of the largest communicator: its lateness over its
         host's typical member, instance after instance, and the instances' times.  Only
         the flagged ranks and those that could hold a window: at least half a window's
@@ -466,22 +556,31 @@ class StragglerDetector:
             .then(pl.col("hlate").median().over("seq", "host"))
             .otherwise(0.0)
         )
-        rows = (
-            rows.with_columns((pl.col("hlate") - base).alias("x"))
-            .filter(
-                pl.col("rank").is_in(pl.Series(sorted(flagged), dtype=pl.Int32).implode())
-                | (
-                    (x >= x.quantile(0.1).over("rank") + effect).sum().over("rank")
-                    >= _MIN_WINDOW // 2
-                )
+        rows = rows.select("rank", "seq", "ts_first", (pl.col("hlate") - base).alias("x"))
+        # Which ranks to keep, decided per rank (a group-by, no window over every row),
+        # so that only their rows are sorted and turned into lists.
+        kept = (
+            rows.group_by("rank")
+            .agg(
+                (
+                    ((x >= x.quantile(0.1) + effect).sum() >= _MIN_WINDOW // 2)
+                    & _may_hold_spell(x.sort_by("seq"), effect)
+                ).alias("keep")
             )
-            .sort("rank", "seq")
+            .filter(pl.col("keep") & pl.col("rank").is_not_null())["rank"]
+            .to_list()
         )
-        out: dict[tuple[str, int], tuple[list[float], list[datetime]]] = {}
-        for (rank,), g in rows.group_by(["rank"], maintain_order=True):
+        keep = sorted(set(kept) | flagged)
+        rows = rows.filter(pl.col("rank").is_in(pl.Series(keep, dtype=pl.Int32).implode())).sort(
+            "rank", "seq"
+        )
+        out: dict[tuple[str, int], tuple[list[float], pl.Series]] = {}
+        # The times stay a Series: a window reads two of them, and turning thousands of
+        # datetimes per rank into Python objects costs more than the search.
+        for (rank,), g in rows.partition_by("rank", as_dict=True, maintain_order=True).items():
             if rank is None:
                 continue
-            out[(top, int(rank))] = (g["x"].to_list(), g["ts_first"].to_list())
+            out[(top, int(rank))] = (g["x"].to_list(), g["ts_first"])
         return out
 
     def _rank_finding(
@@ -489,7 +588,7 @@ class StragglerDetector:
         ctx: Context,
         r: dict[str, Any],
         who: int,
-        series: tuple[list[float], list[datetime]] | None,
+        series: tuple[list[float], pl.Series] | None,
     ) -> Finding:
         slowdown = r["excess_s"] / r["gap_s"] if r["gap_s"] else None
         cost = r["mean_excess_s"] * r["instances"] * max(0, r["members"] - 1)
@@ -556,7 +655,7 @@ class StragglerDetector:
         ctx: Context,
         w: Window | None,
         xs: list[float],
-        times: list[datetime],
+        times: pl.Series,
         base: float,
         others: int | None,
     ) -> dict[str, Any]:
@@ -582,7 +681,7 @@ class StragglerDetector:
         self,
         ctx: Context,
         scored: pl.DataFrame,
-        series: dict[tuple[str, int], tuple[list[float], list[datetime]]],
+        series: dict[tuple[str, int], tuple[list[float], pl.Series]],
         seen: set[int],
     ) -> list[Finding]:
         """Ranks late over their host's members for part of the run only."""
@@ -703,16 +802,19 @@ class StragglerDetector:
         metric: pl.DataFrame,
     ) -> Finding | None:
         xs: list[float] = g["delta_s"].to_list()
-        times: list[datetime] = g["at"].to_list()
+        times = g["at"]
         gap = float(comm["gap_s"] or 0.0)
         effect = max(MIN_SLOWDOWN * gap, MIN_EXCESS_S)
-        shift = statistics.median(xs)
-        noise = _mad(xs, shift)
+        # Sorted by polars, not Python: the same values as ``statistics.median``,
+        # ``_mad`` and ``_quantile`` of ``xs``, at a fraction of the cost per host.
+        ordered = g["delta_s"].sort()
+        shift = _sorted_median(ordered)
+        noise = _sorted_median((ordered - shift).abs().sort()) * 1.4826
         se = 1.253 * max(noise, 1e-6) / math.sqrt(len(xs))
         whole = shift >= effect and shift / se >= _MIN_Z
         # The level where the host was not late: its lower decile.  Lateness only adds,
         # and a spell that holds most of the log puts the median inside the spell.
-        base = _quantile(xs, 0.1)
+        base = float(ordered[min(len(xs) - 1, int(0.1 * len(xs)))])
         w = find_window(xs, base, effect)
         spell = w is not None and (w.last - w.first + 1) < _WHOLE_RUN * len(xs)
         merged = g.filter(pl.col("merged"))
@@ -894,7 +996,7 @@ class StragglerDetector:
         members = metric.filter((pl.col("comm_key") == comm["comm_key"]) & (pl.col("host") == host))
         ranks = sorted(int(r) for r in members["rank"].drop_nulls().to_list())
         first = members.sort("line_no").row(0, named=True) if members.height else None
-        times: list[datetime] = g["at"].to_list()
+        times = g["at"]
         return Finding(
             kind="straggler",
             severity="warning",
