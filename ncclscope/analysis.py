@@ -56,7 +56,7 @@ from ncclscope.schema import (
     TELEMETRY_SCHEMA,
     validate,
 )
-from ncclscope.sources import Input, Problem, expand_inputs, read_lines
+from ncclscope.sources import QUOTE_CHARS, Input, Problem, expand_inputs, read_lines
 
 __all__ = ["Analysis", "Gap", "Progress", "run_analysis"]
 
@@ -247,7 +247,9 @@ def run_analysis(
     for attempt, fs in found:
         attempt.findings = sorted(at[id(f)] for f in fs)
     analysis.attempts = [a for a, _fs in found]
-    analysis.quoted = _quote(inputs, analysis.findings)
+    analysis.quoted = _quote(
+        inputs, analysis.findings, scan.text_store if scan is not None else None
+    )
     report("detect", 1, 1)
     return analysis
 
@@ -578,15 +580,36 @@ def _describe_attempt(k: int, view: Analysis, starts: pl.DataFrame | None) -> At
     )
 
 
-def _quote(inputs: list[Input], findings: list[Finding]) -> dict[tuple[int, int], str]:
-    """The text of every line a finding points at: one pass per file that has some."""
+def _quote(
+    inputs: list[Input], findings: list[Finding], text_store: Path | None = None
+) -> dict[tuple[int, int], str]:
+    """The text of every line a finding points at.  Lines the scan kept (every line but
+    the fast COLL lines: warnings, errors, PyTorch's) come from its text store; only the
+    rest costs a pass over their file, one per file that has some."""
     wanted: dict[int, set[int]] = {}
     for f in findings:
         for ref in f.lines:
             wanted.setdefault(ref.file_id, set()).add(ref.line_no)
-    quoted = {}
+    quoted: dict[tuple[int, int], str] = {}
+    plain = [k for k in wanted if 0 <= k < len(inputs) and not inputs[k].shifted]
+    if text_store is not None and plain:
+        keys = pl.DataFrame(
+            [(k, n) for k in plain for n in wanted[k]],
+            schema={"file_id": pl.UInt32, "i": pl.UInt32},
+            orient="row",
+        )
+        kept = (
+            pl.scan_parquet(text_store)
+            .select("file_id", "i", "text")
+            .join(keys.lazy(), on=["file_id", "i"], how="semi")
+            .select("file_id", "i", pl.col("text").fill_null("").str.slice(0, QUOTE_CHARS))
+            .collect(engine="streaming")
+        )
+        for file_id, line_no, text in kept.iter_rows():
+            quoted[(file_id, line_no)] = text
+            wanted[file_id].discard(line_no)
     for file_id, line_nos in wanted.items():
-        if 0 <= file_id < len(inputs):
+        if 0 <= file_id < len(inputs) and line_nos:
             for line_no, text in read_lines(inputs[file_id], line_nos).items():
                 quoted[(file_id, line_no)] = text
     return quoted

@@ -20,7 +20,7 @@ import polars as pl
 
 from ncclscope.errors import InputError
 
-__all__ = ["Input", "Problem", "expand_inputs", "read_lines", "sniff_binary"]
+__all__ = ["QUOTE_CHARS", "Input", "Problem", "expand_inputs", "read_lines", "sniff_binary"]
 
 _CHUNK = 4 << 20
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -336,7 +336,7 @@ def _gunzip(
 
 
 #: Characters of a line kept when it is quoted as evidence.
-_QUOTE_CHARS = 400
+QUOTE_CHARS = 400
 
 
 def read_lines(inp: Input, line_nos: Iterable[int]) -> dict[int, str]:
@@ -364,7 +364,7 @@ def read_lines(inp: Input, line_nos: Iterable[int]) -> dict[int, str]:
         )
         .head(wanted[-1] + shift)
         .filter(pl.col("g").is_in(pl.Series(wanted, dtype=pl.UInt32).implode()))
-        .select("g", pl.col("line").fill_null("").str.slice(0, _QUOTE_CHARS))
+        .select("g", pl.col("line").fill_null("").str.slice(0, QUOTE_CHARS))
         .collect(engine="streaming")
     )
     return dict(zip(rows["g"].to_list(), rows["line"].to_list(), strict=True))
