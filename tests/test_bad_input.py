@@ -1116,3 +1116,40 @@ def test_framework_log_still_being_written(tmp_path: Path) -> None:
     assert sorted(t["rank"] for t in run.doc["timeouts"]) == [0, 1]
     assert run.doc["timers"]["fwd_microstep"]["count"] == 4
     assert any("no newline" in n for n in run.doc["inputs"][0]["notes"])
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("count", "count 999999999999999999999999999"),
+        ("opCount", "opCount ffffffffffffffffffffffff"),
+        ("datatype", "datatype 4294967299"),
+    ],
+)
+def test_coll_line_with_a_number_too_big_for_its_column(
+    tmp_path: Path, field: str, value: str
+) -> None:
+    """One damaged COLL line whose number no column holds is skipped and counted as
+    malformed; the report goes on and every other line is kept (it used to end the
+    report in a polars overflow traceback)."""
+    ref = clean_run(tmp_path)
+    lines = sample_lines()
+    at = middle_index(lines)
+    good = lines[at].text
+    pattern = {"count": r"count \d+", "opCount": r"opCount [0-9a-f]+", "datatype": r"datatype \d+"}
+    damaged = re.sub(pattern[field], value, good, count=1)
+    assert damaged != good
+    path = tmp_path / "big.log"
+    path.write_bytes(lines_with(lines, at, [damaged.encode()]))
+
+    run = run_cli([path])
+    assert run.code == 0, run.stderr
+    assert "Traceback" not in run.stderr
+    inp, ref_inp = only_input(run), only_input(ref)
+    check_account(inp)
+    assert inp["lines"] == ref_inp["lines"] + 1
+    assert inp["parsed"] == ref_inp["parsed"]
+    assert inp["unparsed_by_reason"].get("malformed", 0) == (
+        ref_inp["unparsed_by_reason"].get("malformed", 0) + 1
+    )
+    assert note_names_line(inp, at + 1), inp["notes"]

@@ -190,6 +190,23 @@ def _repair_host(parsed: ParsedLine, hosts: list[str]) -> ParsedLine:
     return parsed
 
 
+#: (field, lowest, highest) of a COLL line's numbers: what their columns hold
+#: (``COLL_STORE_SCHEMA``: opcount/count Int64, dtype/redop Int16, root Int32).
+_COLL_RANGES = (
+    ("opcount", -(2**63), 2**63 - 1),
+    ("count", -(2**63), 2**63 - 1),
+    ("dtype", -(2**15), 2**15 - 1),
+    ("redop", -(2**15), 2**15 - 1),
+    ("root", -(2**31), 2**31 - 1),
+    ("nranks", 0, 2**31 - 1),
+)
+
+
+def _coll_fits(c: Coll) -> bool:
+    """Every number of ``c`` fits its column."""
+    return all(lo <= getattr(c, name) <= hi for name, lo, hi in _COLL_RANGES)
+
+
 def _take(
     out: LineRecords,
     parsed: ParsedLine,
@@ -199,6 +216,11 @@ def _take(
 ) -> None:
     header = parsed.header
     body = parsed.body
+    if isinstance(body, Coll) and not _coll_fits(body):
+        # A damaged number (two lines spliced inside it, a flipped byte) that no column
+        # holds: the line is skipped and counted, the rest of the report goes on.
+        out.skip(file_id, line_no, "malformed")
+        return
     if header is None:
         if isinstance(body, Version):
             out.versions.append((file_id, None, None, body))

@@ -275,8 +275,19 @@ def _fields(batch: _Batch, offsets: Sequence[int]) -> pl.LazyFrame:
             valid = valid & (c(k).fill_null("") != "NCCL")
         opcount = f(6).str.to_integer(base=16, strict=False)
         count = f(12).cast(pl.Int64, strict=False)
-        # A damaged field: the line goes to the reference parser instead.
-        ok = valid.fill_null(value=False) & opcount.is_not_null() & count.is_not_null()
+        dtype = f(14).cast(pl.Int16, strict=False)
+        redop = f(16).cast(pl.Int16, strict=False)
+        root = f(18).cast(pl.Int32, strict=False)
+        # A damaged field (or one too large for its column): the line goes to the
+        # reference parser instead, which counts it as malformed.
+        ok = (
+            valid.fill_null(value=False)
+            & opcount.is_not_null()
+            & count.is_not_null()
+            & dtype.is_not_null()
+            & redop.is_not_null()
+            & root.is_not_null()
+        )
         ts = _default_ts(c(h - 2), c(h - 1)) if h >= 2 else pl.lit(None, dtype=TS)
         fields = {
             # Tokens kept as printed: a job has few distinct values, decoded once later.
@@ -284,9 +295,9 @@ def _fields(batch: _Batch, offsets: Sequence[int]) -> pl.LazyFrame:
             "op_tok": f(4),
             "opcount": opcount,
             "count": count,
-            "dtype": f(14).cast(pl.Int16, strict=False),
-            "redop": f(16).cast(pl.Int16, strict=False),
-            "root": f(18).cast(pl.Int32, strict=False),
+            "dtype": dtype,
+            "redop": redop,
+            "root": root,
             "comm": f(20),  # %p prints lowercase hex
             "nranks_tok": f(21),
             "ts": ts,
