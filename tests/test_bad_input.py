@@ -1153,3 +1153,46 @@ def test_coll_line_with_a_number_too_big_for_its_column(
         ref_inp["unparsed_by_reason"].get("malformed", 0) + 1
     )
     assert note_names_line(inp, at + 1), inp["notes"]
+
+
+@pytest.mark.parametrize(
+    ("case", "pattern", "value"),
+    [
+        # a plain INFO line (counted by the vectorised reader when intact)
+        ("info pid", r"^node-a:4101:4191 .* Connected all rings", "99999999999999999999999"),
+        # a connection line (parsed by the vectorised connection reader when intact)
+        ("connection channel", r"^node-a:4101:4191 .* Channel 00/0 : 0\[0\] -> 1", "4294967296"),
+        # init lines (their headers read in polars, their messages in Python)
+        ("init pid", r"^node-a:4101:4191 .* Init COMPLETE$", "18446744073709551616"),
+        ("init rank", r"^node-a:4101:4191 .* Init COMPLETE$", "4294967296"),
+        # a COLL line's header (the fast field reader keeps the host:pid:tid token)
+        ("coll pid", r"^node-a:4101:\d+ .* opCount", "99999999999999999999999"),
+    ],
+)
+def test_header_or_record_number_too_big_for_its_column(
+    tmp_path: Path, case: str, pattern: str, value: str
+) -> None:
+    """A damaged copy of a non-COLL line (or of a COLL line's header) whose pid, channel
+    or rank no Int32 column holds is skipped and counted as malformed; every other line
+    is parsed as in the reference (these used to end the report in a polars traceback)."""
+    ref = clean_run(tmp_path)
+    lines = sample_lines()
+    at = middle_index(lines)
+    good = next(line.text for line in lines if re.search(pattern, line.text))
+    where = {"pid": r"(?<=^node-a:)4101", "channel": r"(?<=Channel )00", "rank": r"(?<= rank )0"}
+    damaged = re.sub(where[case.split()[1]], value, good, count=1)
+    assert damaged != good
+    path = tmp_path / "big.log"
+    path.write_bytes(lines_with(lines, at, [damaged.encode()]))
+
+    run = run_cli([path])
+    assert run.code == 0, run.stderr
+    assert "Traceback" not in run.stderr
+    inp, ref_inp = only_input(run), only_input(ref)
+    check_account(inp)
+    assert inp["lines"] == ref_inp["lines"] + 1
+    assert inp["parsed"] == ref_inp["parsed"]
+    assert inp["unparsed_by_reason"].get("malformed", 0) == (
+        ref_inp["unparsed_by_reason"].get("malformed", 0) + 1
+    )
+    assert note_names_line(inp, at + 1), inp["notes"]

@@ -287,6 +287,13 @@ def _world_from_numel(op: str, nin: int, nout: int) -> int | None:
     return None
 
 
+def _call_order(call: tuple[int, str | None, int | None, int | None]) -> tuple[int, str, int, int]:
+    """Sort key of a timed-out call: a field a damaged line left empty sorts first
+    (None does not compare with a value)."""
+    rank, op, nin, nout = call
+    return rank, op or "", -1 if nin is None else nin, -1 if nout is None else nout
+
+
 def pg_timeouts(ctx: Context) -> list[PgTimeout]:
     """One entry per (process group, SeqNum) that timed out, the earliest first.
 
@@ -376,7 +383,7 @@ def pg_timeouts(ctx: Context) -> list[PgTimeout]:
                 reporters=sorted(reporters),
                 members=members,
                 global_ranks=default,
-                calls=sorted(calls),
+                calls=sorted(calls, key=_call_order),
                 enqueued=enqueued,
                 intact=_intact(ctx, rows),
             )

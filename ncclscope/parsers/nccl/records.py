@@ -22,11 +22,14 @@ from ncclscope.parsers.nccl.lines import (
     CommEvent,
     Connection,
     EnvSetting,
+    Header,
+    InitTimings,
     Message,
     NodeLayout,
     ParsedLine,
     RankHint,
     Record,
+    RingList,
     Version,
     classify_info,
     comm_event_from,
@@ -45,6 +48,7 @@ __all__ = [
     "add_plain_info_lines",
     "collect_records",
     "connection_lines",
+    "fits",
     "plain_info_lines",
 ]
 
@@ -190,21 +194,57 @@ def _repair_host(parsed: ParsedLine, hosts: list[str]) -> ParsedLine:
     return parsed
 
 
-#: (field, lowest, highest) of a COLL line's numbers: what their columns hold
-#: (``COLL_STORE_SCHEMA``: opcount/count Int64, dtype/redop Int16, root Int32).
-_COLL_RANGES = (
-    ("opcount", -(2**63), 2**63 - 1),
-    ("count", -(2**63), 2**63 - 1),
-    ("dtype", -(2**15), 2**15 - 1),
-    ("redop", -(2**15), 2**15 - 1),
-    ("root", -(2**31), 2**31 - 1),
-    ("nranks", 0, 2**31 - 1),
-)
+_I16 = (-(2**15), 2**15 - 1)
+_I32 = (-(2**31), 2**31 - 1)
+_I64 = (-(2**63), 2**63 - 1)
+_COUNT = (0, 2**31 - 1)
+
+#: (field, lowest, highest) of the numbers a header or record carries: what their
+#: columns hold (``schema.py``: pids, tids, ranks, channels Int32; COLL_STORE_SCHEMA's
+#: opcount/count Int64, dtype/redop Int16).  ``None`` (not printed) always fits; a
+#: tuple (a ring listing's ranks) fits when each of its numbers does.
+_RANGES: dict[type, tuple[tuple[str, int, int], ...]] = {
+    Header: (("pid", *_I32), ("tid", *_I32)),
+    Coll: (
+        ("opcount", *_I64),
+        ("count", *_I64),
+        ("dtype", *_I16),
+        ("redop", *_I16),
+        ("root", *_I32),
+        ("nranks", *_COUNT),
+    ),
+    CommEvent: (("rank", *_I32), ("nranks", *_I32), ("cuda_dev", *_I32), ("nvml_dev", *_I32)),
+    NodeLayout: (
+        ("rank", *_I32),
+        ("nranks", *_I32),
+        ("nnodes", *_I32),
+        ("local_ranks", *_I32),
+        ("local_rank", *_I32),
+    ),
+    Connection: (("channel", *_I32), ("src", *_I32), ("dst", *_I32)),
+    RingList: (("channel", *_I32), ("ranks", *_I32)),
+    RankHint: (("rank", *_I32),),
+    Chain: (("line", *_I32), ("code", *_I32)),
+    InitTimings: (("rank", *_I32), ("nranks", *_I32)),
+}
 
 
-def _coll_fits(c: Coll) -> bool:
-    """Every number of ``c`` fits its column."""
-    return all(lo <= getattr(c, name) <= hi for name, lo, hi in _COLL_RANGES)
+def fits(record: Header | Record) -> bool:
+    """Every number of ``record`` fits its column.
+
+    >>> fits(RankHint(rank=3, source="Trees")), fits(RankHint(rank=2**40, source="Trees"))
+    (True, False)
+    """
+    for name, lo, hi in _RANGES.get(type(record), ()):
+        value = getattr(record, name)
+        if value is None:
+            continue
+        if isinstance(value, tuple):
+            if not all(lo <= v <= hi for v in value):
+                return False
+        elif not lo <= value <= hi:
+            return False
+    return True
 
 
 def _take(
@@ -216,7 +256,7 @@ def _take(
 ) -> None:
     header = parsed.header
     body = parsed.body
-    if isinstance(body, Coll) and not _coll_fits(body):
+    if not fits(body) or (header is not None and not fits(header)):
         # A damaged number (two lines spliced inside it, a flipped byte) that no column
         # holds: the line is skipped and counted, the rest of the report goes on.
         out.skip(file_id, line_no, "malformed")
@@ -317,6 +357,15 @@ _CONN_LINE = (
 _TS_TAIL = r"[0-9]{4}-[0-9]{2}-[0-9]{2}[ T_][0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.,][0-9]{1,9})?\]? *$"
 
 
+def _fit(*names: str) -> pl.Expr:
+    """True where each named token (digits, or absent) fits an Int32 column.  A token
+    too large for it (a damaged line) leaves its line to the reference parser, which
+    counts it as malformed."""
+    return pl.all_horizontal(
+        pl.col(n).is_null() | pl.col(n).cast(pl.Int32, strict=False).is_not_null() for n in names
+    )
+
+
 def connection_lines(nccl_lines: pl.LazyFrame) -> pl.DataFrame:
     """Connection lines of the text store, parsed in polars.
 
@@ -332,7 +381,7 @@ def connection_lines(nccl_lines: pl.LazyFrame) -> pl.DataFrame:
         )
         .select("file_id", "i", text.str.extract_groups(_CONN_LINE).alias("m"))
         .unnest("m")
-        .filter(pl.col("host").is_not_null())
+        .filter(pl.col("host").is_not_null() & _fit("pid", "tid", "ch", "src", "dst"))
         .with_columns(pl.col("pre").str.contains(_TS_TAIL).alias("has_ts"))
         .collect(engine="streaming")
     )
@@ -405,6 +454,7 @@ def plain_info_lines(nccl_lines: pl.LazyFrame) -> pl.DataFrame:
         .unnest("m")
         .filter(
             pl.col("host").is_not_null()
+            & _fit("pid", "tid")
             & ~word.is_in(_RECORD_WORDS)
             & ~word.str.contains(":", literal=True)  # a return-code chain, a COLL op
             & ~word.str.starts_with("NCCL_")  # an environment setting
@@ -429,7 +479,7 @@ def add_plain_info_lines(out: LineRecords, plain: pl.DataFrame) -> None:
 
 #: Header and message of a single-header INFO line, for ``info_messages``.
 _INFO_MSG = (
-    r"^(?P<pre>[^\r\x1b]*?)(?P<host>[A-Za-z0-9_<>.%/-]+):(?P<pid>[0-9]+):[0-9]+ "
+    r"^(?P<pre>[^\r\x1b]*?)(?P<host>[A-Za-z0-9_<>.%/-]+):(?P<pid>[0-9]+):(?P<tid>[0-9]+) "
     r"\[-?[0-9]+\] NCCL INFO ?(?P<msg>[^\r\x1b]*)$"
 )
 #: Families whose records need the line's time or its thread's open error group: these
@@ -453,7 +503,7 @@ def info_messages(nccl_lines: pl.LazyFrame) -> pl.DataFrame:
         )
         .select("file_id", "i", text.str.extract_groups(_INFO_MSG).alias("m"))
         .unnest("m")
-        .filter(pl.col("host").is_not_null())
+        .filter(pl.col("host").is_not_null() & _fit("pid", "tid"))
         .select(
             "file_id",
             "i",
@@ -482,7 +532,8 @@ def add_info_messages(out: LineRecords, messages: pl.DataFrame) -> pl.DataFrame:
             kind, body = "comm_event", comm_event_from(**ev)
         else:
             kind, body = classify_info(msg)
-        if kind in _TIMED_KINDS:
+        if kind in _TIMED_KINDS or not fits(body):
+            # a number too large for its column: the reference parser counts the line
             continue
         proc: ProcKey = (file_id, host, pid)
         _take_plain(out, proc, line_no, kind, body)
