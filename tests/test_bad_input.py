@@ -85,6 +85,21 @@ def note_names_line(inp: dict[str, Any], line_no: int) -> bool:
     return any("line" in note and number.search(note) for note in inp["notes"])
 
 
+def assert_one_more_malformed(run: CliRun, ref: CliRun, line_no: int) -> None:
+    """``run`` read the reference plus one damaged line at ``line_no``: no traceback,
+    that line counted as malformed and named in a note, every other line parsed."""
+    assert run.code == 0, run.stderr
+    assert "Traceback" not in run.stderr
+    inp, ref_inp = only_input(run), only_input(ref)
+    check_account(inp)
+    assert inp["lines"] == ref_inp["lines"] + 1
+    assert inp["parsed"] == ref_inp["parsed"]
+    assert inp["unparsed_by_reason"].get("malformed", 0) == (
+        ref_inp["unparsed_by_reason"].get("malformed", 0) + 1
+    )
+    assert note_names_line(inp, line_no), inp["notes"]
+
+
 def lines_with(lines: list[LogLine], index: int, extra: list[bytes]) -> bytes:
     """The sample as bytes with raw ``extra`` lines inserted before line ``index`` (0-based)."""
     encoded = [(line.text + "\n").encode() for line in lines]
@@ -1142,17 +1157,7 @@ def test_coll_line_with_a_number_too_big_for_its_column(
     path = tmp_path / "big.log"
     path.write_bytes(lines_with(lines, at, [damaged.encode()]))
 
-    run = run_cli([path])
-    assert run.code == 0, run.stderr
-    assert "Traceback" not in run.stderr
-    inp, ref_inp = only_input(run), only_input(ref)
-    check_account(inp)
-    assert inp["lines"] == ref_inp["lines"] + 1
-    assert inp["parsed"] == ref_inp["parsed"]
-    assert inp["unparsed_by_reason"].get("malformed", 0) == (
-        ref_inp["unparsed_by_reason"].get("malformed", 0) + 1
-    )
-    assert note_names_line(inp, at + 1), inp["notes"]
+    assert_one_more_malformed(run_cli([path]), ref, at + 1)
 
 
 @pytest.mark.parametrize(
@@ -1185,14 +1190,4 @@ def test_header_or_record_number_too_big_for_its_column(
     path = tmp_path / "big.log"
     path.write_bytes(lines_with(lines, at, [damaged.encode()]))
 
-    run = run_cli([path])
-    assert run.code == 0, run.stderr
-    assert "Traceback" not in run.stderr
-    inp, ref_inp = only_input(run), only_input(ref)
-    check_account(inp)
-    assert inp["lines"] == ref_inp["lines"] + 1
-    assert inp["parsed"] == ref_inp["parsed"]
-    assert inp["unparsed_by_reason"].get("malformed", 0) == (
-        ref_inp["unparsed_by_reason"].get("malformed", 0) + 1
-    )
-    assert note_names_line(inp, at + 1), inp["notes"]
+    assert_one_more_malformed(run_cli([path]), ref, at + 1)
