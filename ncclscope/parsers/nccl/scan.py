@@ -303,7 +303,11 @@ def _fields(batch: _Batch, offsets: Sequence[int]) -> pl.LazyFrame:
             "ts": ts,
         }
         for name, expr in fields.items():
-            values[name].append(pl.when(ok).then(expr))
+            # One offset: a row's fields are read only where ``taken``, so they need no
+            # masking (``when`` copies every string: +0.1 s on a 1 GiB log).  Several
+            # offsets: the null of a row that offset did not take lets ``coalesce``
+            # pick the right one.
+            values[name].append(expr if len(offsets) == 1 else pl.when(ok).then(expr))
         oks.append(ok)
     return batch.read(
         numbered=False,
@@ -456,8 +460,10 @@ def _scan_inputs(targets: Sequence[ScanTarget], store: Path) -> Scan:
     taken: Counter[int] = Counter()
     for _round in range(3):
         for b in todo:
+            # No column statistics: every row of this store is read back, none skipped
+            # by them, and writing them costs ~0.1 s on a 1 GiB log.
             _query(batches[b], offsets[b]).sink_parquet(
-                parts[b], compression="lz4", engine="streaming"
+                parts[b], compression="lz4", statistics=False, engine="streaming"
             )
             per_file = (
                 pl.scan_parquet(parts[b])
