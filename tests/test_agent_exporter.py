@@ -41,7 +41,12 @@ def test_catalog_names_follow_the_conventions() -> None:
             assert m.unit in m.name, m.name
         if m.name.startswith("ncclscope_gpu_"):
             assert m.labels[:3] == ("gpu", "UUID", "pci_bus_id"), m.name
-        assert "hostname" not in m.labels or m.name == "ncclscope_node_info"
+        # Host identity lives in node_info (the agent's host) and rank_info (the host a
+        # rank's log lines name: one agent may read several hosts' logs), nowhere else.
+        assert "hostname" not in m.labels or m.name in {
+            "ncclscope_node_info",
+            "ncclscope_rank_info",
+        }
     required = {
         "ncclscope_host_memory_available_bytes",
         "ncclscope_gpu_memory_used_bytes",

@@ -45,7 +45,11 @@ from ncclscope.detect.timeout import countdown
 from ncclscope.parsers.nccl.collectives import P2P_OPS
 from ncclscope.parsers.nccl.patterns import HEADER_RE, PREFIX_TS_RE
 
-__all__ = ["LiveWindow", "job_rows", "stamp"]
+__all__ = ["DEFAULT_TIMEOUT_S", "MARK_EVERY", "LiveWindow", "job_rows", "stamp"]
+
+#: The collective timeout assumed where the logs state none: PyTorch's NCCL default
+#: since 2.2 (``default_pg_nccl_timeout``, 10 minutes).
+DEFAULT_TIMEOUT_S = 600.0
 
 #: A COLL line's header token (``[rank3]:node-0:4103:4103``), op and comm pointer.
 _COLL_MEMBER = (
@@ -382,6 +386,82 @@ def _counted_seq(
     return [((str(c), str(w)), float(s)) for c, w, s in seqs.iter_rows()]
 
 
+#: Sequence numbers at which a member's arrival time is also exported as a mark (every
+#: multiple of each): Prometheus compares members of one communicator at the same mark,
+#: whatever moment each node's agent last exported.  Two spacings, so that one of them
+#: lasts seconds to minutes on jobs whose collectives come every 5 ms or every 0.5 s.
+MARK_EVERY = (64, 1024)
+
+
+def _member_facts(
+    analysis: Analysis, dropped: pl.DataFrame | None
+) -> dict[str, list[tuple[tuple[str, ...], float]]]:
+    """Per (communicator, member): when it entered its last collective, that op, and its
+    arrival time at the last mark (``MARK_EVERY``); per communicator: its size; per
+    rank: its host.  Sequence numbers count as ``_counted_seq`` does (calls dropped from
+    the window plus calls in it), so that every node's agent numbers a collective alike.
+
+    From the window's COLL lines, e.g. ``[2025-03-14 09:00:09.387136] node-6:5381:5381
+    [3] NCCL INFO AllGather: opCount 1a ... comm 0x55d4c8a0 [nranks=16] stream 0x55..``.
+    """
+    rows: dict[str, list[tuple[tuple[str, ...], float]]] = {}
+    coll = analysis.collectives
+    if coll is None:
+        return rows
+    key = ["file_id", "host", "pid", "comm"]
+    gone = dropped if dropped is not None else pl.DataFrame(schema=_DROPPED_SCHEMA)
+    calls = (
+        coll.filter(~pl.col("op").is_in(P2P_OPS) & pl.col("comm_key").is_not_null())
+        .select(*key, "comm_key", "rank", "op", "nranks", "ts", "line_no")
+        .collect()
+        .join(gone.cast({"file_id": pl.UInt32}), on=key, how="left")
+        .sort("file_id", "line_no")
+        .with_columns(
+            (
+                pl.col("dropped").fill_null(0)
+                + pl.int_range(pl.len()).over("comm_key", "rank", "file_id", "pid")
+            ).alias("seq"),
+            pl.col("rank").cast(pl.String).alias("who"),
+        )
+        .filter(pl.col("who").is_not_null())
+    )
+    if calls.is_empty():
+        return rows
+    last = (
+        calls.group_by("comm_key", "who", maintain_order=True)
+        .agg(pl.col("op", "ts", "host").last(), pl.col("nranks").max())
+        .sort("comm_key", pl.col("who").cast(pl.Int64, strict=False))
+    )
+    for comm, who, op, ts, _host, _n in last.iter_rows():
+        if ts is not None:
+            rows.setdefault("ncclscope_collective_entered_timestamp_seconds", []).append(
+                ((str(comm), who), ts.timestamp())
+            )
+        rows.setdefault("ncclscope_collective_op_info", []).append(((str(comm), who, str(op)), 1.0))
+    sizes = last.group_by("comm_key").agg(pl.col("nranks").max()).sort("comm_key")
+    rows["ncclscope_communicator_ranks"] = [
+        ((str(c),), float(n)) for c, n in sizes.iter_rows() if n is not None
+    ]
+    hosts = last.filter(pl.col("host").is_not_null()).unique(["who"], maintain_order=True)
+    rows["ncclscope_rank_info"] = [
+        ((w, str(h)), 1.0) for w, h in hosts.select("who", "host").iter_rows()
+    ]
+    for every in MARK_EVERY:
+        marks = (
+            calls.filter((pl.col("seq") % every == 0) & pl.col("ts").is_not_null())
+            .group_by("comm_key", "who", maintain_order=True)
+            .agg(pl.col("seq", "ts").last())
+            .sort("comm_key", pl.col("who").cast(pl.Int64, strict=False))
+        )
+        for comm, who, seq, ts in marks.iter_rows():
+            labels = (str(comm), who, str(every))
+            rows.setdefault("ncclscope_collective_mark_seq", []).append((labels, float(seq)))
+            rows.setdefault("ncclscope_collective_mark_timestamp_seconds", []).append(
+                (labels, ts.timestamp())
+            )
+    return rows
+
+
 def job_rows(
     analysis: Analysis, now: datetime, *, dropped: pl.DataFrame | None = None
 ) -> dict[str, list[tuple[tuple[str, ...], float]]]:
@@ -393,6 +473,7 @@ def job_rows(
     ctx = Context(analysis)
     rows: dict[str, list[tuple[tuple[str, ...], float]]] = {}
     rows["ncclscope_collective_seq"] = _counted_seq(analysis, dropped)
+    rows.update(_member_facts(analysis, dropped))
     late = lateness(ctx)
     if len(late):
         world = late.filter(pl.col("members") == late["members"].max())
@@ -406,7 +487,9 @@ def job_rows(
                 score = max(0.0, (r["median_s"] - typical) / r["gap_s"])
                 rows.setdefault("ncclscope_straggler_score", []).append(((who,), score))
     timeout_s, _source = analysis.frameworks.timeout
-    pending = countdown(ctx, now, timeout_s if timeout_s is not None else 600.0)
+    timeout_s = timeout_s if timeout_s is not None else DEFAULT_TIMEOUT_S
+    rows["ncclscope_collective_timeout_seconds"] = [((), timeout_s)]
+    pending = countdown(ctx, now, timeout_s)
     for r in pending.iter_rows(named=True):
         comm = str(r["comm_key"])
         if r["age_s"] is not None:

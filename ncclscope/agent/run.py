@@ -296,6 +296,11 @@ class Agent:
         if self.recorded is not None:
             self.board.set("telemetry", self.recorded.rows_until(self.wall()))
         if self.lines is not None:
+            # The clock the job's ages are read against (a replay's runs at its speed):
+            # the rules measure a wait from it, not from Prometheus' own time.
+            self.board.set(
+                "clock", {"ncclscope_clock_timestamp_seconds": [((), self.wall().timestamp())]}
+            )
             self.health.timed("logs", self._follow)
             if self.config.detect_in_thread:
                 self._detect()  # the thread reports its own health when it ends

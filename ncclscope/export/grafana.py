@@ -669,11 +669,155 @@ TIMEOUT_CRITICAL_LEFT_S = 300
 STRAGGLER_CRITICAL = 0.25
 #: Share of the PCIe link from which offload traffic contends (issue #6: ~80%).
 PCIE_CONTENTION_RATIO = 0.8
+#: Share of the collective timeout the leaders of a communicator have waited for members
+#: behind them from which the stall is alerted.  A quarter: no healthy job keeps its
+#: ranks waiting that long (its slowest rank is late by milliseconds to seconds, a
+#: rank-0 checkpoint a minute or two of a 10-30 minute timeout), and three quarters of
+#: the timeout are left to take stacks.
+STALL_TIMEOUT_SHARE = 0.25
+#: A node's excess arrival lateness over the job's least late node, as a share of the
+#: gap between collectives, from which it is a slow node.  Twice the post-mortem
+#: detector's minimum effect (``straggler.MIN_SLOWDOWN``): a 5-minute average has none of
+#: that detector's significance test.
+SLOW_NODE_SLOWDOWN = 0.1
+#: ...and at least this many seconds: below it NTP's offsets between hosts (~1 ms) are
+#: the whole signal.
+SLOW_NODE_MIN_S = 0.002
+
+#: The ranks and nodes of a communicator, joined across every node's agent.  Each agent
+#: exports its own ranks' facts (``ncclscope_collective_seq``, the time each entered its
+#: last collective, marks); these rules compare them, so a whole frozen node, a node
+#: whose agent died and a slow node are seen though no agent sees both sides.
+_BEHIND = "job_comm_rank:ncclscope_collective_seq:behind"
+_WAIT = "job_comm:ncclscope_leaders_wait_seconds:since_entered"
+_LEFT = "job_comm:ncclscope_collective_timeout_left_seconds:from_wait"
+_TIMEOUT = "job:ncclscope_collective_timeout_seconds:max"
+_CULPRIT = "job_comm_rank:ncclscope_collective_seq:behind_on_host"
+_STALLED = f"{_WAIT} >= on (job) group_left () ({STALL_TIMEOUT_SHARE} * {_TIMEOUT})"
+_HOST_OF_RANK = "max by (job, rank, hostname) (ncclscope_rank_info)"
+_MARK_NOW = "job_comm_rank_every:ncclscope_collective_mark_timestamp_seconds:current"
+_MARK_LATE = "job_comm_rank_every:ncclscope_collective_mark_timestamp_seconds:lateness"
+_HOST_LATE = "job_comm_host:ncclscope_collective_lateness_seconds:avg5m"
+_HOST_EXCESS = "job_comm_host:ncclscope_collective_excess_lateness_seconds:avg5m"
+_GAP = "job_comm:ncclscope_collective_gap_seconds:delta2m"
+
+_CROSS_NODE: tuple[Rule, ...] = (
+    Rule(
+        "job_comm:ncclscope_collective_seq:max",
+        "max by (job, comm) (ncclscope_collective_seq)",
+        comment="The leaders' sequence number on each communicator, over every node.",
+    ),
+    Rule(
+        _BEHIND,
+        "max by (job, comm, rank) (\n"
+        "  job_comm:ncclscope_collective_seq:max\n"
+        "    - on (job, comm) group_right ()\n"
+        "  ncclscope_collective_seq\n"
+        ")",
+        comment="Collectives each rank is behind its communicator's leaders (0: a leader).",
+    ),
+    Rule(
+        "job_comm:ncclscope_leaders_entered_timestamp_seconds:min",
+        "min by (job, comm) (\n"
+        "  ncclscope_collective_entered_timestamp_seconds\n"
+        f"  and on (job, comm, rank) ({_BEHIND} == 0)\n"
+        ")",
+        comment="When the first leader entered the leaders' collective.",
+    ),
+    Rule(
+        "job:ncclscope_clock_timestamp_seconds:max",
+        "max by (job) (ncclscope_clock_timestamp_seconds)",
+    ),
+    Rule(_TIMEOUT, "max by (job) (ncclscope_collective_timeout_seconds)"),
+    Rule(
+        _WAIT,
+        "clamp_min(\n"
+        "  job:ncclscope_clock_timestamp_seconds:max\n"
+        "    - on (job) group_right ()\n"
+        "  job_comm:ncclscope_leaders_entered_timestamp_seconds:min,\n"
+        "  0\n"
+        ")",
+        comment=(
+            "How long the leaders have waited in their collective, on the agents' clock"
+            " (a replay's runs at its speed): on a healthy job, since the last collective began."
+        ),
+    ),
+    Rule(_LEFT, f"{_TIMEOUT}\n  - on (job) group_right ()\n{_WAIT}"),
+    Rule(
+        "job_comm_op:ncclscope_collective_op_info:leaders",
+        "topk by (job, comm) (1,\n"
+        "  max by (job, comm, op) (\n"
+        f"    ncclscope_collective_op_info and on (job, comm, rank) ({_BEHIND} == 0)\n"
+        "  )\n"
+        ")",
+        comment="The op the leaders entered (one, if their ops differ).",
+    ),
+    Rule(
+        _CULPRIT,
+        "(\n"
+        f"  ({_BEHIND} > 0)\n"
+        f"    * on (job, rank) group_left (hostname) {_HOST_OF_RANK}\n"
+        f"  or on (job, comm, rank) ({_BEHIND} > 0)\n"
+        ")\n"
+        "  * on (job, comm) group_left (op) job_comm_op:ncclscope_collective_op_info:leaders\n"
+        f"or on (job, comm, rank) ({_BEHIND} > 0)",
+        comment=(
+            "The ranks behind, with their host and the leaders' op where known: whom a"
+            " stalled collective waits for."
+        ),
+    ),
+    # --- slow nodes: arrival times compared at the same mark
+    Rule(
+        _MARK_NOW,
+        "max by (job, comm, rank, every) (\n"
+        "  ncclscope_collective_mark_timestamp_seconds\n"
+        "  and on (job, comm, rank, every) (\n"
+        "    ncclscope_collective_mark_seq\n"
+        "      == on (job, comm, every) group_left ()\n"
+        "    max by (job, comm, every) (ncclscope_collective_mark_seq)\n"
+        "  )\n"
+        ")",
+        comment=(
+            "Each rank's arrival at its communicator's newest mark, for the ranks that"
+            " reached it (an agent that has not exported it yet is left out, not late)."
+        ),
+    ),
+    Rule(
+        _MARK_LATE,
+        f"{_MARK_NOW}\n  - on (job, comm, every) group_left ()\n"
+        f"min by (job, comm, every) ({_MARK_NOW})",
+    ),
+    Rule(
+        _HOST_LATE,
+        "avg by (job, comm, hostname) (\n"
+        f"  avg_over_time({_MARK_LATE}[5m])\n"
+        f"    * on (job, rank) group_left (hostname) {_HOST_OF_RANK}\n"
+        ")",
+        comment="Each node's mean arrival lateness on each communicator over 5 minutes.",
+    ),
+    Rule(
+        _HOST_EXCESS,
+        f"{_HOST_LATE}\n  - on (job, comm) group_left ()\nmin by (job, comm) ({_HOST_LATE})",
+        comment="Over the least late node's (the job's nodes compared with each other).",
+    ),
+    Rule(
+        _GAP,
+        "delta(job_comm:ncclscope_leaders_entered_timestamp_seconds:min[2m])\n"
+        "  / (delta(job_comm:ncclscope_collective_seq:max[2m]) > 0)",
+        comment="Seconds between collectives, in the logs' time (a replay's speed cancels out).",
+    ),
+    Rule(
+        "job_comm_host:ncclscope_node_slowdown:ratio",
+        f"({_HOST_EXCESS} >= {SLOW_NODE_MIN_S})\n  / on (job, comm) group_left () ({_GAP} > 0)",
+        comment="A node's excess lateness as a share of the gap between collectives.",
+    ),
+)
 
 RULE_GROUPS: tuple[RuleGroup, ...] = (
     RuleGroup(
         "ncclscope-job",
         (
+            *_CROSS_NODE,
             _rec(
                 "job_comm:ncclscope_timeout_remaining_seconds:min",
                 "min by (job, comm) (ncclscope_timeout_remaining_seconds)",
@@ -719,13 +863,19 @@ RULE_GROUPS: tuple[RuleGroup, ...] = (
                 "  job_comm:ncclscope_timeout_remaining_seconds:min\n"
                 "  or on (job, comm)\n"
                 "  job_comm:ncclscope_timeout_remaining_seconds:min\n"
+                "  or on (job, comm)\n"
+                f"  {_LEFT}\n"
+                "    + on (job, comm) group_right ()\n"
+                f"  (0 * {_CULPRIT})\n"
+                f"  and on (job, comm) ({_STALLED})\n"
                 f") < {TIMEOUT_CRITICAL_LEFT_S}",
                 alert=True,
                 labels=(("severity", "critical"),),
                 comment=(
                     "With the culprit's labels where a node names one, the countdown alone"
-                    " where none does. No `for`: the countdown comes from the logs' own"
-                    " timestamps, so a first value under the threshold is already sustained."
+                    " where none does; else the countdown joined across nodes, with the ranks"
+                    " behind. No `for`: the countdown comes from the logs' own timestamps,"
+                    " so a first value under the threshold is already sustained."
                 ),
                 annotations=(
                     (
@@ -738,9 +888,106 @@ RULE_GROUPS: tuple[RuleGroup, ...] = (
                         "A collective on communicator {{ $labels.comm }} has waited long "
                         "enough that the watchdog will abort the job in "
                         "{{ $value | humanizeDuration }}."
-                        "{{ if $labels.rank }} It waits for rank {{ $labels.rank }} "
-                        "({{ $labels.op }} #{{ $labels.seq }}): take its stacks now "
+                        "{{ if $labels.rank }} It waits for rank {{ $labels.rank }}"
+                        "{{ if $labels.hostname }} on {{ $labels.hostname }}{{ end }} "
+                        "({{ $labels.op }}{{ if $labels.seq }} #{{ $labels.seq }}{{ end }}):"
+                        " take its stacks now "
                         "(py-spy dump) before the job is killed.{{ end }}",
+                    ),
+                ),
+            ),
+            Rule(
+                "NcclscopeCollectiveStalled",
+                f"{_LEFT}\n"
+                "  + on (job, comm) group_right ()\n"
+                f"(0 * {_CULPRIT})\n"
+                f"and on (job, comm) ({_STALLED})",
+                alert=True,
+                labels=(("severity", "warning"),),
+                comment=(
+                    "Ranks behind while the leaders have waited a quarter of the timeout,"
+                    " across nodes (a whole node frozen, one rank per node). Value: seconds"
+                    " left. No `for`: the wait comes from the logs' timestamps."
+                ),
+                annotations=(
+                    (
+                        "summary",
+                        "Rank {{ $labels.rank }}{{ if $labels.hostname }} on "
+                        "{{ $labels.hostname }}{{ end }} holds up communicator "
+                        "{{ $labels.comm }} of job {{ $labels.job }}: timeout in "
+                        "{{ $value | humanizeDuration }}",
+                    ),
+                    (
+                        "description",
+                        "The other members entered {{ if $labels.op }}{{ $labels.op }}"
+                        "{{ else }}a collective{{ end }} on {{ $labels.comm }} and have "
+                        "waited for rank {{ $labels.rank }} long enough that the watchdog "
+                        "aborts the job in {{ $value | humanizeDuration }}. Take its stacks "
+                        "now (py-spy dump --pid ...){{ if $labels.hostname }} on "
+                        "{{ $labels.hostname }}{{ end }}; if every rank of a node is named, "
+                        "look at the node (GPU XID, NIC, kernel log).",
+                    ),
+                ),
+            ),
+            Rule(
+                "NcclscopeNodeLost",
+                f"min by (job) ({_LEFT} and on (job, comm) ({_STALLED}))\n"
+                "  + on (job) group_right ()\n"
+                "(\n"
+                '  0 * (up{job=~".*ncclscope.*"} == 0)\n'
+                "    * on (job, instance) group_left (hostname)\n"
+                "  max by (job, instance, hostname) (last_over_time(ncclscope_node_info[15m]))\n"
+                ")",
+                alert=True,
+                labels=(("severity", "critical"),),
+                comment=(
+                    "An agent that stopped answering while the others' collective stalls:"
+                    " its node is the likely culprit (its ranks' series went with it)."
+                    " Value: seconds left."
+                ),
+                annotations=(
+                    (
+                        "summary",
+                        "Node {{ $labels.hostname }} lost while job {{ $labels.job }} waits: "
+                        "timeout in {{ $value | humanizeDuration }}",
+                    ),
+                    (
+                        "description",
+                        "The agent on {{ $labels.hostname }} ({{ $labels.instance }}) stopped "
+                        "answering and the other nodes' ranks have waited in a collective "
+                        "since: the node (or its ranks) is likely down or frozen. The watchdog "
+                        "aborts the job in {{ $value | humanizeDuration }}. Check the node "
+                        "(reachable? kernel log, GPU XID) before the job is killed.",
+                    ),
+                ),
+            ),
+            Rule(
+                "NcclscopeSlowNode",
+                "max by (job, hostname) (job_comm_host:ncclscope_node_slowdown:ratio)\n"
+                f"  >= {SLOW_NODE_SLOWDOWN}",
+                alert=True,
+                for_="5m",
+                labels=(("severity", "warning"),),
+                comment=(
+                    "A node whose ranks arrive late at collectives compared with the other"
+                    " nodes', over 5 minutes, for 5 more. Clocks cannot be told from"
+                    " slowness here: both are said."
+                ),
+                annotations=(
+                    (
+                        "summary",
+                        "Node {{ $labels.hostname }} of job {{ $labels.job }} is slow (or its "
+                        "clock is off)",
+                    ),
+                    (
+                        "description",
+                        "The ranks on {{ $labels.hostname }} enter collectives later than the "
+                        "other nodes' by {{ $value | humanizePercentage }} of the gap between "
+                        "collectives, for 5 minutes: every other node waits for it. Or its "
+                        "clock is behind by that much: check `chronyc tracking` (or PTP) on "
+                        "it; if the clock is right, look at its GPUs' clocks and throttling, "
+                        "its NIC and its CPU load. `ncclscope analyze` on the logs tells the "
+                        "two apart.",
                     ),
                 ),
             ),
