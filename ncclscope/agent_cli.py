@@ -6,6 +6,7 @@ import signal
 import sys
 import threading
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 
@@ -15,6 +16,14 @@ from ncclscope.agent.exporter import DEFAULT_LISTEN
 from ncclscope.agent.run import Agent, AgentConfig, LineSource
 
 __all__ = ["agent", "replay"]
+
+#: How --log-start may be written (the logs' own ``2025-03-14 09:00:00.126364`` too).
+_LOG_TIME_FORMATS = (
+    "%Y-%m-%d %H:%M:%S.%f",
+    "%Y-%m-%d %H:%M:%S",
+    "%Y-%m-%dT%H:%M:%S.%f",
+    "%Y-%m-%dT%H:%M:%S",
+)
 
 _LISTEN_HELP = (
     "Serve /metrics on ADDR:PORT. The default listens on 127.0.0.1 only; to let the "
@@ -193,6 +202,23 @@ def agent(
     "--telemetry", "telemetry", multiple=True, type=click.Path(exists=True, path_type=Path),
     help="Telemetry written by 'ncclscope agent --out' to replay beside the logs.",
 )  # fmt: skip
+@click.option(
+    "--hostname", default="replay", show_default=True,
+    help="The host name the replay reports as its own (one replay per simulated node).",
+)  # fmt: skip
+@click.option(
+    "--start-at", type=float, metavar="UNIX_SECONDS",
+    help="Wall-clock time (seconds since the epoch, as 'date +%s.%N' prints it) at "
+    "which the replay's clock reads its start (--log-start): nothing goes out before "
+    "it, and a past time is caught up at once. Replays given the same --start-at and "
+    "--log-start share one clock. Default: when the replay starts.",
+)  # fmt: skip
+@click.option(
+    "--log-start", type=click.DateTime(_LOG_TIME_FORMATS), metavar="TIME",
+    help="The log time the replay starts at, UTC as the logs print it (e.g. "
+    "'2025-03-14 09:00:00'); lines before it go out at once. Default: the first time "
+    "in the logs (or the telemetry).",
+)  # fmt: skip
 def replay(
     logs: tuple[Path, ...],
     speed: float,
@@ -202,28 +228,44 @@ def replay(
     textfile: Path | None,
     linger: float,
     telemetry: tuple[Path, ...],
+    hostname: str,
+    start_at: float | None,
+    log_start: datetime | None,
 ) -> None:
     """Play recorded logs through the agent's live path, serving /metrics.
 
-    For demos, dashboards and tests without a GPU. Times come from the logs' NCCL
+    For demos, dashboards and tests without a GPU. Times come from the logs'
     timestamps (scaled by --speed); the detectors see the logs as the agent would have.
+    Several files (per-rank logs) are merged by time, each file in its own order and on
+    its own clock (no offset between hosts is corrected); a line without a time keeps
+    the time of the line before it in its file.
 
     \b
-    Example:
+    Examples:
       ncclscope replay fixtures/stalled-227-ts/job.log --speed 60 --linger 30
+      ncclscope replay logs/node-0.*.log --hostname node-0 --listen 127.0.0.1:9478 \\
+          --start-at 1767225600 --log-start '2025-03-14 09:00:00'
     """
     from ncclscope.agent.replay import ReplaySource, TelemetryReplay
     from ncclscope.agent.telemetry import read_telemetry
 
     recorded = TelemetryReplay(read_telemetry(telemetry)) if telemetry else None
-    source = ReplaySource(list(logs), speed=speed, start=recorded.first if recorded else None)
+    source = ReplaySource(
+        list(logs),
+        speed=speed,
+        # A shared start is a wall-clock time, the same for every replay on the host.
+        clock=time.monotonic if start_at is None else time.time,
+        start=recorded.first if recorded else None,
+        t0=log_start.replace(tzinfo=UTC) if log_start is not None else None,
+        origin=start_at,
+    )
     config = AgentConfig(
         detect_in_thread=True,
         listen=_listen(listen),
         interval_s=interval,
         analyse_s=analyse_every,
         textfile=textfile,
-        hostname="replay",
+        hostname=hostname,
     )
     stop = _stop_on_signals()
     a = Agent(config, lines=source, wall=source.now, recorded=recorded)

@@ -37,8 +37,9 @@ TELEMETRY = REPO / "tests" / "data" / "telemetry" / "stalled-227-ts"
 RULES = REPO / "grafana" / "ncclscope-rules.yml"
 SPEED = 50.0
 #: The replay's timeout, in real seconds after its clock starts: the first waiter enters
-#: AllGather #30 7.2 s (log time) after the replay's first timestamp, plus 1800 s.
-TIMEOUT_AT_S = (7.2 + 1800.0) / SPEED
+#: AllGather #30 9.2 s (log time) after the replay's first timestamp (DeepSpeed's first line,
+#: 09:00:00.239), plus 1800 s.
+TIMEOUT_AT_S = (9.2 + 1800.0) / SPEED
 
 pytestmark = pytest.mark.slow
 

@@ -46,6 +46,7 @@ __all__ = [
     "CANDIDATES",
     "CudaOom",
     "TorchResult",
+    "logger_time",
     "parse_cuda_oom",
     "parse_torch",
 ]
@@ -348,6 +349,19 @@ def _strip_prefixes(text: str, year: int | None) -> tuple[_Ctx, str]:
         else:
             break
     return ctx, text[pos:]
+
+
+def logger_time(text: str, year: int | None) -> datetime | None:
+    """The time a PyTorch or DeepSpeed logger header in front of a line says, if any.
+
+    glog headers carry no year: ``year`` is used (None: no time from them).
+
+    >>> logger_time("[rank4]:[E314 09:10:09.610966484 ProcessGroupNCCL.cpp:607] [Rank 4] "
+    ...             "Watchdog caught collective operation timeout", 2025)
+    datetime.datetime(2025, 3, 14, 9, 10, 9, 610966, tzinfo=datetime.timezone.utc)
+    """
+    ctx, _msg = _strip_prefixes(_clean(text), year)
+    return ctx.ts
 
 
 #: Prefixes a launcher or job runner puts on every physical line it forwards (so on each
