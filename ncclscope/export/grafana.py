@@ -1101,8 +1101,31 @@ def _quote(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
-def rules_yaml() -> str:
-    """``grafana/ncclscope-rules.yml``: Prometheus' rule-file format."""
+_DURATION = re.compile(r"(\[|for: )([0-9]+)([smh])(\]|$)", re.MULTILINE)
+_SECONDS = {"s": 1, "m": 60, "h": 3600}
+
+
+def _scaled(text: str, time_scale: float) -> str:
+    """Every range and ``for`` duration in ``text`` divided by ``time_scale``, in ms."""
+
+    def repl(m: re.Match[str]) -> str:
+        ms = round(int(m[2]) * _SECONDS[m[3]] * 1000 / time_scale)
+        return f"{m[1]}{max(ms, 1)}ms{m[4]}"
+
+    return _DURATION.sub(repl, text)
+
+
+def rules_yaml(time_scale: float = 1.0) -> str:
+    """``grafana/ncclscope-rules.yml``: Prometheus' rule-file format.
+
+    ``time_scale``: for a replay at that many times real speed, every range and ``for``
+    duration divided by it, so that the rules see the replayed job as they would the
+    real one (waits and countdowns come from the logs' clock and need no scaling)."""
+    text = _rules_yaml()
+    return text if time_scale == 1.0 else _scaled(text, time_scale)
+
+
+def _rules_yaml() -> str:
     out = [
         "# Prometheus rules for ncclscope agent's metrics. Rendered from",
         "# ncclscope/export/grafana.py: edit there, then",
