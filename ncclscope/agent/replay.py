@@ -114,6 +114,8 @@ class ReplaySource:
     def poll(self) -> list[ReplayLine]:
         """The lines whose time has come."""
         now = self.now()
+        if now < self.t0:
+            return []  # its start (--start-at) is still to come: lines before t0 wait too
         out = []
         lines = self._lines
         while self._next < len(lines) and lines[self._next][0] <= now:
