@@ -1,10 +1,11 @@
 """Recorded logs played through the agent's live path at N times real speed.
 
-Lines are released at the time their NCCL timestamp says, scaled by ``speed``; a line
-without one keeps the time of the line before it in its file.  Several files (per-rank
-logs) are merged by time, each in its own order.  The replay's virtual clock ("now" in
-the logs' time) drives the agent's clock too, so ages and seconds left count in the
-logs' time: a replayed hang's countdown falls as it did in the job.
+Lines are released at the time their NCCL timestamp (else their PyTorch or DeepSpeed
+logger header) says, scaled by ``speed``; a line without one keeps the time of the line
+before it in its file.  Several files (per-rank logs) are merged by time, each in its
+own order and on its own host's clock.  The replay's virtual clock ("now" in the logs'
+time) drives the agent's clock too, so ages and seconds left count in the logs' time: a
+replayed hang's countdown falls as it did in the job.
 """
 
 from __future__ import annotations
@@ -114,6 +115,8 @@ class ReplaySource:
     def poll(self) -> list[ReplayLine]:
         """The lines whose time has come."""
         now = self.now()
+        if now < self.t0:
+            return []  # its start (--start-at) is still to come: lines before t0 wait too
         out = []
         lines = self._lines
         while self._next < len(lines) and lines[self._next][0] <= now:
