@@ -26,7 +26,6 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -49,9 +48,10 @@ MIN_LEAD_S = TIMEOUT_S / 2
 STALL_AT = 100
 
 _SYNTH = ("--layers", "1", "--timestamps", "--era", "2.27", "--layout", "per-rank",
-          "--framework", "torch", "--pg-timeout", str(int(TIMEOUT_S)), "--truth-format", "2")  # fmt: skip
+          "--framework", "torch", "--pg-timeout", str(int(TIMEOUT_S)),
+          "--truth-format", "2")  # fmt: skip
 _WATCHDOG = re.compile(
-    r"\[E(\d\d)(\d\d) (\d\d:\d\d:\d\d\.\d{6})\d* .*Watchdog caught collective operation timeout"
+    r"\[E(\d{1,2})(\d\d) (\d\d:\d\d:\d\d\.\d{6})\d* .*Watchdog caught collective operation timeout"
 )
 _TS = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+)\] ")
 
@@ -75,6 +75,9 @@ class Scenario:
         return f"ncclscope-{self.name}"
 
 
+#: Both ranks of node-3 (8 ranks on 4 nodes) stop at the stall.
+_NODE_3_STOPS = ("--stop-rank", f"6:{STALL_AT}", "--stop-rank", f"7:{STALL_AT}")
+
 WAVES: tuple[tuple[Scenario, ...], ...] = (
     (
         Scenario("one-rank", 4, 60, ("--stop-rank", f"5:{STALL_AT}"),
@@ -84,9 +87,9 @@ WAVES: tuple[tuple[Scenario, ...], ...] = (
         Scenario("healthy", 4, 1300),
     ),
     (
-        Scenario("node-frozen", 4, 60, ("--stop-rank", f"6:{STALL_AT}", "--stop-rank", f"7:{STALL_AT}"),
+        Scenario("node-frozen", 4, 60, _NODE_3_STOPS,
                  "NcclscopeCollectiveStalled", frozenset({6, 7}), "node-3"),
-        Scenario("node-lost", 4, 60, ("--stop-rank", f"6:{STALL_AT}", "--stop-rank", f"7:{STALL_AT}"),
+        Scenario("node-lost", 4, 60, _NODE_3_STOPS,
                  "NcclscopeNodeLost", frozenset(), "node-3", kill="node-3"),
         Scenario("slow-node", 4, 1600, ("--slow-rank", "4:0.04", "--slow-rank", "5:0.04"),
                  "NcclscopeSlowNode", frozenset(), "node-2"),
@@ -132,7 +135,7 @@ def _generate(scenario: Scenario, folder: Path, seed: int) -> Job:
                 if " opCount " in line:
                     last_coll[host] = max(last_coll.get(host, 0.0), t)
             elif m := _WATCHDOG.search(line):
-                t = _log_time(f"{year}-{m[1]}-{m[2]} {m[3]}")
+                t = _log_time(f"{year}-{int(m[1]):02d}-{m[2]} {m[3]}")
                 watchdog = t if watchdog is None else min(watchdog, t)
                 end = max(end, t)
     return Job(scenario, files, end, watchdog, last_coll)
@@ -188,7 +191,7 @@ def _config(wave: Wave, ports: dict[tuple[str, str], int], rules: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def waves(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Wave]]:
+def waves(tmp_path_factory: pytest.TempPathFactory) -> list[Wave]:
     """Every wave run to its end, with what fired."""
     prometheus, promtool = tools()
     folder = tmp_path_factory.mktemp("cluster")
@@ -206,7 +209,7 @@ def waves(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Wave]]:
         wave = Wave(jobs)
         _run_wave(wave, prometheus, folder / f"wave-{k}", rules)
         done.append(wave)
-    yield done
+    return done
 
 
 def _run_wave(wave: Wave, prometheus: str, folder: Path, rules: Path) -> None:
@@ -224,14 +227,15 @@ def _run_wave(wave: Wave, prometheus: str, folder: Path, rules: Path) -> None:
                 logs.append(log)
                 wave.agents[(job.scenario.name, host)] = subprocess.Popen(
                     [sys.executable, "-m", "ncclscope", "replay", *map(str, paths),
-                     "--hostname", host, "--listen", f"127.0.0.1:{ports[(job.scenario.name, host)]}",
+                     "--hostname", host,
+                     "--listen", f"127.0.0.1:{ports[(job.scenario.name, host)]}",
                      "--speed", str(SPEED), "--start-at", f"{wave.start_at:.3f}",
                      "--log-start", LOG_START, "--interval", "0.25", "--analyse-every", "1",
                      "--linger", "60"],
                     stdout=log, stderr=subprocess.STDOUT,
                 )  # fmt: skip
         kills = {
-            (j.scenario.name, j.scenario.kill): wave.to_wall(j.last_coll[j.scenario.kill]) + 1.0
+            (j.scenario.name, j.scenario.kill): wave.to_wall(j.last_coll_s[j.scenario.kill]) + 1.0
             for j in wave.jobs
             if j.scenario.kill
         }
@@ -251,6 +255,9 @@ def _run_wave(wave: Wave, prometheus: str, folder: Path, rules: Path) -> None:
                 if key not in wave.seen:
                     wave.seen[key] = Seen(labels, float(alert["value"]), _active_at(alert))
             time.sleep(0.5)
+        for seen in wave.seen.values():
+            # Shown with -s: what fired, and when in the jobs' time.
+            print(seen.labels, round(seen.value, 1), round(wave.to_log(seen.active_at_s)))
     finally:
         for proc in wave.agents.values():
             stop(proc)
