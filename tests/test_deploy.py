@@ -247,6 +247,24 @@ def test_the_job_is_one_agent_per_pod_sharing_the_logs() -> None:
     assert shared == ["logs"]
 
 
+def test_the_sidecar_arguments_are_the_agents() -> None:
+    """The image's entrypoint is ``ncclscope``; the sidecar's arguments parse as
+    ``ncclscope agent``'s (click reads them without running the agent)."""
+    from ncclscope.agent_cli import agent as agent_command
+
+    pod = _pod_template()["spec"]
+    (sidecar,) = pod["initContainers"]
+    assert sidecar["args"][0] == "agent"
+    params = agent_command.make_context("agent", list(sidecar["args"][1:])).params
+    assert params["from_start"] is True
+    assert params["follow"] == ("/logs/*.log",)
+    assert 'ENTRYPOINT ["ncclscope"]' in (DEPLOY / "Dockerfile").read_text()
+    for line in (DEPLOY / "Dockerfile").read_text().splitlines():
+        if line.startswith("COPY "):
+            for source in line.split()[1:-1]:
+                assert (REPO / source).exists(), line
+
+
 def test_the_headless_service_gives_the_pods_their_names() -> None:
     service = _one(JOB, "Service")
     template = _pod_template()
@@ -565,5 +583,5 @@ def test_the_docs_are_linked() -> None:
     assert "docs/deploy.md" in (REPO / "README.md").read_text()
     assert "../docs/deploy.md" in (REPO / "grafana" / "README.md").read_text()
     doc = (REPO / "docs" / "deploy.md").read_text()
-    for path in [*K8S.glob("*.yaml"), *SLURM.iterdir()]:
+    for path in [*K8S.glob("*.yaml"), *SLURM.iterdir(), DEPLOY / "Dockerfile"]:
         assert path.name in doc, f"docs/deploy.md does not mention {path.name}"
