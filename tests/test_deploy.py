@@ -1,0 +1,599 @@
+"""The deployment examples in ``deploy/``, checked by the tools a cluster's admin uses.
+
+* Kubernetes (``deploy/kubernetes/``): the core kinds against the Kubernetes JSON schemas
+  with ``kubernetes-validate`` (offline: the schemas ship inside the package), strictly
+  (an unknown field fails); the Prometheus Operator's kinds, which it has no schema for,
+  structurally (the fields the operator reads, the pods they select); the PodMonitor's
+  relabelings on a real Prometheus (the labels a target ends with); the PrometheusRule's
+  ``spec`` by ``promtool check rules``, and against ``grafana/ncclscope-rules.yml``.
+  Nothing is applied to a cluster (there is none here).
+* Slurm (``deploy/slurm/``): ``bash -n`` and ``shellcheck`` on the scripts; the batch
+  script run for real with stand-ins for ``srun``, ``scontrol`` and ``torchrun`` (its
+  agent, target file and clean-up); ``promtool check config`` on ``prometheus.yml`` with
+  the target file it wrote, and that file's labels on a real Prometheus.
+
+``deploy/kubernetes/prometheusrule.yaml`` is rendered from the rules file; after the rules
+change, ``NCCLSCOPE_REGENERATE=1 .venv/bin/pytest tests/test_grafana.py tests/test_deploy.py``.
+A test needing a tool (promtool, prometheus, shellcheck, kubernetes-validate) skips where it
+is missing and fails under CI (``.ci/run`` installs them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ncclscope.agent.catalog import by_name
+from ncclscope.agent.exporter import DEFAULT_LISTEN
+from ncclscope.export.grafana import rules_yaml
+
+try:
+    import yaml
+except ImportError:  # PyYAML comes with kubernetes-validate, in the test extra
+    if os.environ.get("CI"):
+        raise
+    pytest.skip("PyYAML not installed (pip install -e '.[test]')", allow_module_level=True)
+
+REPO = Path(__file__).resolve().parent.parent
+DEPLOY = REPO / "deploy"
+K8S = DEPLOY / "kubernetes"
+SLURM = DEPLOY / "slurm"
+RULES = REPO / "grafana" / "ncclscope-rules.yml"
+PROMETHEUS_RULE = K8S / "prometheusrule.yaml"
+JOB = K8S / "training-job.yaml"
+POD_MONITOR = K8S / "podmonitor.yaml"
+SBATCH = SLURM / "train.sbatch"
+PORT = int(DEFAULT_LISTEN.rsplit(":", 1)[1])
+#: The oldest Kubernetes the example is for (native sidecars: an init container with
+#: ``restartPolicy: Always``, on by default since 1.29), and the newest the package knows.
+K8S_VERSIONS = ("1.29.0", "latest")
+#: The Prometheus Operator's kinds (no schema in kubernetes-validate).
+OPERATOR_KINDS = frozenset({"PodMonitor", "ServiceMonitor", "PrometheusRule"})
+#: Fields of the operator's RelabelConfig (monitoring.coreos.com/v1), and its actions.
+RELABEL_FIELDS = frozenset(
+    {"sourceLabels", "separator", "targetLabel", "regex", "modulus", "replacement", "action"}
+)
+RELABEL_ACTIONS = frozenset(
+    {"replace", "keep", "drop", "hashmod", "labelmap", "labeldrop", "labelkeep", "lowercase",
+     "uppercase", "keepequal", "dropequal"}
+)  # fmt: skip
+POD_METRICS_ENDPOINT_FIELDS = frozenset(
+    {"port", "portNumber", "targetPort", "path", "scheme", "params", "interval",
+     "scrapeTimeout", "honorLabels", "honorTimestamps", "relabelings", "metricRelabelings",
+     "basicAuth", "bearerTokenSecret", "tlsConfig", "followRedirects", "enableHttp2",
+     "filterRunning", "proxyUrl", "authorization", "oauth2", "trackTimestampsStaleness"}
+)  # fmt: skip
+#: Labels the operator puts on every PodMonitor target (besides job and instance).
+OPERATOR_TARGET_LABELS = frozenset({"namespace", "pod", "container", "endpoint"})
+
+
+def _need(tool: str, package: str) -> str:
+    path = shutil.which(tool)
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{tool} is missing: .ci/run installs the {package} package")
+        pytest.skip(f"{tool} not installed (apt-get install {package})")
+    return path
+
+
+def _kubernetes_validate() -> Any:
+    try:
+        import kubernetes_validate  # type: ignore[import-untyped]
+    except ImportError:
+        if os.environ.get("CI"):
+            pytest.fail("kubernetes-validate is missing: it is in the test extra")
+        pytest.skip("kubernetes-validate not installed (pip install -e '.[test]')")
+    return kubernetes_validate
+
+
+def _docs(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def _one(path: Path, kind: str) -> dict[str, Any]:
+    (doc,) = [d for d in _docs(path) if d["kind"] == kind]
+    return doc
+
+
+# --- the PrometheusRule, from the rules file ----------------------------------------------
+
+
+def prometheus_rule_yaml(rules_text: str) -> str:
+    """``grafana/ncclscope-rules.yml`` as a Prometheus Operator PrometheusRule: the file's
+    ``groups:`` and all after it, indented under ``spec:`` (comments and block scalars keep
+    their meaning when every line moves right by the same amount)."""
+    lines = rules_text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("groups:"))
+    body = "\n".join(f"  {line}" if line else "" for line in lines[start:])
+    return (
+        "# grafana/ncclscope-rules.yml for the Prometheus Operator, rendered by\n"
+        "# tests/test_deploy.py from the same source: after the rules change,\n"
+        "#   NCCLSCOPE_REGENERATE=1 .venv/bin/pytest tests/test_grafana.py tests/test_deploy.py\n"
+        "# The label must match your Prometheus's ruleSelector. See docs/deploy.md.\n"
+        "apiVersion: monitoring.coreos.com/v1\n"
+        "kind: PrometheusRule\n"
+        "metadata:\n"
+        "  name: ncclscope\n"
+        "  labels:\n"
+        "    release: prometheus\n"
+        "spec:\n"
+        f"{body}\n"
+    )
+
+
+def test_prometheus_rule_is_rendered_from_the_rules_file() -> None:
+    # From the module the rules file is rendered from (test_grafana checks they agree), so
+    # one regenerating run of both test files leaves them in step whatever their order.
+    text = prometheus_rule_yaml(rules_yaml())
+    if os.environ.get("NCCLSCOPE_REGENERATE"):
+        PROMETHEUS_RULE.write_text(text)
+    assert PROMETHEUS_RULE.read_text() == text, (
+        "run with NCCLSCOPE_REGENERATE=1 after checking the diff"
+    )
+
+
+def test_prometheus_rule_spec_is_the_rules_file() -> None:
+    rule = _one(PROMETHEUS_RULE, "PrometheusRule")
+    rules = yaml.safe_load(RULES.read_text())
+    assert rule["spec"] == rules
+    names = [r.get("alert") or r["record"] for g in rule["spec"]["groups"] for r in g["rules"]]
+    assert "NcclscopeTimeoutImminent" in names
+    assert "NcclscopeAgentDown" in names
+
+
+def test_the_renderer_keeps_block_scalars_and_comments() -> None:
+    text = prometheus_rule_yaml(
+        "# head\ngroups:\n  # why\n  - name: g\n    rules:\n"
+        "      - record: a\n        expr: |-\n          max by (job) (\n\n            b)\n"
+    )
+    spec = yaml.safe_load(text)["spec"]
+    assert spec["groups"][0]["rules"][0]["expr"] == "max by (job) (\n\n  b)"
+    assert "  # why" in text
+    assert "# head" not in text
+
+
+def test_promtool_checks_the_prometheus_rule_spec(tmp_path: Path) -> None:
+    promtool = _need("promtool", "prometheus")
+    spec = tmp_path / "spec.yml"
+    spec.write_text(yaml.safe_dump(_one(PROMETHEUS_RULE, "PrometheusRule")["spec"]))
+    check = subprocess.run([promtool, "check", "rules", str(spec)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "SUCCESS" in check.stdout
+
+
+# --- the Kubernetes manifests --------------------------------------------------------------
+
+
+def _k8s_docs() -> list[tuple[Path, dict[str, Any]]]:
+    return [(p, d) for p in sorted(K8S.glob("*.yaml")) for d in _docs(p)]
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_kubernetes_validate_accepts_the_core_manifests(version: str) -> None:
+    kv = _kubernetes_validate()
+    if version == "latest":
+        version = kv.utils.latest_version()
+    checked = []
+    for path, doc in _k8s_docs():
+        if doc["kind"] in OPERATOR_KINDS:
+            continue
+        try:
+            kv.validate(doc, version, strict=True)
+        except kv.utils.ValidationError as err:
+            where = ".".join(str(x) for x in err.path)
+            pytest.fail(f"{path.name} {doc['kind']} at {where}: {err.message}")
+        checked.append(doc["kind"])
+    assert sorted(checked) == ["Job", "Service"]
+
+
+def test_kubernetes_validate_rejects_a_broken_job() -> None:
+    """The strict check reads the fields: a misspelt one and a wrong type both fail."""
+    kv = _kubernetes_validate()
+    job = _one(JOB, "Job")
+    pod = job["spec"]["template"]["spec"]
+    pod["initContainers"][0]["volumeMount"] = pod["initContainers"][0].pop("volumeMounts")
+    with pytest.raises(kv.utils.ValidationError):
+        kv.validate(job, "1.29.0", strict=True)
+    job = _one(JOB, "Job")
+    job["spec"]["completions"] = "two"
+    with pytest.raises(kv.utils.ValidationError):
+        kv.validate(job, "1.29.0", strict=True)
+
+
+def _pod_template() -> dict[str, Any]:
+    template: dict[str, Any] = _one(JOB, "Job")["spec"]["template"]
+    return template
+
+
+def _matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    ok = all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+    for expr in selector.get("matchExpressions", []):
+        key, op, values = expr["key"], expr["operator"], expr.get("values", [])
+        ok &= {
+            "In": labels.get(key) in values,
+            "NotIn": labels.get(key) not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[op]
+    return ok
+
+
+def test_the_job_is_one_agent_per_pod_sharing_the_logs() -> None:
+    pod = _pod_template()["spec"]
+    (agent,) = [c for c in pod["initContainers"] if "agent" in c.get("args", [])]
+    (trainer,) = pod["containers"]
+    assert agent["restartPolicy"] == "Always"  # a native sidecar: the Job can complete
+    args = agent["args"]
+    listen = args[args.index("--listen") + 1]
+    assert listen == f"0.0.0.0:{PORT}"
+    assert {p["containerPort"] for p in agent["ports"]} == {PORT}
+    follow = args[args.index("--follow") + 1]
+    env = {e["name"]: e.get("value") for e in trainer["env"]}
+    assert env["NCCL_DEBUG"] == "INFO"
+    debug_file = env["NCCL_DEBUG_FILE"]
+    log_dir = str(Path(debug_file).parent)
+    assert Path(follow).parent == Path(log_dir)
+    assert Path(debug_file.replace("%h", "train-llm-0").replace("%p", "123")).match(follow)
+    mounts = {c["name"]: {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+              for c in (agent, trainer)}  # fmt: skip
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    shared = [n for n, v in volumes.items() if "emptyDir" in v
+              and mounts["ncclscope"].get(n) == log_dir == mounts["trainer"].get(n)]  # fmt: skip
+    assert shared == ["logs"]
+
+
+def test_the_sidecar_arguments_are_the_agents() -> None:
+    """The image's entrypoint is ``ncclscope``; the sidecar's arguments parse as
+    ``ncclscope agent``'s (click reads them without running the agent)."""
+    from ncclscope.agent_cli import agent as agent_command
+
+    pod = _pod_template()["spec"]
+    (sidecar,) = pod["initContainers"]
+    assert sidecar["args"][0] == "agent"
+    params = agent_command.make_context("agent", list(sidecar["args"][1:])).params
+    assert params["from_start"] is True
+    assert params["follow"] == ("/logs/*.log",)
+    assert 'ENTRYPOINT ["ncclscope"]' in (DEPLOY / "Dockerfile").read_text()
+    for line in (DEPLOY / "Dockerfile").read_text().splitlines():
+        if line.startswith("COPY "):
+            for source in line.split()[1:-1]:
+                assert (REPO / source).exists(), line
+
+
+def test_the_headless_service_gives_the_pods_their_names() -> None:
+    service = _one(JOB, "Service")
+    template = _pod_template()
+    assert service["spec"]["clusterIP"] == "None"
+    assert _matches({"matchLabels": service["spec"]["selector"]}, template["metadata"]["labels"])
+    assert template["spec"]["subdomain"] == service["metadata"]["name"]
+    (trainer,) = template["spec"]["containers"]
+    assert f"--master-addr={_one(JOB, 'Job')['metadata']['name']}-0." in trainer["command"][-1]
+
+
+def test_the_pod_monitor_scrapes_the_sidecar() -> None:
+    monitor = _one(POD_MONITOR, "PodMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["name"]
+    template = _pod_template()
+    assert _matches(monitor["spec"]["selector"], template["metadata"]["labels"])
+    ports = {p["name"]: p["containerPort"] for c in template["spec"]["initContainers"]
+             for p in c.get("ports", [])}  # fmt: skip
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert set(endpoint) <= POD_METRICS_ENDPOINT_FIELDS, set(endpoint) - POD_METRICS_ENDPOINT_FIELDS
+    assert ports[endpoint["port"]] == PORT
+    assert endpoint["path"] == "/metrics"
+    # The rules are written for 1 s to 15 s scrapes.
+    assert 1 <= int(endpoint["interval"].rstrip("s")) <= 15
+    assert int(endpoint["scrapeTimeout"].rstrip("s")) < int(endpoint["interval"].rstrip("s"))
+    for relabel in endpoint["relabelings"]:
+        assert set(relabel) <= RELABEL_FIELDS, relabel
+        assert relabel.get("action", "replace") in RELABEL_ACTIONS
+        re.compile(relabel.get("regex", "(.*)"))
+        assert all(s.startswith("__meta_kubernetes_pod_") for s in relabel.get("sourceLabels", []))
+
+
+def test_the_prometheus_rule_is_an_operator_resource() -> None:
+    rule = _one(PROMETHEUS_RULE, "PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert rule["metadata"]["name"]
+    assert set(rule["spec"]) == {"groups"}
+    for group in rule["spec"]["groups"]:
+        assert group["name"]
+        for r in group["rules"]:
+            assert ("alert" in r) != ("record" in r)
+            assert r["expr"]
+
+
+def test_the_labels_added_to_targets_are_not_the_agents_own() -> None:
+    """A target label that an exported metric also has would rename the metric's label to
+    ``exported_<name>`` (honor_labels is off), and the rules would lose it."""
+    exported = {label for m in by_name().values() for label in m.labels}
+    relabelled = {
+        r["targetLabel"]
+        for e in _one(POD_MONITOR, "PodMonitor")["spec"]["podMetricsEndpoints"]
+        for r in e["relabelings"]
+    }
+    slurm = set(_sd_labels(SBATCH.read_text()))
+    added = (relabelled | slurm | OPERATOR_TARGET_LABELS) - {"job", "instance"}
+    assert "node" in added
+    assert not added & exported
+
+
+def _sd_labels(script: str) -> list[str]:
+    (printf,) = re.findall(r'"labels": \{([^}]*)\}', script)
+    return re.findall(r'"(\w+)": ', printf)
+
+
+# --- a real Prometheus ---------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _targets(config: Path, want: int) -> list[dict[str, Any]]:
+    """The active targets a real Prometheus makes of ``config`` (once ``want`` are there).
+    Every target address is on 127.0.0.1."""
+    prometheus = _need("prometheus", "prometheus")
+    port = _free_port()
+    proc = subprocess.Popen(
+        [prometheus, f"--config.file={config}", f"--storage.tsdb.path={config.parent / 'tsdb'}",
+         f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                url = f"http://127.0.0.1:{port}/api/v1/targets"
+                with urllib.request.urlopen(url, timeout=2) as response:
+                    active: list[dict[str, Any]] = json.load(response)["data"]["activeTargets"]
+                if len(active) >= want:
+                    return active
+            except (urllib.error.URLError, ConnectionError):
+                pass
+            time.sleep(0.5)
+        pytest.fail(f"Prometheus made fewer than {want} targets of {config} in 30 s")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _snake(key: str) -> str:
+    return re.sub(r"[A-Z]", lambda m: "_" + m.group(0).lower(), key)
+
+
+@pytest.mark.slow
+def test_the_pod_monitor_relabelings_on_a_real_prometheus(tmp_path: Path) -> None:
+    """The operator's own relabelings for a PodMonitor (job "<namespace>/<name>", the pod's
+    namespace, pod, container) and then ours, on targets that carry the ``__meta_`` labels
+    Kubernetes discovery gives a pod (from a file here)."""
+    monitor = _one(POD_MONITOR, "PodMonitor")
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    job = _pod_template()["metadata"]["labels"]["training.ncclscope.io/job"]
+    closed = _free_port()  # nothing listens there: only the labels are looked at
+
+    def pod(node: str, name: str, training_job: str) -> dict[str, Any]:
+        return {
+            "targets": [f"127.0.0.1:{closed}"],
+            "labels": {
+                "__meta_kubernetes_namespace": "ml",
+                "__meta_kubernetes_pod_name": name,
+                "__meta_kubernetes_pod_container_name": "ncclscope",
+                "__meta_kubernetes_pod_container_port_name": endpoint["port"],
+                "__meta_kubernetes_pod_container_port_number": str(PORT),
+                "__meta_kubernetes_pod_node_name": node,
+                "__meta_kubernetes_pod_label_training_ncclscope_io_job": training_job,
+            },
+        }
+
+    (tmp_path / "pods.json").write_text(json.dumps([
+        pod("gpu-a", f"{job}-0-x", job), pod("gpu-b", f"{job}-1-y", job),
+        pod("gpu-c", "other-0-z", "other"),
+    ]))  # fmt: skip
+    operator = [
+        {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+        {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
+        {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+        {"target_label": "job", "replacement": f"ml/{monitor['metadata']['name']}"},
+        {"target_label": "endpoint", "replacement": endpoint["port"]},
+    ]
+    ours = [{_snake(k): v for k, v in r.items()} for r in endpoint["relabelings"]]
+    config = tmp_path / "prometheus.yml"
+    config.write_text(yaml.safe_dump({"scrape_configs": [{
+        "job_name": "podmonitor/ml/ncclscope/0", "scrape_interval": "1h",
+        "file_sd_configs": [{"files": [str(tmp_path / "pods.json")]}],
+        "relabel_configs": operator + ours,
+    }]}))  # fmt: skip
+    promtool = _need("promtool", "prometheus")
+    check = subprocess.run([promtool, "check", "config", str(config)], capture_output=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    labels = sorted((t["labels"] for t in _targets(config, 3)), key=lambda x: x["pod"])
+    assert [(x["job"], x["instance"], x["node"]) for x in labels] == [
+        ("ncclscope-other", f"gpu-c:{PORT}", "gpu-c"),
+        (f"ncclscope-{job}", f"gpu-a:{PORT}", "gpu-a"),
+        (f"ncclscope-{job}", f"gpu-b:{PORT}", "gpu-b"),
+    ]
+    # NcclscopeAgentDown's selector matches every training job's agents.
+    assert all(re.fullmatch(".*ncclscope.*", x["job"]) for x in labels)
+
+
+# --- Slurm ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("script", ["train.sbatch", "epilog.sh"])
+def test_bash_parses_the_slurm_scripts(script: str) -> None:
+    check = subprocess.run(["bash", "-n", str(SLURM / script)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+
+
+@pytest.mark.parametrize("script", ["train.sbatch", "epilog.sh"])
+def test_shellcheck_passes_the_slurm_scripts(script: str) -> None:
+    shellcheck = _need("shellcheck", "shellcheck")
+    check = subprocess.run(
+        [shellcheck, "--shell=bash", str(SLURM / script)], capture_output=True, text=True
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+STAND_INS = {
+    # srun runs its command here, once (this "allocation" is one node).
+    "srun": '#!/bin/bash\nwhile [[ $1 == -* ]]; do shift; done\nexec "$@"\n',
+    "scontrol": '#!/bin/bash\n[[ "$1 $2" == "show hostnames" ]] && echo localhost\n',
+    # torchrun writes an NCCL line where NCCL_DEBUG_FILE says, then waits for the test.
+    "torchrun": (
+        "#!/bin/bash\n"
+        "log=${NCCL_DEBUG_FILE//%h/$(hostname -s)}; log=${log//%p/$$}\n"
+        'echo "$(hostname -s):$$:$$ [0] NCCL INFO NCCL version 2.21.5+cuda12.4" >"$log"\n'
+        "for _ in $(seq 600); do [[ -e $NCCLSCOPE_TEST_DONE ]] && break; sleep 0.1; done\n"
+        'echo "torchrun done"\n'
+        'exit "$(cat "$NCCLSCOPE_TEST_DONE")"\n'
+    ),
+}
+
+
+def _run_batch(tmp_path: Path, exit_code: int) -> tuple[Path, Any, str, int, int]:
+    """Run train.sbatch with the stand-ins until its training step runs; look at what it
+    made; let the training end with ``exit_code``; return what is left and its status."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for name, text in STAND_INS.items():
+        (bindir / name).write_text(text)
+        (bindir / name).chmod(0o755)
+    port = _free_port()
+    done = tmp_path / "done"
+    sd_dir = tmp_path / "ncclscope.d"
+    env = {
+        **os.environ,
+        "PATH": f"{bindir}:{os.environ['PATH']}",
+        "SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "train llm", "SLURM_JOB_NODELIST": "localhost",
+        "SLURM_JOB_NUM_NODES": "1", "SLURM_NODEID": "0", "SLURM_SUBMIT_DIR": str(tmp_path),
+        "NCCLSCOPE": str(Path(sys.executable).parent / "ncclscope"),
+        "NCCLSCOPE_PORT": str(port), "NCCLSCOPE_LISTEN": "127.0.0.1",
+        "NCCLSCOPE_SD_DIR": str(sd_dir), "NCCLSCOPE_TEST_DONE": str(done),
+    }  # fmt: skip
+    # Another node's file in the shared log directory: this node's agent must leave it.
+    (tmp_path / "logs" / "4242").mkdir(parents=True)
+    (tmp_path / "logs" / "4242" / "other-node.77.log").write_text("other-node:77:77 [0] x\n")
+    proc = subprocess.Popen(
+        ["bash", str(SBATCH)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        sd_file = sd_dir / "ncclscope-4242.json"
+        # Followed: this node's NCCL file and torchrun.log, not the other node's file.
+        want = re.compile(r"^ncclscope_log_files_followed 2\.0$", re.M)
+        metrics = ""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not want.search(metrics):
+            time.sleep(0.5)
+            try:
+                url = f"http://127.0.0.1:{port}/metrics"
+                with urllib.request.urlopen(url, timeout=2) as response:
+                    metrics = response.read().decode()
+            except (urllib.error.URLError, ConnectionError):
+                continue
+        assert want.search(metrics), "the agent did not follow this node's 2 files in 60 s"
+        targets = json.loads(sd_file.read_text())
+        host = socket.gethostname().split(".")[0]
+        logs = sorted(p.name for p in (tmp_path / "logs" / "4242").iterdir())
+        ours = [name for name in logs if name.startswith(f"{host}.")]
+        assert len(ours) == 2, logs  # <host>.<pid>.log from NCCL and the trainer's own
+        assert f"{host}.torchrun.log" in ours
+        assert sorted(set(logs) - set(ours)) == ["other-node.77.log"]
+        shutil.copy(sd_file, tmp_path / "targets.json")
+        done.write_text(str(exit_code))
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:  # a failed check: end the script and its agent
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    # The agent is gone: nothing serves its port any more.
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0, "the agent outlived the batch script"
+    return sd_file, targets, out.decode(), proc.returncode, port
+
+
+@pytest.mark.slow
+def test_the_batch_script_runs_an_agent_and_cleans_up(tmp_path: Path) -> None:
+    sd_file, targets, out, rc, port = _run_batch(tmp_path, 0)
+    assert rc == 0, out
+    assert "torchrun done" in out
+    assert targets == [{
+        "targets": [f"localhost:{port}"],
+        "labels": {"job": "ncclscope-4242", "slurm_job_name": "train_llm"},
+    }]  # fmt: skip
+    assert not sd_file.exists()
+    assert list(sd_file.parent.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_a_failed_training_still_stops_the_agent(tmp_path: Path) -> None:
+    sd_file, _targets, out, rc, _port = _run_batch(tmp_path, 3)
+    assert rc == 3, out
+    assert not sd_file.exists()
+
+
+@pytest.mark.slow
+def test_promtool_and_prometheus_take_the_slurm_config(tmp_path: Path) -> None:
+    """prometheus.yml installed as the docs say (the rules beside it, ncclscope.d/ with a
+    target file the batch script wrote): promtool checks it all, and a real Prometheus
+    gives the target the training job's `job` label and the node as `instance`."""
+    promtool = _need("promtool", "prometheus")
+    etc = tmp_path / "etc"
+    (etc / "ncclscope.d").mkdir(parents=True)
+    shutil.copy(SLURM / "prometheus.yml", etc / "prometheus.yml")
+    shutil.copy(RULES, etc / "ncclscope-rules.yml")
+    (tmp_path / "run").mkdir()
+    _sd_file, targets, out, rc, _port = _run_batch(tmp_path / "run", 0)
+    assert rc == 0, out
+    closed = _free_port()  # the target is looked at, not scraped
+    targets[0]["targets"] = [f"127.0.0.1:{closed}"]
+    (etc / "ncclscope.d" / "ncclscope-4242.json").write_text(json.dumps(targets))
+    check = subprocess.run(
+        [promtool, "check", "config", str(etc / "prometheus.yml")], capture_output=True, text=True
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "SUCCESS: 1 rule files found" in check.stdout + check.stderr
+    # promtool reads the target files too: a broken one fails the check.
+    (etc / "ncclscope.d" / "broken.json").write_text('[{"targets": "node-0:9477"}]')
+    bad = subprocess.run([promtool, "check", "config", str(etc / "prometheus.yml")],
+                         capture_output=True)  # fmt: skip
+    assert bad.returncode != 0
+    (etc / "ncclscope.d" / "broken.json").unlink()
+    (target,) = _targets(etc / "prometheus.yml", 1)
+    assert target["labels"] == {
+        "job": "ncclscope-4242", "instance": f"127.0.0.1:{closed}", "slurm_job_name": "train_llm",
+    }  # fmt: skip
+    assert target["scrapeInterval"] == "5s"
+
+
+# --- docs ----------------------------------------------------------------------------------
+
+
+def test_the_docs_are_linked() -> None:
+    assert (REPO / "docs" / "deploy.md").is_file()
+    assert "docs/deploy.md" in (REPO / "README.md").read_text()
+    assert "../docs/deploy.md" in (REPO / "grafana" / "README.md").read_text()
+    doc = (REPO / "docs" / "deploy.md").read_text()
+    for path in [*K8S.glob("*.yaml"), *SLURM.iterdir(), DEPLOY / "Dockerfile"]:
+        assert path.name in doc, f"docs/deploy.md does not mention {path.name}"
