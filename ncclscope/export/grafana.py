@@ -724,22 +724,32 @@ _CROSS_NODE: tuple[Rule, ...] = (
         ")",
         comment="When the first leader entered the leaders' collective.",
     ),
-    Rule(
-        "job:ncclscope_clock_timestamp_seconds:max",
-        "max by (job) (ncclscope_clock_timestamp_seconds)",
-    ),
     Rule(_TIMEOUT, "max by (job) (ncclscope_collective_timeout_seconds)"),
+    Rule(
+        "job_comm_rank:ncclscope_collective_wait_seconds:own_clock",
+        "max by (job, comm, rank) (\n"
+        "  ncclscope_clock_timestamp_seconds\n"
+        "    - on (job, instance) group_right ()\n"
+        "  ncclscope_collective_entered_timestamp_seconds\n"
+        ")",
+        comment=(
+            "Each rank's time since it entered its last collective, on the clock of the"
+            " agent that read its log (the node's own: an offset between nodes' clocks"
+            " cancels; a replay's clock runs at its speed)."
+        ),
+    ),
     Rule(
         _WAIT,
         "clamp_min(\n"
-        "  job:ncclscope_clock_timestamp_seconds:max\n"
-        "    - on (job) group_right ()\n"
-        "  job_comm:ncclscope_leaders_entered_timestamp_seconds:min,\n"
+        "  max by (job, comm) (\n"
+        "    job_comm_rank:ncclscope_collective_wait_seconds:own_clock\n"
+        f"    and on (job, comm, rank) ({_BEHIND} == 0)\n"
+        "  ),\n"
         "  0\n"
         ")",
         comment=(
-            "How long the leaders have waited in their collective, on the agents' clock"
-            " (a replay's runs at its speed): on a healthy job, since the last collective began."
+            "How long the leaders have waited in their collective: on a healthy job,"
+            " since the last collective began."
         ),
     ),
     Rule(_LEFT, f"{_TIMEOUT}\n  - on (job) group_right ()\n{_WAIT}"),
