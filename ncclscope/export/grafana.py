@@ -309,6 +309,50 @@ def job_dashboard() -> dict[str, Any]:
         ],
         [
             Panel(
+                "timeseries",
+                "Collectives behind the leaders, per rank (all nodes)",
+                (
+                    Target(
+                        f"max by (comm) (ncclscope_collective_seq{{{_JOB}}})\n"
+                        "  - on (comm) group_right ()\n"
+                        f'max by (comm, rank) (ncclscope_collective_seq{{{_JOB}, rank=~"$rank"}})',
+                        "rank {{rank}} {{comm}}",
+                    ),
+                ),
+                w=12,
+                h=8,
+                description=(
+                    "Per communicator, how many collectives each rank is behind the ranks "
+                    "furthest ahead, joined over every node's agent. A running job shows "
+                    "0-2; a stall shows its culprits above 0 while the others wait."
+                ),
+                options=_LEGEND_TABLE,
+            ),
+            Panel(
+                "timeseries",
+                "Time since each rank entered its last collective",
+                (
+                    Target(
+                        f"max by (comm, rank) (ncclscope_clock_timestamp_seconds{{{_JOB}}}\n"
+                        "  - on (job, instance) group_right ()\n"
+                        "ncclscope_collective_entered_timestamp_seconds"
+                        f'{{{_JOB}, rank=~"$rank"}})',
+                        "rank {{rank}} {{comm}}",
+                    ),
+                ),
+                w=12,
+                h=8,
+                unit="s",
+                description=(
+                    "On the clock of the agent that read the rank's log. Every rank near 0 "
+                    "on a running job; in a stall the leaders' lines climb together (the "
+                    "collective timeout fires when the first reaches it)."
+                ),
+                options=_LEGEND_TABLE,
+            ),
+        ],
+        [
+            Panel(
                 "heatmap",
                 "Arrival lateness per rank",
                 (
