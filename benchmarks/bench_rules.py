@@ -336,8 +336,8 @@ def main() -> None:
     )
     print(
         "| nodes | ranks | comms | series per agent | agents' series | recorded series "
-        "| head series | group | eval median ms | eval p90 ms | eval max ms | max, % of interval | missed "
-        "| Prometheus CPU | scrape median ms |"
+        "| head series | group | eval median ms | eval p90 ms | eval max ms "
+        "| max, % of interval | missed | Prometheus CPU | scrape median ms |"
     )
     print("|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
