@@ -214,6 +214,42 @@ def test_series_do_not_grow_with_collectives(tmp_path: Path) -> None:
     assert counts[0] == counts[1]
 
 
+def test_series_per_metric_grow_with_ranks_and_comms_not_collectives(tmp_path: Path) -> None:
+    """Each agent (one node's per-rank files) exports the same series, metric by metric,
+    after 20 steps and after 200 (~10x the collectives): one per rank and communicator,
+    one per communicator, one per rank; never one per collective."""
+    per_metric: dict[tuple[int, str], dict[str, int]] = {}
+    last_seq: dict[int, float] = {}
+    for steps in (20, 200):
+        spec = SynthSpec(
+            ranks=16, hosts=2, steps=steps, layers=2, era="2.27", timestamps=True, seed=1,
+            layout="per-rank", tp_traffic=True, faults=(SlowRank(rank=3, lateness_s=0.005),),
+        )  # fmt: skip
+        generate(spec, tmp_path / f"job{steps}")
+        for node in ("node-0", "node-1"):
+            files = sorted(str(f) for f in (tmp_path / f"job{steps}").glob(f"{node}.*.log"))
+            a = run_analysis(files, workdir=tmp_path / f"w{steps}{node}")
+            last = Context(a).last_ts
+            assert last is not None
+            rows = job_rows(a, last)
+            per_metric[(steps, node)] = {name: len(v) for name, v in rows.items() if v}
+            if node == "node-0":
+                last_seq[steps] = max(v for _labels, v in rows["ncclscope_collective_seq"])
+    # The longer job did run ~10x the collectives, past several marks of every=64 and 1024.
+    assert last_seq[200] > 9 * last_seq[20]
+    assert last_seq[200] > 1024
+    for node in ("node-0", "node-1"):
+        counts = per_metric[(20, node)]
+        assert counts == per_metric[(200, node)]
+        # 8 ranks on the node, each on 2 communicators (the world and its node's).
+        assert counts["ncclscope_collective_seq"] == 8 * 2
+        assert counts["ncclscope_collective_entered_timestamp_seconds"] == 8 * 2
+        assert counts["ncclscope_collective_op_info"] == 8 * 2
+        assert counts["ncclscope_collective_mark_seq"] == 8 * 2 * 2  # every=64 and 1024
+        assert counts["ncclscope_communicator_ranks"] == 2
+        assert counts["ncclscope_rank_info"] == 8
+
+
 def test_window_stamps_arrival_times_when_nccl_prints_none(tmp_path: Path) -> None:
     generate(SynthSpec(ranks=8, hosts=1, steps=3, era="2.21", seed=2), tmp_path / "job")
     window = _window(tmp_path / "job")
