@@ -74,15 +74,19 @@ def _recorded() -> dict[str, frozenset[str]]:
     """Recording rules' names -> the labels they can carry (their inputs')."""
     known = _known_base()
     out: dict[str, frozenset[str]] = {}
-    for group in RULE_GROUPS:
-        for rule in group.rules:
-            if not rule.alert:
-                names, _sel, _grouped = parse(rule.expr)
-                labels: set[str] = set(TARGET_LABELS)
-                for name in names:
-                    labels |= out.get(name) or known.get(name) or frozenset()
-                out[rule.name] = frozenset(labels)
-    return out
+    # Until nothing changes: a group may read what a later group records.
+    while True:
+        before = dict(out)
+        for group in RULE_GROUPS:
+            for rule in group.rules:
+                if not rule.alert:
+                    names, _sel, _grouped = parse(rule.expr)
+                    labels: set[str] = set(TARGET_LABELS)
+                    for name in names:
+                        labels |= out.get(name) or known.get(name) or frozenset()
+                    out[rule.name] = frozenset(labels)
+        if out == before:
+            return out
 
 
 def _known_base() -> dict[str, frozenset[str]]:

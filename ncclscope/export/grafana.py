@@ -699,6 +699,8 @@ class RuleGroup:
     name: str
     rules: tuple[Rule, ...]
     comment: str = ""
+    #: the group's own evaluation interval (empty: the global one)
+    interval: str = ""
 
 
 def _rec(name: str, expr: str, comment: str = "") -> Rule:
@@ -739,6 +741,17 @@ _TIMEOUT = "job:ncclscope_collective_timeout_seconds:max"
 _CULPRIT = "job_comm_rank:ncclscope_collective_seq:behind_on_host"
 _STALLED = f"{_WAIT} >= on (job) group_left () ({STALL_TIMEOUT_SHARE} * {_TIMEOUT})"
 _HOST_OF_RANK = "max by (job, rank, hostname) (ncclscope_rank_info)"
+#: ... recorded every 15 s (ranks keep their host): a join on it costs the 1 s rules no
+#: aggregation over every rank.
+_RANK_HOST = "job_rank_hostname:ncclscope_rank_info:max"
+#: The op the leaders of the alert's communicator entered, read when an alert's text is
+#: rendered (not at every evaluation: on 1,024 ranks that join cost ~35 ms a second).
+_LEADERS_OP = (
+    '{{ with printf "topk(1, max by (op) (ncclscope_collective_op_info{job=%q,comm=%q}'
+    ' and on (rank) (job_comm_rank:ncclscope_collective_seq:behind{job=%q,comm=%q} == 0)))"'
+    " $labels.job $labels.comm $labels.job $labels.comm | query }}"
+    '{{ . | first | label "op" }}{{ else }}a collective{{ end }}'
+)
 _MARK_NOW = "job_comm_rank_every:ncclscope_collective_mark_timestamp_seconds:current"
 _MARK_LATE = "job_comm_rank_every:ncclscope_collective_mark_timestamp_seconds:lateness"
 _HOST_LATE = "job_comm_host:ncclscope_collective_lateness_seconds:avg5m"
@@ -759,14 +772,6 @@ _CROSS_NODE: tuple[Rule, ...] = (
         "  ncclscope_collective_seq\n"
         ")",
         comment="Collectives each rank is behind its communicator's leaders (0: a leader).",
-    ),
-    Rule(
-        "job_comm:ncclscope_leaders_entered_timestamp_seconds:min",
-        "min by (job, comm) (\n"
-        "  ncclscope_collective_entered_timestamp_seconds\n"
-        f"  and on (job, comm, rank) ({_BEHIND} == 0)\n"
-        ")",
-        comment="When the first leader entered the leaders' collective.",
     ),
     Rule(_TIMEOUT, "max by (job) (ncclscope_collective_timeout_seconds)"),
     Rule(
@@ -798,29 +803,28 @@ _CROSS_NODE: tuple[Rule, ...] = (
     ),
     Rule(_LEFT, f"{_TIMEOUT}\n  - on (job) group_right ()\n{_WAIT}"),
     Rule(
-        "job_comm_op:ncclscope_collective_op_info:leaders",
-        "topk by (job, comm) (1,\n"
-        "  max by (job, comm, op) (\n"
-        f"    ncclscope_collective_op_info and on (job, comm, rank) ({_BEHIND} == 0)\n"
-        "  )\n"
-        ")",
-        comment="The op the leaders entered (one, if their ops differ).",
-    ),
-    Rule(
         _CULPRIT,
-        "(\n"
-        f"  ({_BEHIND} > 0)\n"
-        f"    * on (job, rank) group_left (hostname) {_HOST_OF_RANK}\n"
-        f"  or on (job, comm, rank) ({_BEHIND} > 0)\n"
-        ")\n"
-        "  * on (job, comm) group_left (op) job_comm_op:ncclscope_collective_op_info:leaders\n"
-        f"or on (job, comm, rank) ({_BEHIND} > 0)",
+        f"({_BEHIND} > 0 and on (job, comm) ({_STALLED}))\n"
+        f"  * on (job, rank) group_left (hostname) {_RANK_HOST}\n"
+        f"or on (job, comm, rank) ({_BEHIND} > 0 and on (job, comm) ({_STALLED}))",
         comment=(
-            "The ranks behind, with their host and the leaders' op where known: whom a"
-            " stalled collective waits for."
+            "The ranks behind on a stalled communicator, with their host where known:"
+            " whom the collective waits for."
         ),
     ),
-    # --- slow nodes: arrival times compared at the same mark
+)
+
+#: Nodes compared with each other: arrival times at the same mark (slow nodes).
+_NODE_LATENESS: tuple[Rule, ...] = (
+    Rule(_RANK_HOST, _HOST_OF_RANK, comment="Each rank's host, as its log lines name it."),
+    Rule(
+        "job_comm:ncclscope_leaders_entered_timestamp_seconds:min",
+        "min by (job, comm) (\n"
+        "  ncclscope_collective_entered_timestamp_seconds\n"
+        f"  and on (job, comm, rank) ({_BEHIND} == 0)\n"
+        ")",
+        comment="When the first leader entered the leaders' collective.",
+    ),
     Rule(
         _MARK_NOW,
         "max by (job, comm, rank, every) (\n"
@@ -891,21 +895,6 @@ RULE_GROUPS: tuple[RuleGroup, ...] = (
                 "max by (job, comm) (ncclscope_pending_collective_age_seconds)",
             ),
             _rec(
-                "job_rank:ncclscope_straggler_score:max",
-                "max by (job, rank) (ncclscope_straggler_score)",
-            ),
-            _rec("job:ncclscope_straggler_score:max", "max by (job) (ncclscope_straggler_score)"),
-            _rec(
-                "job_rank:ncclscope_collective_lateness_seconds:max",
-                "max by (job, rank) (ncclscope_collective_lateness_seconds)",
-            ),
-            _rec(
-                "job_comm_rank:ncclscope_collective_seq:rate1m",
-                "max by (job, comm, rank) (rate(ncclscope_collective_seq[1m]))",
-                "Collectives per second per rank (the sequence number only grows, so rate()"
-                " reads it like a counter).",
-            ),
-            _rec(
                 "job_kind_severity:ncclscope_findings:max",
                 "max by (job, kind, severity) (ncclscope_findings)",
             ),
@@ -943,8 +932,9 @@ RULE_GROUPS: tuple[RuleGroup, ...] = (
                         "enough that the watchdog will abort the job in "
                         "{{ $value | humanizeDuration }}."
                         "{{ if $labels.rank }} It waits for rank {{ $labels.rank }}"
-                        "{{ if $labels.hostname }} on {{ $labels.hostname }}{{ end }} "
-                        "({{ $labels.op }}{{ if $labels.seq }} #{{ $labels.seq }}{{ end }}):"
+                        "{{ if $labels.hostname }} on {{ $labels.hostname }}{{ end }}"
+                        "{{ if $labels.op }} ({{ $labels.op }}"
+                        "{{ if $labels.seq }} #{{ $labels.seq }}{{ end }}){{ end }}:"
                         " take its stacks now "
                         "(py-spy dump) before the job is killed.{{ end }}",
                     ),
@@ -973,8 +963,8 @@ RULE_GROUPS: tuple[RuleGroup, ...] = (
                     ),
                     (
                         "description",
-                        "The other members entered {{ if $labels.op }}{{ $labels.op }}"
-                        "{{ else }}a collective{{ end }} on {{ $labels.comm }} and have "
+                        f"The other members entered {_LEADERS_OP} on "
+                        "{{ $labels.comm }} and have "
                         "waited for rank {{ $labels.rank }} long enough that the watchdog "
                         "aborts the job in {{ $value | humanizeDuration }}. Take its stacks "
                         "now (py-spy dump --pid ...){{ if $labels.hostname }} on "
@@ -1014,6 +1004,30 @@ RULE_GROUPS: tuple[RuleGroup, ...] = (
                         "(reachable? kernel log, GPU XID) before the job is killed.",
                     ),
                 ),
+            ),
+        ),
+        "Across the ranks and nodes of a job (each node's agent sees its own ranks' logs):"
+        " stalls, countdowns and their alerts, at the global evaluation interval. Rules of"
+        " one group run in order, so an alert sees this evaluation's recorded values.",
+    ),
+    RuleGroup(
+        "ncclscope-job-trends",
+        (
+            *_NODE_LATENESS,
+            _rec(
+                "job_rank:ncclscope_straggler_score:max",
+                "max by (job, rank) (ncclscope_straggler_score)",
+            ),
+            _rec("job:ncclscope_straggler_score:max", "max by (job) (ncclscope_straggler_score)"),
+            _rec(
+                "job_rank:ncclscope_collective_lateness_seconds:max",
+                "max by (job, rank) (ncclscope_collective_lateness_seconds)",
+            ),
+            _rec(
+                "job_comm_rank:ncclscope_collective_seq:rate1m",
+                "max by (job, comm, rank) (rate(ncclscope_collective_seq[1m]))",
+                "Collectives per second per rank (the sequence number only grows, so rate()"
+                " reads it like a counter).",
             ),
             Rule(
                 "NcclscopeSlowNode",
@@ -1065,9 +1079,10 @@ RULE_GROUPS: tuple[RuleGroup, ...] = (
                 ),
             ),
         ),
-        "Across the ranks and nodes of a job (each node's agent sees its own ranks' logs),"
-        " and the alerts on them: rules of one group run in order, so an alert sees this"
-        " evaluation's recorded values.",
+        "Averages over minutes (slow nodes, stragglers, collective rates) and their alerts,"
+        " which fire after minutes: evaluated every 15 s, a fifteenth of the cost of the"
+        " stall rules at a 1 s interval (benchmarks/bench_rules.py).",
+        interval="15s",
     ),
     RuleGroup(
         "ncclscope-node",
@@ -1145,7 +1160,9 @@ RULE_GROUPS: tuple[RuleGroup, ...] = (
                 ),
             ),
         ),
-        "Per GPU and per node, their worst over the job, and the alerts on them.",
+        "Per GPU and per node, their worst over the job, and the alerts on them (over"
+        " minutes: evaluated every 15 s).",
+        interval="15s",
     ),
 )
 
@@ -1155,12 +1172,13 @@ def _quote(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
-_DURATION = re.compile(r"(\[|for: )([0-9]+)([smh])(\]|$)", re.MULTILINE)
+_DURATION = re.compile(r"(\[|for: |interval: )([0-9]+)([smh])(\]|$)", re.MULTILINE)
 _SECONDS = {"s": 1, "m": 60, "h": 3600}
 
 
 def _scaled(text: str, time_scale: float) -> str:
-    """Every range and ``for`` duration in ``text`` divided by ``time_scale``, in ms."""
+    """Every range, ``for`` and group ``interval`` in ``text`` divided by ``time_scale``,
+    in ms."""
 
     def repl(m: re.Match[str]) -> str:
         ms = round(int(m[2]) * _SECONDS[m[3]] * 1000 / time_scale)
@@ -1190,7 +1208,10 @@ def _rules_yaml() -> str:
     for group in RULE_GROUPS:
         if group.comment:
             out.append(f"  # {group.comment}")
-        out += [f"  - name: {group.name}", "    rules:"]
+        out.append(f"  - name: {group.name}")
+        if group.interval:
+            out.append(f"    interval: {group.interval}")
+        out.append("    rules:")
         for rule in group.rules:
             if rule.comment:
                 out.append(f"      # {rule.comment}")
