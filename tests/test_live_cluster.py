@@ -34,7 +34,7 @@ from typing import Any, BinaryIO
 import pytest
 from prom import Prometheus, free_port, stop, tools
 
-from ncclscope.export.grafana import rules_yaml
+from ncclscope.export.grafana import SLOW_NODE_SLOWDOWN, rules_yaml
 
 pytestmark = pytest.mark.slow
 
@@ -324,7 +324,9 @@ def test_a_slow_node_is_named_and_nothing_else_fires(waves: list[Wave]) -> None:
     assert {f.labels["hostname"] for f in fired} == {"node-2"}, fired
     slowdown = max(f.value for f in fired)
     print(f"slow-node: node-2 named, slowdown {slowdown:.2f} of the gap")
-    assert 0.15 < slowdown < 0.6  # 40 ms late at collectives ~125 ms apart
+    # 40 ms late at collectives ~125 ms apart (0.32): what a 5-minute average of
+    # scrape-time samples reads is lower, never below the alert's threshold or past it.
+    assert SLOW_NODE_SLOWDOWN <= slowdown < 0.6
 
 
 def test_a_healthy_job_fires_nothing(waves: list[Wave]) -> None:

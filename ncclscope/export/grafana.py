@@ -842,8 +842,17 @@ _NODE_LATENESS: tuple[Rule, ...] = (
     ),
     Rule(
         _MARK_LATE,
-        f"{_MARK_NOW}\n  - on (job, comm, every) group_left ()\n"
-        f"min by (job, comm, every) ({_MARK_NOW})",
+        f"(\n  {_MARK_NOW}\n    - on (job, comm, every) group_left ()\n"
+        f"  min by (job, comm, every) ({_MARK_NOW})\n)\n"
+        "and on (job, comm, every) (\n"
+        f"  count by (job, comm, every) ({_MARK_NOW})\n"
+        "    ==\n"
+        "  count by (job, comm, every) (ncclscope_collective_mark_seq)\n"
+        ")",
+        comment=(
+            "Only at marks every rank has reached by its agent's last export: a mark some"
+            " agents have not exported yet would compare the late node with itself."
+        ),
     ),
     Rule(
         _HOST_LATE,
