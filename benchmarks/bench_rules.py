@@ -25,6 +25,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import sys
 import tempfile
@@ -42,23 +43,6 @@ sys.path.insert(0, str(REPO / "tests"))
 import prom  # noqa: E402
 
 RULES = REPO / "grafana" / "ncclscope-rules.yml"
-#: ``--split``: the rules that read 5-minute averages or feed alerts with a ``for:`` of
-#: minutes (slow node, straggler), moved to a group evaluated every ``--split`` seconds.
-SLOW_RULES = {
-    "job_comm_rank_every:ncclscope_collective_mark_timestamp_seconds:current",
-    "job_comm_rank_every:ncclscope_collective_mark_timestamp_seconds:lateness",
-    "job_comm_host:ncclscope_collective_lateness_seconds:avg5m",
-    "job_comm_host:ncclscope_collective_excess_lateness_seconds:avg5m",
-    "job_comm:ncclscope_collective_gap_seconds:delta2m",
-    "job_comm_host:ncclscope_node_slowdown:ratio",
-    "job_rank:ncclscope_straggler_score:max",
-    "job:ncclscope_straggler_score:max",
-    "job_rank:ncclscope_collective_lateness_seconds:max",
-    "job_comm_rank:ncclscope_collective_seq:rate1m",
-    "job_kind_severity:ncclscope_findings:max",
-    "NcclscopeSlowNode",
-    "NcclscopeStraggler",
-}
 JOB = "ncclscope-agent"
 OPS = ("AllGather", "ReduceScatter", "AllReduce")
 MARK_EVERY = (64, 1024)
@@ -208,22 +192,12 @@ def serve(nodes: list[Node], per_node: int, t0: float) -> list[ThreadingHTTPServ
     return servers
 
 
-def split_rules(folder: Path, every: int) -> Path:
-    """The shipped rules with ``SLOW_RULES`` moved out of ``ncclscope-job`` into
-    ``ncclscope-job-slow``, and it and ``ncclscope-node`` evaluated every ``every`` s."""
-    import yaml  # only this option needs it
-
-    doc = yaml.safe_load(RULES.read_text())
-    job = next(g for g in doc["groups"] if g["name"] == "ncclscope-job")
-    slow = [r for r in job["rules"] if (r.get("record") or r.get("alert")) in SLOW_RULES]
-    job["rules"] = [r for r in job["rules"] if r not in slow]
-    for group in doc["groups"]:
-        if group["name"] == "ncclscope-node":
-            group["interval"] = f"{every}s"
-    doc["groups"].append({"name": "ncclscope-job-slow", "interval": f"{every}s", "rules": slow})
-    path = folder / "ncclscope-rules-split.yml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
+def group_intervals(default: int) -> dict[str, float]:
+    """Each rule group's own evaluation interval in seconds (the global one if none)."""
+    out: dict[str, float] = {}
+    for m in re.finditer(r"- name: (\S+)\n(?:    interval: (\d+)s\n)?", RULES.read_text()):
+        out[m[1]] = float(m[2]) if m[2] else float(default)
+    return out
 
 
 def config(
@@ -252,9 +226,7 @@ def by_label(server: prom.Prometheus, expr: str, label: str) -> dict[str, float]
     return {r["metric"].get(label, ""): float(r["value"][1]) for r in server.query(expr)}
 
 
-def measure(
-    nodes: int, per_node: int, comms: int, seconds: int, interval: int, split: int
-) -> dict[str, Any]:
+def measure(nodes: int, per_node: int, comms: int, seconds: int, interval: int) -> dict[str, Any]:
     """One fleet, one Prometheus, ``seconds`` of scraping and rules; the numbers."""
     binary = "/usr/bin/prometheus"
     fake = fleet(nodes, per_node, comms)
@@ -263,14 +235,13 @@ def measure(
     with tempfile.TemporaryDirectory(prefix="bench-rules-") as tmp:
         folder = Path(tmp)
         ports = [s.server_address[1] for s in servers]
-        rules = split_rules(folder, split) if split else RULES
-        cfg = config(folder, ports, 0, interval, rules)
+        cfg = config(folder, ports, 0, interval, RULES)
         server = prom.Prometheus(binary, cfg, folder)
         try:
             if not server.ready():
                 raise SystemExit(f"prometheus did not start:\n{server.tail()}")
             # Its port is known now: scrape itself there (the lifecycle API reloads).
-            config(folder, ports, server.port, interval, rules)
+            config(folder, ports, server.port, interval, RULES)
             urllib.request.urlopen(
                 urllib.request.Request(f"{server.base}/-/reload", method="POST"), timeout=30
             )
@@ -358,13 +329,6 @@ def main() -> None:
     ap.add_argument("--baseline-nodes", type=int, default=8)
     ap.add_argument("--no-baseline", action="store_true")
     ap.add_argument("--top", type=int, default=10)
-    ap.add_argument(
-        "--split",
-        type=int,
-        default=0,
-        metavar="S",
-        help="evaluate the slow-node/straggler rules and the node group every S s (a proposal)",
-    )
     args = ap.parse_args()
 
     sizes = ([] if args.no_baseline else [args.baseline_nodes]) + [args.nodes]
@@ -380,26 +344,24 @@ def main() -> None:
                 args.comms_per_rank,
                 args.seconds,
                 args.interval,
-                args.split,
             )
         )
 
     print(
         f"\nScrape and evaluation every {args.interval} s, {args.seconds} s measured, "
-        f"{args.comms_per_rank} communicators per rank"
-        + (f"; slow rules and node group every {args.split} s (--split)" if args.split else "")
-        + ".\n"
+        f"{args.comms_per_rank} communicators per rank" + ".\n"
     )
     print(
         "| nodes | ranks | comms | series per agent | agents' series | recorded series "
         "| head series | group | eval median ms | eval p90 ms | eval max ms "
-        "| max, % of interval | missed | Prometheus CPU | scrape median ms |"
+        "| max, % of its interval | missed | Prometheus CPU | scrape median ms |"
     )
     print("|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    intervals = group_intervals(args.interval)
     for r in results:
         for group, d in sorted(r["groups"].items()):
             name = group.split(";")[-1]
-            every = args.split if args.split and name != "ncclscope-job" else args.interval
+            every = intervals.get(name, float(args.interval))
             print(
                 f"| {r['nodes']} | {r['ranks']} | {r['comms']} | "
                 f"{r['per_agent_min']:.0f}-{r['per_agent_max']:.0f} | {r['agent_series']:.0f} | "
