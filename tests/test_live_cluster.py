@@ -293,9 +293,7 @@ HANGS = ("one-rank", "one-per-node", "node-frozen", "node-lost")
 
 
 @pytest.mark.parametrize("name", HANGS)
-def test_a_hang_names_its_culprit_with_half_the_timeout_left(
-    waves: list[Wave], name: str
-) -> None:
+def test_a_hang_names_its_culprit_with_half_the_timeout_left(waves: list[Wave], name: str) -> None:
     wave, job = _scenario(waves, name)
     s = job.scenario
     assert s.alert is not None
