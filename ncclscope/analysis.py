@@ -10,7 +10,7 @@ import copy
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import BinaryIO
@@ -21,6 +21,7 @@ from ncclscope.attempts import HINTS as ATTEMPT_HINTS
 from ncclscope.attempts import Attempt, find_cuts, segment_starts
 from ncclscope.detect import run_detectors
 from ncclscope.detect.base import Finding
+from ncclscope.model import Analysis, Gap
 from ncclscope.parsers.frameworks import FrameworkTables, mtime_years, read_frameworks
 from ncclscope.parsers.nccl import errors as nccl_errors
 from ncclscope.parsers.nccl.collectives import (
@@ -64,69 +65,6 @@ __all__ = ["Analysis", "Gap", "Progress", "run_analysis"]
 Progress = Callable[[str, int, int], None]
 
 _SKIP_REASONS = ("blank", "other", "malformed", "binary", "too_long")
-
-
-@dataclass(frozen=True)
-class Gap:
-    """Something these logs cannot tell, and the settings that would make them tell it."""
-
-    what: str
-    settings: tuple[str, ...]
-
-
-@dataclass
-class Analysis:
-    """Every table ``analyze`` builds, plus what the reports need to say about the inputs."""
-
-    paths: list[str]
-    inputs: pl.DataFrame  # INPUTS_SCHEMA
-    notes: dict[str, list[str]]  # path -> messages about that input
-    problems: list[Problem]
-    nccl_versions: list[str]
-    cuda_versions: list[str]
-    hosts: list[str]
-    identity: Identity
-    communicators: pl.DataFrame  # COMMUNICATORS_SCHEMA
-    connections: pl.DataFrame  # CONNECTIONS_SCHEMA
-    transports: list[str]
-    networks: list[str]  # network plugins in use: IB, Socket, IBext, ...
-    errors: pl.DataFrame  # ERRORS_SCHEMA
-    collectives: pl.LazyFrame | None  # COLLECTIVES_SCHEMA, in Parquet
-    summary: CollSummary | None
-    #: per (file_id, host, pid, comm pointer): calls, opCount range, lines, signature
-    #: (``proc_comm_stats``); empty without COLL lines
-    stats: pl.DataFrame
-    timestamps: str  # none | partial | full
-    env: dict[str, list[str]]
-    frameworks: FrameworkTables = field(default_factory=FrameworkTables)
-    gaps: list[Gap] = field(default_factory=list)
-    workdir: Path | None = None
-    #: the inputs as read, by file_id (for quoting their lines)
-    sources: list[Input] = field(default_factory=list)
-    findings: list[Finding] = field(default_factory=list)
-    #: (file_id, line_no) -> text of the lines the findings point at
-    quoted: dict[tuple[int, int], str] = field(default_factory=dict)
-    #: the agent's samples given with ``--telemetry`` (TELEMETRY_SCHEMA, long format);
-    #: empty without them
-    telemetry: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=TELEMETRY_SCHEMA))
-    #: the runs the inputs hold (a restart kept in the same file starts a new one), the
-    #: last one being the job that identity, communicators, collectives and stats
-    #: describe; errors, frameworks and findings cover every attempt
-    attempts: list[Attempt] = field(default_factory=list)
-    #: the job's world size and where it came from: ``init`` (NCCL's Init lines), ``coll``
-    #: (COLL lines' ``[nranks=N]``: no Init line kept), ``launcher`` (launcher or
-    #: PyTorch lines: ``WORLD_SIZE=16``, ``global_world_sizes=[16]``, ``size: 16``);
-    #: None when nothing says
-    world_size: int | None = None
-    world_size_source: str | None = None
-    #: ranks of the world that left no line in these inputs (a host whose files are
-    #: absent); None when that cannot be told (world size unknown, or members whose
-    #: rank no line names)
-    ranks_without_logs: list[int] | None = None
-    #: while detectors run on an attempt that a later one followed: why the next one
-    #: started (``restart``, ``banner``, ``init``, ``pids``).  The job stopped there and
-    #: was started again: evidence that this attempt's run ended.  None for the last.
-    followed_by: list[str] | None = None
 
 
 def run_analysis(

@@ -48,7 +48,7 @@ from ncclscope.parsers.nccl.collectives import P2P_OPS
 from ncclscope.schema import STEPS_SCHEMA, TS, validate
 
 if TYPE_CHECKING:
-    from ncclscope.analysis import Analysis
+    from ncclscope.model import Analysis
 
 __all__ = [
     "EDGE_S",

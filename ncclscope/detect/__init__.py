@@ -26,7 +26,7 @@ from ncclscope.detect.context import Context
 if TYPE_CHECKING:
     from datetime import datetime
 
-    from ncclscope.analysis import Analysis
+    from ncclscope.model import Analysis
 
 __all__ = ["DETECTORS", "Context", "Finding", "run_detectors"]
 

@@ -22,7 +22,7 @@ from ncclscope.parsers.nccl.collectives import P2P_OPS
 from ncclscope.schema import INSTANCES_SCHEMA, PROGRESS_SCHEMA
 
 if TYPE_CHECKING:
-    from ncclscope.analysis import Analysis
+    from ncclscope.model import Analysis
 
 __all__ = ["SAMPLE_ROWS", "Context"]
 
