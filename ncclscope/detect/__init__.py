@@ -1,6 +1,6 @@
 """Detectors: each a metric table plus a policy that turns it into findings.
 
-``run_detectors`` runs every registered detector over an :class:`~ncclscope.analysis.
+``run_detectors`` runs every registered detector over an :class:`~ncclscope.model.
 Analysis` and returns its findings, most severe and most costly first.  Detectors read
 tables and return findings; they never print and never parse.
 """
@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-# Importing a detector's module registers it; this order is the order they run in.
+# Importing a detector's module registers it (``base.register``); ``RUN_ORDER`` says
+# in which order they run.
 from ncclscope.detect import (
     config,
     hang,
@@ -28,9 +29,26 @@ if TYPE_CHECKING:
 
     from ncclscope.model import Analysis
 
-__all__ = ["DETECTORS", "Context", "Finding", "run_detectors"]
+__all__ = ["DETECTORS", "RUN_ORDER", "Context", "Finding", "run_detectors"]
 
-_MODULES = (config, hang, nccl_errors, straggler, timeout, pcie_contention, oom_risk, zero_stage)
+_MODULES = (config, hang, nccl_errors, oom_risk, pcie_contention, straggler, timeout, zero_stage)
+
+#: The order detectors run in, by name.  Findings are sorted by severity and cost; ties
+#: keep this order, so it shows in the reports.
+RUN_ORDER = (
+    "config",
+    "hang",
+    "nccl_errors",
+    "pcie_contention",
+    "oom_risk",
+    "straggler",
+    "timeout_countdown",
+    "timeout",
+    "zero_stage",
+)
+if set(RUN_ORDER) != set(DETECTORS):  # a detector added without a place in the order
+    msg = f"RUN_ORDER {sorted(RUN_ORDER)} != registered {sorted(DETECTORS)}"
+    raise ImportError(msg)
 
 
 def run_detectors(analysis: Analysis, *, now: datetime | None = None) -> list[Finding]:
@@ -38,6 +56,7 @@ def run_detectors(analysis: Analysis, *, now: datetime | None = None) -> list[Fi
     wall clock of a live reading (``Context.now``), None post-mortem."""
     ctx = Context(analysis, now=now)
     findings: list[Finding] = []
-    for detector in DETECTORS.values():
+    for name in RUN_ORDER:
+        detector = DETECTORS[name]
         findings += detector.policy(detector.metric(ctx), ctx)
     return sorted(findings, key=Finding.order)
