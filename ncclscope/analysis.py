@@ -19,9 +19,8 @@ import polars as pl
 
 from ncclscope.attempts import HINTS as ATTEMPT_HINTS
 from ncclscope.attempts import Attempt, find_cuts, segment_starts
-from ncclscope.detect import run_detectors
-from ncclscope.detect.base import Finding
-from ncclscope.model import Analysis, Gap
+from ncclscope.diagnose import diagnose
+from ncclscope.model import Analysis, Built, Gap, Progress
 from ncclscope.parsers.frameworks import FrameworkTables, mtime_years, read_frameworks
 from ncclscope.parsers.nccl import errors as nccl_errors
 from ncclscope.parsers.nccl.collectives import (
@@ -57,12 +56,10 @@ from ncclscope.schema import (
     TELEMETRY_SCHEMA,
     validate,
 )
-from ncclscope.sources import QUOTE_CHARS, Input, Problem, expand_inputs, read_lines
+from ncclscope.sources import Input, Problem, expand_inputs
 
-__all__ = ["Analysis", "Gap", "Progress", "run_analysis"]
+__all__ = ["Analysis", "Built", "Gap", "Progress", "build", "run_analysis"]
 
-#: progress(stage, done, total): stages are "read", "scan", "build", "detect".
-Progress = Callable[[str, int, int], None]
 
 _SKIP_REASONS = ("blank", "other", "malformed", "binary", "too_long")
 
@@ -77,14 +74,40 @@ def run_analysis(
     telemetry: pl.DataFrame | None = None,
     now: datetime | None = None,
 ) -> Analysis:
-    """Analyse the logs named by ``names`` (files, directories, globs, ``.gz``, ``-``).
+    """``build`` then ``diagnose``: the tables of the logs named by ``names``, with what
+    the detectors found on them (``findings``, ``attempts``, ``quoted``).  The
+    arguments are ``build``'s, and ``now`` is ``diagnose``'s."""
+    return diagnose(
+        build(
+            names,
+            workdir=workdir,
+            stdin=stdin,
+            progress=progress,
+            coll_ts_source=coll_ts_source,
+            telemetry=telemetry,
+        ),
+        now=now,
+        progress=progress,
+    ).analysis
+
+
+def build(
+    names: Sequence[str],
+    *,
+    workdir: Path,
+    stdin: BinaryIO | None = None,
+    progress: Progress | None = None,
+    coll_ts_source: str = "nccl",
+    telemetry: pl.DataFrame | None = None,
+) -> Built:
+    """The tables of the logs named by ``names`` (files, directories, globs, ``.gz``,
+    ``-``): the job's (its last attempt's) and each attempt's own.  Nothing is judged
+    here: ``diagnose`` runs the detectors on them.
 
     ``coll_ts_source`` is where COLL lines' times came from: ``nccl`` (NCCL printed
     them), or ``stamped`` (the agent wrote each line's arrival time in front of it).
     ``telemetry`` is the agent's samples (``read_telemetry``), for the detectors that
-    correlate logs with GPU and host telemetry.  ``now``: the wall clock of a live
-    reading (the agent's window), for the detectors of the last attempt
-    (``Context.now``); None post-mortem.
+    correlate logs with GPU and host telemetry.
 
     ``workdir`` holds the Parquet stores and decompressed copies; the caller owns it
     (and should keep it alive while reading ``Analysis.collectives``).
@@ -176,20 +199,9 @@ def run_analysis(
     if telemetry is not None:
         analysis.telemetry = validate(telemetry, TELEMETRY_SCHEMA, "telemetry")
     report("build", 1, 1)
-    report("detect", 0, 1)
     sizes = _launcher_world_sizes(hints) if hints is not None else []
-    found = _diagnose_attempts(analysis, builds, starts, sizes, now)
-    unique = {id(f): f for _a, fs in found for f in fs}
-    analysis.findings = sorted(unique.values(), key=Finding.order)
-    at = {id(f): k for k, f in enumerate(analysis.findings)}
-    for attempt, fs in found:
-        attempt.findings = sorted(at[id(f)] for f in fs)
-    analysis.attempts = [a for a, _fs in found]
-    analysis.quoted = _quote(
-        inputs, analysis.findings, scan.text_store if scan is not None else None
-    )
-    report("detect", 1, 1)
-    return analysis
+    views = _views(analysis, builds, starts, sizes)
+    return Built(analysis, views, scan.text_store if scan is not None else None)
 
 
 @dataclass
@@ -353,19 +365,16 @@ def _slice_records(
     return out
 
 
-def _diagnose_attempts(
+def _views(
     analysis: Analysis,
     builds: list[tuple[_Built, LineRecords, pl.DataFrame, FrameworkTables]],
     starts: pl.DataFrame | None,
     launcher_sizes: list[int],
-    now: datetime | None = None,
-) -> list[tuple[Attempt, list[Finding]]]:
-    """Each attempt through the detectors on its own tables; with several attempts a
-    finding says which one it is about.  Advice about the logs (``config`` findings)
-    that every attempt gives alike is one finding, shared by those attempts."""
-    out: list[tuple[Attempt, list[Finding]]] = []
-    several = len(builds) > 1
-    advice: dict[tuple[str, str, str], Finding] = {}
+) -> list[tuple[Analysis, Attempt]]:
+    """Each attempt's own tables (the job's, with that attempt's identity, collectives,
+    errors and framework tables) and its description; the last attempt's world size and
+    ranks without logs are the job's."""
+    out: list[tuple[Analysis, Attempt]] = []
     for k, (built, _records, stats, fw) in enumerate(builds):
         view = replace(
             analysis,
@@ -388,27 +397,7 @@ def _diagnose_attempts(
                 view.world_size_source,
             )
             analysis.ranks_without_logs = view.ranks_without_logs
-        # Only the last attempt can still be running: the wall clock is about it.
-        findings = run_detectors(view, now=now if k == len(builds) - 1 else None)
-        if several:
-            kept = []
-            for f in findings:
-                key = (f.kind, f.severity, f.message)
-                if f.kind == "config" and key in advice:
-                    kept.append(advice[key])  # the same advice: one finding
-                    continue
-                if f.kind == "config":
-                    advice[key] = f
-                kept.append(f)
-            findings = kept
-        out.append((_describe_attempt(k, view, starts), findings))
-    if several:  # label what is about one attempt only
-        for k, (_a, findings) in enumerate(out):
-            for f in findings:
-                shared = any(f is g for j, (_b, other) in enumerate(out) if j != k for g in other)
-                if not shared and "attempt" not in f.evidence:
-                    f.evidence["attempt"] = k
-                    f.message = f"attempt {k}: {f.message}"
+        out.append((view, _describe_attempt(k, view, starts)))
     return out
 
 
@@ -516,41 +505,6 @@ def _describe_attempt(k: int, view: Analysis, starts: pl.DataFrame | None) -> At
         ts_start=ts_start,
         ts_end=ts_end,
     )
-
-
-def _quote(
-    inputs: list[Input], findings: list[Finding], text_store: Path | None = None
-) -> dict[tuple[int, int], str]:
-    """The text of every line a finding points at.  Lines the scan kept (every line but
-    the fast COLL lines: warnings, errors, PyTorch's) come from its text store; only the
-    rest costs a pass over their file, one per file that has some."""
-    wanted: dict[int, set[int]] = {}
-    for f in findings:
-        for ref in f.lines:
-            wanted.setdefault(ref.file_id, set()).add(ref.line_no)
-    quoted: dict[tuple[int, int], str] = {}
-    plain = [k for k in wanted if 0 <= k < len(inputs) and not inputs[k].shifted]
-    if text_store is not None and plain:
-        keys = pl.DataFrame(
-            [(k, n) for k in plain for n in wanted[k]],
-            schema={"file_id": pl.UInt32, "i": pl.UInt32},
-            orient="row",
-        )
-        kept = (
-            pl.scan_parquet(text_store)
-            .select("file_id", "i", "text")
-            .join(keys.lazy(), on=["file_id", "i"], how="semi")
-            .select("file_id", "i", pl.col("text").fill_null("").str.slice(0, QUOTE_CHARS))
-            .collect(engine="streaming")
-        )
-        for file_id, line_no, text in kept.iter_rows():
-            quoted[(file_id, line_no)] = text
-            wanted[file_id].discard(line_no)
-    for file_id, line_nos in wanted.items():
-        if 0 <= file_id < len(inputs) and line_nos:
-            for line_no, text in read_lines(inputs[file_id], line_nos).items():
-                quoted[(file_id, line_no)] = text
-    return quoted
 
 
 def _records(scan: Scan) -> LineRecords:

@@ -9,6 +9,7 @@ way.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,7 +23,10 @@ from ncclscope.parsers.nccl.identity import Identity
 from ncclscope.schema import TELEMETRY_SCHEMA
 from ncclscope.sources import Input, Problem
 
-__all__ = ["Analysis", "Gap"]
+__all__ = ["Analysis", "Built", "Gap", "Progress"]
+
+#: progress(stage, done, total): stages are "read", "scan", "build", "detect".
+Progress = Callable[[str, int, int], None]
 
 
 @dataclass(frozen=True)
@@ -86,3 +90,14 @@ class Analysis:
     #: started (``restart``, ``banner``, ``init``, ``pids``).  The job stopped there and
     #: was started again: evidence that this attempt's run ended.  None for the last.
     followed_by: list[str] | None = None
+
+
+@dataclass
+class Built:
+    """What ``analysis.build`` made: the job's tables (its last attempt's, every
+    attempt's errors and framework tables), each attempt's own tables with its
+    description, and the scan's text store (for quoting lines)."""
+
+    analysis: Analysis
+    views: list[tuple[Analysis, Attempt]]
+    text_store: Path | None

@@ -10,6 +10,7 @@ import pytest
 from conftest import run_cli
 
 import ncclscope.analysis as analysis_module
+import ncclscope.diagnose as diagnose_module
 from ncclscope.agent.live import LiveWindow, job_rows
 from ncclscope.detect.base import Finding
 from ncclscope.detect.context import Context
@@ -285,13 +286,13 @@ def test_detectors_see_that_an_attempt_was_followed(
     # Run 1 stopped and run 2 started: the detectors on run 1 are told so (a stop's
     # evidence), those on the last run are not.
     seen: list[list[str] | None] = []
-    real = analysis_module.run_detectors
+    real = diagnose_module.run_context
 
-    def spy(view: analysis_module.Analysis, *, now: datetime | None = None) -> list[Finding]:
-        seen.append(Context(view).followed_by)
-        return real(view, now=now)
+    def spy(ctx: Context) -> list[Finding]:
+        seen.append(ctx.followed_by)
+        return real(ctx)
 
-    monkeypatch.setattr(analysis_module, "run_detectors", spy)
+    monkeypatch.setattr(diagnose_module, "run_context", spy)
     first = _run((3101, 3102, 5120, 5121), 12, stop=2)
     second = _run((211, 212, 5230, 5231), 8)
     log = _write(tmp_path / "job.log", _interleave(first) + _interleave(second))

@@ -38,10 +38,11 @@ from typing import TextIO
 
 import polars as pl
 
-from ncclscope.analysis import Analysis, run_analysis
+from ncclscope.analysis import Analysis, build
 from ncclscope.detect.context import Context
 from ncclscope.detect.straggler import lateness
 from ncclscope.detect.timeout import countdown
+from ncclscope.diagnose import diagnose
 from ncclscope.parsers.nccl.collectives import P2P_OPS
 from ncclscope.parsers.nccl.patterns import HEADER_RE, PREFIX_TS_RE
 
@@ -168,6 +169,8 @@ class LiveWindow:
     #: the dropped calls as of the last ``analyse`` (for ``job_rows``), by that
     #: analysis's file ids
     dropped: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=_DROPPED_SCHEMA))
+    #: the context the last ``analyse``'s detectors read (its last attempt's tables)
+    context: Context | None = None
 
     def __post_init__(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -294,7 +297,8 @@ class LiveWindow:
         (the agent's, shared with the thread that adds lines) is held only while the
         window is copied out, not through the analysis.  ``now``: the agent's wall
         clock, so that a job that stopped logging is idle until now, not until its last
-        line (``Context.now``)."""
+        line (``Context.now``).  The context the detectors read stays in ``context``,
+        for ``job_rows``."""
         with lock if lock is not None else nullcontext():
             if not self._files:
                 return None
@@ -302,12 +306,16 @@ class LiveWindow:
             stamped = self.own_times is False
             # Taken with the copy: a segment dropped after it would be counted twice.
             counts = {stem: Counter(c) for stem, c in self._dropped_calls.items()}
-        analysis = run_analysis(
-            [str(p) for p in paths],
-            workdir=workdir / "analysis",
-            coll_ts_source="stamped" if stamped else "nccl",
+        diagnosis = diagnose(
+            build(
+                [str(p) for p in paths],
+                workdir=workdir / "analysis",
+                coll_ts_source="stamped" if stamped else "nccl",
+            ),
             now=now,
         )
+        analysis = diagnosis.analysis
+        self.context = diagnosis.context
         self.dropped = self._dropped_frame(counts, analysis.paths)
         return analysis
 
@@ -463,14 +471,20 @@ def _member_facts(
 
 
 def job_rows(
-    analysis: Analysis, now: datetime, *, dropped: pl.DataFrame | None = None
+    analysis: Analysis,
+    now: datetime,
+    *,
+    dropped: pl.DataFrame | None = None,
+    context: Context | None = None,
 ) -> dict[str, list[tuple[tuple[str, ...], float]]]:
     """The job's metric rows from an analysis of the window at time ``now``.
 
     ``dropped`` (``LiveWindow.dropped_calls``): the calls that left the window, so that
     ``ncclscope_collective_seq`` counts every call since the follower started.
+    ``context``: the one the detectors read (``LiveWindow.context``), so that lateness
+    and stalls are not computed again; a new one over ``analysis`` without it.
     """
-    ctx = Context(analysis)
+    ctx = context if context is not None else Context(analysis)
     rows: dict[str, list[tuple[tuple[str, ...], float]]] = {}
     rows["ncclscope_collective_seq"] = _counted_seq(analysis, dropped)
     rows.update(_member_facts(analysis, dropped))

@@ -269,7 +269,8 @@ class Agent:
         now = self.wall()
         analysis = self.window.analyse(work, lock=self._window_lock, now=now)
         if analysis is not None:
-            self.board.set("job", job_rows(analysis, now, dropped=self.window.dropped))
+            rows = job_rows(analysis, now, dropped=self.window.dropped, context=self.window.context)
+            self.board.set("job", rows)
             self._learn_pids(analysis)
         return True
 

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
     from ncclscope.model import Analysis
 
-__all__ = ["DETECTORS", "RUN_ORDER", "Context", "Finding", "run_detectors"]
+__all__ = ["DETECTORS", "RUN_ORDER", "Context", "Finding", "run_context", "run_detectors"]
 
 _MODULES = (config, hang, nccl_errors, oom_risk, pcie_contention, straggler, timeout, zero_stage)
 
@@ -54,7 +54,12 @@ if set(RUN_ORDER) != set(DETECTORS):  # a detector added without a place in the 
 def run_detectors(analysis: Analysis, *, now: datetime | None = None) -> list[Finding]:
     """Every detector's findings, the most severe and most costly first.  ``now``: the
     wall clock of a live reading (``Context.now``), None post-mortem."""
-    ctx = Context(analysis, now=now)
+    return run_context(Context(analysis, now=now))
+
+
+def run_context(ctx: Context) -> list[Finding]:
+    """Every detector's findings on ``ctx``, the most severe and most costly first (the
+    context keeps what they computed, for whoever reads it next)."""
     findings: list[Finding] = []
     for name in RUN_ORDER:
         detector = DETECTORS[name]
