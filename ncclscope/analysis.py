@@ -1,7 +1,10 @@
-"""The ``analyze`` pipeline: sources -> first pass -> records -> identity -> tables.
+"""Build: sources -> first pass -> records -> identity -> tables.
 
-``run_analysis`` returns an :class:`Analysis` holding every table; outputs (terminal,
-JSON) read it and never parse.  Nothing here prints: progress goes to a callback.
+``build`` returns the tables (:class:`~ncclscope.model.Built`: the job's
+:class:`~ncclscope.model.Analysis` and each attempt's own); ``ncclscope.diagnose`` runs
+the detectors on them; ``run_analysis`` is the two together.  Outputs (terminal, JSON,
+HTML, the agent's metrics) read the tables and never parse.  Nothing here prints:
+progress goes to a callback.
 """
 
 from __future__ import annotations
