@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from ncclscope.agent.catalog import CATALOG, by_name, render_markdown
+from ncclscope.catalog import CATALOG, by_name, render_markdown
 from ncclscope.agent.exporter import (
     Board,
     identity_rows,

@@ -36,7 +36,7 @@ from typing import Any
 
 import pytest
 
-from ncclscope.agent.catalog import by_name
+from ncclscope.catalog import by_name
 from ncclscope.agent.exporter import DEFAULT_LISTEN
 from ncclscope.export.grafana import rules_yaml
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ncclscope.agent.catalog import by_name
+from ncclscope.catalog import by_name
 from ncclscope.export.grafana import (
     DASHBOARDS,
     RULE_GROUPS,

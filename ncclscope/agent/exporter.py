@@ -27,8 +27,8 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from ncclscope import __version__
-from ncclscope.agent.catalog import CATALOG, by_name
-from ncclscope.agent.catalog import Metric as CatalogMetric
+from ncclscope.catalog import CATALOG, by_name
+from ncclscope.catalog import Metric as CatalogMetric
 
 __all__ = [
     "DEFAULT_LISTEN",
