@@ -4,10 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-# --------------------------------------------------------------------------------------
-# Era formats: one dispatch table, no version checks scattered below.
-# --------------------------------------------------------------------------------------
-
 
 @dataclass(frozen=True)
 class _EraFormat:
@@ -321,7 +317,7 @@ _ERA_FORMATS: dict[str, _EraFormat] = {
 
 
 # --------------------------------------------------------------------------------------
-# Framework lines: DeepSpeed and PyTorch (shared/formats/deepspeed-torch.md)
+# DeepSpeed and PyTorch eras (shared/formats/deepspeed-torch.md)
 # --------------------------------------------------------------------------------------
 
 

@@ -7,10 +7,6 @@ from typing import Literal, TypeAlias, TypeGuard, get_args
 
 from ncclscope.synth.options import _BF16, _FP32, Json, MismatchField
 
-# --------------------------------------------------------------------------------------
-# Faults
-# --------------------------------------------------------------------------------------
-
 
 @dataclass(frozen=True)
 class SlowRank:
@@ -162,17 +158,13 @@ def _is_terminal(
     return isinstance(fault, StopRank | IbError | ExtraCollective | DeadProcess)
 
 
-# --------------------------------------------------------------------------------------
-# Spec
-# --------------------------------------------------------------------------------------
-
-
 def _fault_json(fault: Fault) -> dict[str, Json]:
     out: dict[str, Json] = {"kind": type(fault).__name__}
     out.update(asdict(fault))
     return out
 
 
+# What a Mismatch logs instead: another op, or the other of bf16/fp32.
 _OTHER_OP = {"AllGather": "ReduceScatter", "ReduceScatter": "AllGather", "AllReduce": "AllGather"}
 
 

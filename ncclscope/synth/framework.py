@@ -96,10 +96,11 @@ class _Rec:
 
 
 class _FrameworkLines:
-    """The PyTorch/DeepSpeed side of one job: its lines and, from them, its truth.
+    """The PyTorch/DeepSpeed side of one job while it runs: set-up, step and end lines.
 
     It draws from its own random generator, so that the NCCL side of a job is the same
-    whatever the framework writes.
+    whatever the framework writes. ``framework_hang._Framework`` adds a failure's lines and
+    the framework truth.
     """
 
     def __init__(self, job: _JobLines) -> None:

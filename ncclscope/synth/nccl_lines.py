@@ -36,13 +36,12 @@ from ncclscope.synth.parts import (
 from ncclscope.synth.spec import SynthSpec, _parse_start
 from ncclscope.synth.truth import BenignWarnRecord
 
-# --------------------------------------------------------------------------------------
-# The generator
-# --------------------------------------------------------------------------------------
-
 
 class _JobLines:
-    """All state of one generation run."""
+    """All state of one generation run, and its NCCL lines outside the steps.
+
+    ``steps._JobSteps`` adds the step loop and ``job._Job`` the driver and the truth.
+    """
 
     def __init__(self, spec: SynthSpec, out_dir: Path) -> None:
         self.spec = spec

@@ -7,10 +7,6 @@ from dataclasses import asdict, dataclass, field
 
 from ncclscope.synth.options import _TRUTH_FORMAT_VERSION, Json
 
-# --------------------------------------------------------------------------------------
-# Truth
-# --------------------------------------------------------------------------------------
-
 
 @dataclass(frozen=True)
 class FileRecord:
