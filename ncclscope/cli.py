@@ -81,7 +81,7 @@ class _LazyGroup(click.Group):
     lazy: ClassVar[dict[str, str]] = {
         "agent": "ncclscope.agent_cli:agent",
         "replay": "ncclscope.agent_cli:replay",
-        "synth": "ncclscope.synth_cli:synth",
+        "synth": "ncclscope.synth.cli:synth",
     }
 
     def list_commands(self, ctx: click.Context) -> list[str]:

@@ -18,7 +18,7 @@ from ncclscope.detect.context import Context
 from ncclscope.detect.oom_risk import oom_metric
 from ncclscope.errors import InputError
 from ncclscope.schema import STEPS_SCHEMA, TELEMETRY_SCHEMA
-from ncclscope.synth_telemetry import nvml_bus_id
+from ncclscope.synth.telemetry import nvml_bus_id
 from ncclscope.timeline import find_pattern, normalise_bus_id
 
 

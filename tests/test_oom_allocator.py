@@ -23,7 +23,8 @@ from ncclscope.detect.base import Finding
 from ncclscope.detect.oom_risk import kendall_tau, theil_sen
 from ncclscope.parsers.torch.lines import parse_cuda_oom, parse_torch
 from ncclscope.schema import TELEMETRY_SCHEMA
-from ncclscope.synth_telemetry import GPU_TOTAL_BYTES
+from ncclscope.synth.job import _Job
+from ncclscope.synth.telemetry import GPU_TOTAL_BYTES
 
 GiB = 1 << 30
 
@@ -53,12 +54,12 @@ def _generate(
 ) -> Path:
     """A synthetic job whose telemetry job gets ``tel`` (e.g. the allocator's cache)."""
     if tel:
-        made = synth._Job._telemetry_job
+        made = _Job._telemetry_job
 
-        def patched(self: synth._Job) -> Any:
+        def patched(self: _Job) -> Any:
             return replace(made(self), **tel)
 
-        monkeypatch.setattr(synth._Job, "_telemetry_job", patched)
+        monkeypatch.setattr(_Job, "_telemetry_job", patched)
     synth.generate(spec, out)
     monkeypatch.undo()
     return out

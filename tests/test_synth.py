@@ -26,7 +26,7 @@ from ncclscope.synth import (
     Truth,
     generate,
 )
-from ncclscope.synth_cli import parse_size, synth
+from ncclscope.synth.cli import parse_size, synth
 
 # --- nccl.md §1.2 ---------------------------------------------------------------------
 NCCL_TS = r"(?:\[(?P<ts>\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d{1,9})?)\] )?"

@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from ncclscope import synth, synth_cli
 from ncclscope.synth import (
     DeadProcess,
     ExtraCollective,
@@ -29,6 +28,8 @@ from ncclscope.synth import (
     Truth,
     generate,
 )
+from ncclscope.synth import cli as synth_cli
+from ncclscope.synth.eras import _ERA_FORMATS
 
 # --- nccl.md §1.2 / §3.6 --------------------------------------------------------------
 NCCL_TS = r"(?:\[(?P<ts>\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2})(?:\.(?P<frac>\d{1,9}))?\] )?"
@@ -153,8 +154,8 @@ def test_era_226_subsecond_digits_follow_the_bug(
     # instants, so the fixed job's microseconds show what 2.26 should have printed.
     kw = {**SMALL, "steps": 6, "era": "2.26", "timestamps": True, "seed": 11}
     out6, _, doc6 = _gen(tmp_path, "bug", **kw)
-    fixed = dataclasses.replace(synth._ERA_FORMATS["2.26"], subsec_bug=False)
-    monkeypatch.setitem(synth._ERA_FORMATS, "2.26", fixed)
+    fixed = dataclasses.replace(_ERA_FORMATS["2.26"], subsec_bug=False)
+    monkeypatch.setitem(_ERA_FORMATS, "2.26", fixed)
     out7, _, doc7 = _gen(tmp_path, "fixed", **kw)
     w6 = _colls(out6, doc6)
     w7 = _colls(out7, doc7)

@@ -27,7 +27,7 @@ from ncclscope.synth import (
     Truth,
     generate,
 )
-from ncclscope.synth_cli import synth
+from ncclscope.synth.cli import synth
 
 # --- deepspeed-torch.md D1-D7 ---------------------------------------------------------
 DS_HDR = re.compile(

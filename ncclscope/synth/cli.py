@@ -1,7 +1,7 @@
 """``ncclscope synth``: the command-line face of :mod:`ncclscope.synth`.
 
 The main CLI group registers it with ``cli.add_command(synth)``; it also runs on its own as
-``python -m ncclscope.synth_cli``.
+``python -m ncclscope.synth.cli``.
 """
 
 from __future__ import annotations
