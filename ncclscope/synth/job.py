@@ -22,6 +22,7 @@ from ncclscope.synth.faults import (
     _fault_json,
     _other_dtype,
 )
+from ncclscope.synth.framework_hang import _Framework
 from ncclscope.synth.options import _FP32, TRUTH_FILE, Json
 from ncclscope.synth.parts import _iso
 from ncclscope.synth.spec import SynthSpec, _spec_json
@@ -36,6 +37,9 @@ class _Job(_JobSteps):
     """All state of one generation run."""
 
     # ---- driver and truth ------------------------------------------------------------
+
+    def _framework(self) -> _Framework:
+        return _Framework(self)
 
     def run(self) -> Truth:
         init = self._init_events()

@@ -19,13 +19,13 @@ from ncclscope.synth.faults import (
     SlowSpell,
     StopRank,
 )
-from ncclscope.synth.framework_hang import _Framework
 from ncclscope.synth.options import _BF16, _FP32, COMBINED_FILE, Json
 from ncclscope.synth.parts import (
     _N_NICS,
     _bus_id,
     _Call,
     _Comm,
+    _FrameworkLines,
     _IbInfo,
     _Noise,
     _Rank,
@@ -149,7 +149,7 @@ class _JobLines:
         self.t_world_init = self.t0  # when the world communicator's init starts
         self.halt_times: list[float] = []  # per rank: when it entered halt_at (if it did)
         # Framework lines draw from their own generator too (see _Framework).
-        self.fw = _Framework(self) if spec.framework != "none" else None
+        self.fw = self._framework() if spec.framework != "none" else None
         # Phased time model (telemetry): the optimizer step's share of a step, and per step
         # every rank's (true) enqueue time of the step's first and last collective.
         self.opt_share = self.fw.share["step"] if self.fw is not None and self.fw.ds else 0.08
@@ -312,6 +312,10 @@ class _JobLines:
             f"{rk.proxy_tid if tid is None else tid} "
             f"[{rk.local if dev is None else dev}] {src} NCCL WARN {msg}\n"
         )
+
+    def _framework(self) -> _FrameworkLines:
+        """The framework's line writer: ``_Job`` makes it (``framework_hang._Framework``)."""
+        raise NotImplementedError
 
     def _touch(self, t: float) -> None:
         self.first_t = min(self.first_t, t)

@@ -8,7 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
+
+from ncclscope.synth.options import Json
 
 _BUS_IDS = ("18000", "2a000", "3a000", "5d000", "9a000", "ab000", "ba000", "db000")
 _N_NICS = 4
@@ -334,3 +336,29 @@ class _Noise:
                 f"{self._rnd.uniform(1.8, 2.2):.2f}it/s]"
             )
         return self.emit(0, "".join(parts))
+
+
+class _FrameworkLines(Protocol):
+    """What the job's NCCL side reads of the framework's line writer
+    (``framework_hang._Framework``), so that the job's base classes need not import it
+    (``_Job`` makes the real one)."""
+
+    ds: bool
+    lines: int
+    off_opt: bool
+    off_param: bool
+    share: dict[str, float]
+    step_extra: dict[str, float]
+    step_push: float
+
+    def delayed(self, phase: str, push: float) -> None: ...
+
+    def end_events(self, events: list[list[tuple[float, str]]]) -> None: ...
+
+    def hang(self) -> None: ...
+
+    def init_events(self, events: list[list[tuple[float, str]]], steps_t0: float) -> None: ...
+
+    def step_done(self, gstep: int, t: float) -> int: ...
+
+    def truth(self) -> dict[str, Json]: ...
