@@ -50,7 +50,7 @@ from datetime import UTC, datetime, timedelta
 
 import polars as pl
 
-from ncclscope.parsers.nccl.patterns import ANSI_RE
+from ncclscope.parsers.common import last_segment, strip_ansi, to_dt
 from ncclscope.schema import (
     COMMS_SCHEMA,
     MEMORY_SCHEMA,
@@ -519,22 +519,21 @@ def _clean(raw: str) -> str:
     >>> _clean("[Rank 0] time (ms) | fwd: 80.20\\r 7%|#  | 41/596 [00:30<07:11]")
     '[Rank 0] time (ms) | fwd: 80.20'
     """
-    text = raw[-_MAX_LINE:] if len(raw) > _MAX_LINE else raw
-    if "\x1b" in text:
-        text = ANSI_RE.sub("", text)
+    text = strip_ansi(raw[-_MAX_LINE:] if len(raw) > _MAX_LINE else raw)
     if "\r" in text:
-        # tqdm redraws with \r: the record is the last segment that holds one (a bar
-        # redrawn after the record, as an unbuffered stderr interleaves with stdout, must
-        # not hide it), else the last non-empty one; keep the launcher tag of the
-        # physical line, which only the first segment carries.
-        segments = [s for s in text.split("\r") if s.strip()]
-        if not segments:
+        # the record is the last segment that holds one (a bar redrawn after the record,
+        # as an unbuffered stderr interleaves with stdout, must not hide it); keep the
+        # launcher tag of the physical line, which only the first segment carries.
+        last = last_segment(text, _holds_record)
+        if not last:
             return ""
-        records = [s for s in segments if "time (ms) |" in s or HEADER_RE.search(s)]
-        last = records[-1] if records else segments[-1]
         head, _ = _split_prefix(text)
         text = last if not head or last.startswith(head) else head + last
     return text.rstrip("\n")
+
+
+def _holds_record(segment: str) -> bool:
+    return "time (ms) |" in segment or HEADER_RE.search(segment) is not None
 
 
 def _split_prefix(text: str) -> tuple[str, str]:
@@ -570,20 +569,8 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 @functools.lru_cache(maxsize=4096)
 def _epoch_seconds(date: str, time: str) -> int | None:
     """Seconds since the epoch of a header's date and time (a log repeats each second)."""
-    try:
-        # DeepSpeed logs the host's local time without a zone: the wall clock is kept as UTC.
-        stamp = datetime(
-            int(date[0:4]),
-            int(date[5:7]),
-            int(date[8:10]),
-            int(time[0:2]),
-            int(time[3:5]),
-            int(time[6:8]),
-            tzinfo=UTC,
-        )
-    except ValueError:  # 2024-13-45: digits in place, not a date
-        return None
-    return (stamp - _EPOCH) // timedelta(seconds=1)
+    stamp = to_dt(date, time, None)
+    return None if stamp is None else (stamp - _EPOCH) // timedelta(seconds=1)
 
 
 def _header_us(m: re.Match[str]) -> int | None:

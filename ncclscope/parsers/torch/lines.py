@@ -33,11 +33,12 @@ import re
 import signal
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from enum import Enum
 
 import polars as pl
 
+from ncclscope.parsers.common import last_segment, strip_ansi, to_dt
 from ncclscope.schema import FAILURES_SCHEMA, TIMEOUTS_SCHEMA, TORCH_EVENTS_SCHEMA, validate
 
 __all__ = [
@@ -68,9 +69,6 @@ _U64_MAX = (1 << 64) - 1  # NumelIn/NumelOut printed for "unknown" (uint64 -1)
 # --------------------------------------------------------------------------------------
 # Cleaning
 
-#: ANSI escape sequences (colours, cursor moves); Ray colours its ``(pid=..)`` prefix.
-_ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
-
 
 def _clean(text: str) -> str:
     """Drop NULs, a ``\\r``-glued progress bar, ANSI escapes; cap the length.
@@ -83,29 +81,14 @@ def _clean(text: str) -> str:
     if "\x00" in text:
         text = text.replace("\x00", "")
     if "\r" in text:
-        text = _pick_segment(text.split("\r"))
+        text = last_segment(text, _has_needle, limit=_MAX_SEGMENTS, cap=_MAX_CHARS)
     if len(text) > _MAX_CHARS:
         text = text[:_MAX_CHARS]
-    if "\x1b" in text:
-        text = _ANSI_RE.sub("", text)
-    return text.rstrip("\n")
+    return strip_ansi(text).rstrip("\n")
 
 
-def _pick_segment(segments: list[str]) -> str:
-    last = ""
-    seen = 0
-    for seg in reversed(segments):
-        if not seg.strip():
-            continue
-        head = seg[:_MAX_CHARS]
-        if not last:
-            last = head
-        if any(needle in head for needle in _ALL_NEEDLES):
-            return head
-        seen += 1
-        if seen >= _MAX_SEGMENTS:
-            break
-    return last
+def _has_needle(segment: str) -> bool:
+    return any(needle in segment for needle in _ALL_NEEDLES)
 
 
 # --------------------------------------------------------------------------------------
@@ -267,7 +250,7 @@ def _apply_glog(ctx: _Ctx, m: re.Match[str], year: int | None) -> bool:
 def _apply_pylog(ctx: _Ctx, m: re.Match[str], year: int | None) -> bool:
     ctx.header = True
     if ctx.ts_source == "none":
-        ts = _to_dt(m["date"], m["time"], m["frac"])
+        ts = to_dt(m["date"], m["time"], m["frac"])
         if ts is not None:
             ctx.ts, ctx.ts_source = ts, "logger"
     return True
@@ -453,31 +436,13 @@ def _same_host(a: str | None, b: str | None) -> bool:
     return a.startswith(b + ".") or b.startswith(a + ".")
 
 
-def _to_dt(date: str, time: str, frac: str | None) -> datetime | None:
-    micro = int((frac or "0")[:6].ljust(6, "0"))
-    try:
-        # Framework clocks print local wall time without a zone: kept as UTC (DESIGN §4).
-        return datetime(
-            int(date[0:4]),
-            int(date[5:7]),
-            int(date[8:10]),
-            int(time[0:2]),
-            int(time[3:5]),
-            int(time[6:8]),
-            micro,
-            tzinfo=UTC,
-        )
-    except ValueError:  # digits in the right places, not a date (2024-13-45)
-        return None
-
-
 def _glog_ts(
     mmdd: str, time: str, frac: str | None, year: int | None
 ) -> tuple[datetime | None, str]:
     """A glog ``MMDD``/``MDD`` stamp: month not zero-padded, so ``714`` is July 14."""
     if year is None:
         return None, "none"
-    ts = _to_dt(f"{year:04d}-{int(mmdd[:-2]):02d}-{mmdd[-2:]}", time, frac)
+    ts = to_dt(f"{year:04d}-{int(mmdd[:-2]):02d}-{mmdd[-2:]}", time, frac)
     return (ts, "logger_no_year") if ts is not None else (None, "none")
 
 
@@ -1049,7 +1014,7 @@ class _Parser:
         text = f.get("traceback", "") + " " + f.get("msg", "")
         sig_m = _SUM_SIGNAL_RE.search(text)
         time_m = _SUM_TIME_RE.search(f.get("time", ""))
-        ts = _to_dt(time_m["date"], time_m["time"], None) if time_m else None
+        ts = to_dt(time_m["date"], time_m["time"], None) if time_m else None
         host = f.get("host", "").strip()
         self.add_failure(
             _Failure(
