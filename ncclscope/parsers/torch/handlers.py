@@ -5,8 +5,7 @@ text; it adds rows and says whether the line was parsed, malformed or not its fa
 
 Sample (read by :func:`_on_agent`)::
 
-    [E1108 03:12:50,001] torch.distributed.elastic.multiprocessing.api: [ERROR] failed
-    (exitcode: -6) local_rank: 3 (pid: 4411) of binary: /usr/bin/python3
+    failed (exitcode: -6) local_rank: 1 (pid: 87) of binary: /opt/conda/bin/python
 """
 
 from __future__ import annotations

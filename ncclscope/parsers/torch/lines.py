@@ -13,6 +13,11 @@ after ``Last error:``) and up to :data:`BLOCK_LINES` lines after each
 :data:`BLOCK_STARTS` line (the elastic summary, a desync report).  A gap in the line
 numbers means lines were left out, so nothing is joined or carried across one.
 
+This module is the parser's interface: the family registry, the selection regexes and
+:func:`parse_torch`.  The grammar lives beside it: ``prefixes`` (launcher and logger
+prefixes, times), ``patterns`` (message bodies), ``oom`` (CUDA out of memory),
+``state`` (rows and their merging) and ``handlers`` (one per family).
+
 Example::
 
     >>> res = parse_torch(
@@ -128,6 +133,10 @@ def logger_time(text: str, year: int | None) -> datetime | None:
     """
     ctx, _msg = _strip_prefixes(_clean(text), year)
     return ctx.ts
+
+
+# --------------------------------------------------------------------------------------
+# The registry
 
 
 #: The desync report's first line: a glog header and at most a rank after it.

@@ -11,9 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ncclscope.parsers.torch.prefixes import (
-    _int,
-)
+from ncclscope.parsers.torch.prefixes import _int
 
 __all__ = ["CudaOom", "parse_cuda_oom"]
 
