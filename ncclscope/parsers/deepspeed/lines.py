@@ -163,7 +163,9 @@ def _clean(raw: str) -> str:
     >>> _clean("[Rank 0] time (ms) | fwd: 80.20\\r 7%|#  | 41/596 [00:30<07:11]")
     '[Rank 0] time (ms) | fwd: 80.20'
     """
-    text = strip_ansi(raw[-_MAX_LINE:] if len(raw) > _MAX_LINE else raw)
+    text = raw[-_MAX_LINE:] if len(raw) > _MAX_LINE else raw
+    if "\x1b" in text:  # tested here: cheaper than the call on the hot path
+        text = strip_ansi(text)
     if "\r" in text:
         # the record is the last segment that holds one (a bar redrawn after the record,
         # as an unbuffered stderr interleaves with stdout, must not hide it); keep the

@@ -221,7 +221,8 @@ def clean_line(line: str) -> str:
     ``clean_line("Epoch 1: 42%|####  | 42/100\\rnode1:1:1 [0] NCCL INFO x") ==
     "node1:1:1 [0] NCCL INFO x"``
     """
-    line = strip_ansi(line)
+    if "\x1b" in line:  # tested here: cheaper than the call on the hot path
+        line = strip_ansi(line)
     if "\r" in line:
         line = last_segment(line)
     return line.rstrip("\n")

@@ -115,7 +115,9 @@ def _clean(text: str) -> str:
         text = last_segment(text, _has_needle, limit=_MAX_SEGMENTS, cap=_MAX_CHARS)
     if len(text) > _MAX_CHARS:
         text = text[:_MAX_CHARS]
-    return strip_ansi(text).rstrip("\n")
+    if "\x1b" in text:  # tested here: cheaper than the call on the hot path
+        text = strip_ansi(text)
+    return text.rstrip("\n")
 
 
 def _has_needle(segment: str) -> bool:
