@@ -18,6 +18,7 @@ from pathlib import Path
 import polars as pl
 
 from ncclscope.parsers.deepspeed import lines as ds
+from ncclscope.parsers.deepspeed.patterns import TIMER_RENAMES
 from ncclscope.parsers.torch import lines as torch
 from ncclscope.schema import (
     COMMS_SCHEMA,
@@ -378,7 +379,7 @@ def _fast_timers(fast: pl.DataFrame, step_marks: pl.DataFrame) -> pl.DataFrame:
         divisor[: pairs.height].alias("by_100"),
         divisor[pairs.height :].alias("by_1000"),
     ).with_columns((pl.col("ms") / pl.col("by_100") / pl.col("by_1000")).alias("ms"))
-    renames = ds.TIMER_RENAMES
+    renames = TIMER_RENAMES
     out = (
         pairs.sort("file_id", "i")
         .join_asof(

@@ -18,8 +18,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 
+from ncclscope.parsers.common import last_segment, strip_ansi, to_dt
 from ncclscope.parsers.nccl import patterns as pat
 
 __all__ = [
@@ -220,12 +221,10 @@ def clean_line(line: str) -> str:
     ``clean_line("Epoch 1: 42%|####  | 42/100\\rnode1:1:1 [0] NCCL INFO x") ==
     "node1:1:1 [0] NCCL INFO x"``
     """
-    if "\x1b" in line:
-        line = pat.ANSI_RE.sub("", line)
+    if "\x1b" in line:  # tested here: cheaper than the call on the hot path
+        line = strip_ansi(line)
     if "\r" in line:
-        # tqdm redraws with \r; the real line is the last non-empty segment.
-        segments = [s for s in line.split("\r") if s.strip()]
-        line = segments[-1] if segments else ""
+        line = last_segment(line)
     return line.rstrip("\n")
 
 
@@ -235,30 +234,11 @@ def _parse_ts(prefix: str) -> tuple[datetime | None, str]:
     # NCCL's stamp ends the prefix; searching its tail alone keeps this cheap.
     match = pat.PREFIX_TS_RE.search(prefix, max(0, len(prefix) - 40))
     if match:
-        return _to_dt(match["date"], match["time"], match["frac"]), "nccl"
+        return to_dt(match["date"], match["time"], match["frac"]), "nccl"
     logger = re.search(r"(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})(?:[.,](\d{1,9}))?", prefix)
     if logger:
-        return _to_dt(logger[1], logger[2], logger[3]), "logger"
+        return to_dt(logger[1], logger[2], logger[3]), "logger"
     return None, "none"
-
-
-def _to_dt(date: str, time: str, frac: str | None) -> datetime | None:
-    # The regexes fixed the digit positions; int() on slices is ~10x faster than strptime.
-    micro = int((frac or "0")[:6].ljust(6, "0"))
-    try:
-        # NCCL prints the host's local time; without a zone we keep the wall clock as UTC.
-        return datetime(
-            int(date[0:4]),
-            int(date[5:7]),
-            int(date[8:10]),
-            int(time[0:2]),
-            int(time[3:5]),
-            int(time[6:8]),
-            micro,
-            tzinfo=UTC,
-        )
-    except ValueError:  # 2025-13-45: digits in the right places, not a date
-        return None
 
 
 def _launcher(prefix: str) -> tuple[str | None, int | None]:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import re
 
+from ncclscope.parsers.common import ANSI_RE
+
 __all__ = [
     "ANSI_RE",
     "BANNER_RE",
@@ -46,8 +48,6 @@ HOST_CHARS = r"[A-Za-z0-9_<>.%/-]"
 BINARY_CHARS = "[\x00-\x08\x0e-\x1a\x1c-\x1f\x7f\ufffd]"
 BINARY_RE = re.compile(BINARY_CHARS)
 
-#: ANSI escape sequences (colours, cursor moves) that terminals and loggers add.
-ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 
 #: The NCCL line header, found anywhere in the line (launchers put text in front).
 #:
