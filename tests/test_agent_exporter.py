@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from ncclscope.catalog import CATALOG, by_name, render_markdown
 from ncclscope.agent.exporter import (
     Board,
     identity_rows,
@@ -23,6 +22,7 @@ from ncclscope.agent.exporter import (
 )
 from ncclscope.agent.live import LiveWindow, job_rows, stamp
 from ncclscope.analysis import run_analysis
+from ncclscope.catalog import CATALOG, by_name, render_markdown
 from ncclscope.detect import Context
 from ncclscope.synth import SlowRank, StopRank, SynthSpec, generate
 

@@ -36,8 +36,8 @@ from typing import Any
 
 import pytest
 
-from ncclscope.catalog import by_name
 from ncclscope.agent.exporter import DEFAULT_LISTEN
+from ncclscope.catalog import by_name
 from ncclscope.export.grafana import rules_yaml
 
 try:

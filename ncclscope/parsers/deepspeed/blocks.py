@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ncclscope.parsers.deepspeed.lines import _Parser
+    from ncclscope.parsers.deepspeed.state import _ParserState as _Parser
 from ncclscope.parsers.deepspeed.patterns import (
     COMM_HDR_RE,
     COMM_OP_RE,
