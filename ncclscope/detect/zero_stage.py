@@ -67,7 +67,6 @@ import polars as pl
 
 from ncclscope.detect.base import Finding, LineRef, duration_text, register
 from ncclscope.detect.context import Context
-from ncclscope.timeline import find_period
 from ncclscope.units import DTYPE_BYTES
 
 __all__ = [
@@ -430,6 +429,10 @@ def _params_from_collectives(ctx: Context, dp: int) -> tuple[Fact, int | None] |
     )
     if calls.is_empty():
         return None
+    # Imported here, as ``Context`` imports the timeline: the agent's detectors never
+    # load it unless a ZeRO job asks.
+    from ncclscope.timeline import find_period
+
     sig = calls.select(pl.struct("op", "count", "dtype").hash())
     period = find_period(sig.to_series())
     if period is None:
