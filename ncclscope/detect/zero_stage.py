@@ -434,7 +434,8 @@ def _params_from_collectives(ctx: Context, dp: int) -> tuple[Fact, int | None] |
     from ncclscope.timeline import find_period
 
     sig = calls.select(pl.struct("op", "count", "dtype").hash())
-    period = find_period(sig.to_series())
+    # Three steps seen are enough here (a short log's steps still give the parameters).
+    period = find_period(sig.to_series(), max_period=len(calls) // 3)
     if period is None:
         return None
     last = calls.tail(period)
