@@ -39,6 +39,7 @@ hosts' clocks may disagree by milliseconds, DESIGN §4).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -52,9 +53,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EDGE_S",
+    "MAX_PERIOD",
+    "PERIOD_MATCH",
     "PHASES",
     "Pattern",
     "find_pattern",
+    "find_period",
     "gpu_samples",
     "normalise_bus_id",
     "phase_samples",
@@ -67,9 +71,9 @@ EDGE_S = 0.025
 #: Calls of one member read to find the pattern.
 _PATTERN_CALLS = 20_000
 #: Largest period tried (world collectives per step).
-_MAX_PERIOD = 4_000
+MAX_PERIOD = 4_000
 #: Share of positions that must repeat for a period to count.
-_MATCH = 0.9
+PERIOD_MATCH = 0.9
 
 
 @dataclass(frozen=True)
@@ -120,6 +124,38 @@ def _member_calls(analysis: Analysis, comm_key: str) -> pl.DataFrame:
     )
 
 
+def find_period(
+    keys: pl.Series | Sequence[object], *, min_period: int = 1, max_period: int | None = None
+) -> int | None:
+    """The shortest period with which a sequence of calls repeats (one training step of
+    collectives): the calls after the first quarter (the warm-up skipped), compared with
+    themselves ``p`` calls later; the smallest ``p`` from ``min_period`` at which
+    ``PERIOD_MATCH`` of them agree.  ``p`` goes up to ``max_period`` (by default a third
+    of those calls, and ``MAX_PERIOD``); None under 6 calls.  ``keys``: what tells one
+    call from another (op, count, datatype), one per call in sequence order.  The step
+    pattern here, the ZeRO stage's step and the HTML report's steps all read it.
+
+    >>> find_period([9, 9] + [1, 2, 2, 3] * 6)
+    4
+    >>> find_period([1, 2, 3, 4, 5, 6]) is None
+    True
+    """
+    if len(keys) < 6:
+        return None
+    xs = keys if isinstance(keys, pl.Series) else pl.Series(values=list(keys))
+    tail = xs.slice(len(xs) // 4)
+    n = len(tail)
+    top = min(n // 3, MAX_PERIOD) if max_period is None else max_period
+    return next(
+        (
+            p
+            for p in range(min_period, top + 1)
+            if (tail.head(n - p) == tail.tail(n - p)).mean() >= PERIOD_MATCH  # type: ignore[operator]
+        ),
+        None,
+    )
+
+
 def find_pattern(analysis: Analysis) -> Pattern | None:
     """The world communicator's step pattern, or None (no timed COLL lines, no repeat)."""
     comm_key = analysis.identity.world_key
@@ -130,15 +166,7 @@ def find_pattern(analysis: Analysis) -> Pattern | None:
         return None
     key = (calls["op"] + ":" + calls["count"].cast(pl.String)).to_list()
     seqs = calls["seq"].to_list()
-    tail = pl.Series(key[len(key) // 4 :])
-    period = next(
-        (
-            p
-            for p in range(1, min(len(tail) // 3, _MAX_PERIOD) + 1)
-            if (tail.head(len(tail) - p) == tail.tail(len(tail) - p)).mean() >= _MATCH  # type: ignore[operator]
-        ),
-        None,
-    )
+    period = find_period(key)
     if period is None:
         return None
     # The reference period: the last full one.

@@ -1,6 +1,6 @@
 """The dashboards and rules in ``grafana/`` against the metric catalog, statically.
 
-The files are rendered from ``ncclscope/export/grafana.py``; regenerate them with
+The files are rendered from ``ncclscope/export/grafana/``; regenerate them with
 ``NCCLSCOPE_REGENERATE=1 .venv/bin/pytest tests/test_grafana.py`` after checking the
 diff.  The promtool checks skip where Debian's ``prometheus`` package is missing and
 fail under CI (``.ci/run`` installs it).

@@ -21,10 +21,10 @@ from ncclscope.detect.zero_stage import (
     comm_bus_bytes,
     model_states,
     options,
-    step_period,
 )
 from ncclscope.schema import TELEMETRY_SCHEMA
 from ncclscope.synth import SynthSpec, generate
+from ncclscope.timeline import find_period
 
 GiB = 2**30
 ZERO2 = Option(2, offload_optimizer=False, offload_param=False)
@@ -97,11 +97,11 @@ def test_buffers() -> None:
 def test_step_period() -> None:
     warmup = [7, 8]
     step = [1, 1, 2, 3, 4]
-    assert step_period(warmup + step * 5) == 5
+    assert find_period(warmup + step * 5) == 5
     # A period is found even when the log ends inside a step.
-    assert step_period(warmup + step * 5 + step[:2]) == 5
-    assert step_period([1] * 10) == 1
-    assert step_period([1, 2, 3]) is None
+    assert find_period(warmup + step * 5 + step[:2]) == 5
+    assert find_period([1] * 10) == 1
+    assert find_period([1, 2, 3]) is None
 
 
 def _inputs(**kw: Any) -> Inputs:

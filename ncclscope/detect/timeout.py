@@ -29,7 +29,8 @@ from ncclscope.detect.base import (
     register,
 )
 from ncclscope.detect.context import Context
-from ncclscope.detect.hang import culprit, judge_group, judge_stall, reported_ranks, stalls
+from ncclscope.detect.culprits import culprit, judge_group, judge_stall, reported_ranks
+from ncclscope.detect.stalls import stalls
 from ncclscope.detect.watchdog import pg_timeouts, stop_evidence
 from ncclscope.schema import COUNTDOWN_SCHEMA
 

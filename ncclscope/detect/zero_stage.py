@@ -67,6 +67,7 @@ import polars as pl
 
 from ncclscope.detect.base import Finding, LineRef, duration_text, register
 from ncclscope.detect.context import Context
+from ncclscope.units import DTYPE_BYTES
 
 __all__ = [
     "FIT_SHARE",
@@ -80,7 +81,6 @@ __all__ = [
     "gather_inputs",
     "model_states",
     "options",
-    "step_period",
 ]
 
 #: A configuration fits when its predicted peak is within this share of the GPU's memory.
@@ -110,9 +110,8 @@ DEFAULT_REDUCE_BUCKET = 500_000_000
 DEFAULT_ALLGATHER_BUCKET = 500_000_000
 DEFAULT_PREFETCH_BUCKET = 50_000_000
 
-#: ncclDataType_t -> bytes.
-_NCCL_DTYPE_BYTES = {0: 1, 1: 1, 2: 4, 3: 4, 4: 8, 5: 8, 6: 2, 7: 4, 8: 8, 9: 2}
-_DTYPE_BYTES = {
+#: DeepSpeed's training dtype, by the names its lines give it -> bytes.
+_TRAIN_DTYPE_BYTES = {
     "bfloat16": 2,
     "bf16": 2,
     "float16": 2,
@@ -124,7 +123,6 @@ _DTYPE_BYTES = {
 }
 #: Calls of rank 0's data-parallel communicator read to find the step's period.
 _PERIOD_CALLS = 4000
-_PERIOD_MATCH = 0.95
 
 
 @dataclass(frozen=True)
@@ -407,28 +405,6 @@ def options(inp: Inputs) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=schema)
 
 
-def step_period(signature: list[int], *, match: float = _PERIOD_MATCH) -> int | None:
-    """The shortest period of a call sequence (one optimizer step of collectives): the
-    smallest ``p`` such that ``match`` of the calls in the later half equal the call ``p``
-    before them.
-
-    >>> step_period([9, 9] + [1, 2, 2, 3] * 6)
-    4
-    >>> step_period([1, 2, 3, 4, 5, 6]) is None
-    True
-    """
-    n = len(signature)
-    if n < 6:
-        return None
-    start = n // 2
-    for p in range(1, n // 3 + 1):
-        tail = range(max(start, p), n)
-        same = sum(1 for i in tail if signature[i] == signature[i - p])
-        if len(tail) and same >= match * len(tail):
-            return p
-    return None
-
-
 # --------------------------------------------------------------------------------------
 # Reading the inputs
 
@@ -453,8 +429,13 @@ def _params_from_collectives(ctx: Context, dp: int) -> tuple[Fact, int | None] |
     )
     if calls.is_empty():
         return None
+    # Imported here, as ``Context`` imports the timeline: the agent's detectors never
+    # load it unless a ZeRO job asks.
+    from ncclscope.timeline import find_period
+
     sig = calls.select(pl.struct("op", "count", "dtype").hash())
-    period = step_period(sig.to_series().to_list())
+    # Three steps seen are enough here (a short log's steps still give the parameters).
+    period = find_period(sig.to_series(), max_period=len(calls) // 3)
     if period is None:
         return None
     last = calls.tail(period)
@@ -516,9 +497,9 @@ def gather_inputs(ctx: Context) -> Inputs | None:
 
     # dtype.
     dtype_from_coll: int | None = None
-    if fw.train_dtype and fw.train_dtype in _DTYPE_BYTES:
+    if fw.train_dtype and fw.train_dtype in _TRAIN_DTYPE_BYTES:
         inp.weight_bytes = Fact(
-            _DTYPE_BYTES[fw.train_dtype], f"ZeRO optimizer's dtype ({fw.train_dtype})"
+            _TRAIN_DTYPE_BYTES[fw.train_dtype], f"ZeRO optimizer's dtype ({fw.train_dtype})"
         )
     elif "True" in (cfg.get("bfloat16_enabled"), cfg.get("fp16_enabled")):
         inp.weight_bytes = Fact(2, "DeepSpeed config dump (bf16/fp16 enabled)")
@@ -542,8 +523,8 @@ def gather_inputs(ctx: Context) -> Inputs | None:
             "no repeating ReduceScatter pattern in the COLL lines"
         )
     if inp.weight_bytes is None:
-        if dtype_from_coll in _NCCL_DTYPE_BYTES:
-            inp.weight_bytes = Fact(_NCCL_DTYPE_BYTES[dtype_from_coll], "ReduceScatter dtype")
+        if dtype_from_coll in DTYPE_BYTES:
+            inp.weight_bytes = Fact(DTYPE_BYTES[dtype_from_coll], "ReduceScatter dtype")
         else:
             inp.weight_bytes = Fact(2, "assumed (bf16/fp16 mixed precision)")
 

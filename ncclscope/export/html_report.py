@@ -39,6 +39,7 @@ from ncclscope import __version__
 from ncclscope.detect.base import Finding, ranks_text
 from ncclscope.detect.context import Context
 from ncclscope.schema import REPORT_STEPS_SCHEMA, TS
+from ncclscope.timeline import find_period
 
 if TYPE_CHECKING:
     from ncclscope.analysis import Analysis
@@ -162,23 +163,6 @@ def _world_comm(ctx: Context) -> str | None:
     return str(counts.sort(["len", "calls"], descending=True)["comm_key"][0])
 
 
-def pattern_period(ops: list[str]) -> int | None:
-    """The shortest period (>= 2) with which a sequence of ops repeats, if it repeats
-    at least twice (95% of positions agreeing).
-
-    >>> pattern_period(["AllGather", "AllGather", "ReduceScatter", "AllReduce"] * 3)
-    4
-    >>> pattern_period(["AllReduce"] * 10) is None
-    True
-    """
-    n = len(ops)
-    for p in range(2, min(_MAX_PERIOD, n // 2) + 1):
-        same = sum(1 for i in range(n - p) if ops[i] == ops[i + p])
-        if same >= 0.95 * (n - p) and len(set(ops[:p])) > 1:
-            return p
-    return None
-
-
 def collective_period(ctx: Context) -> int | None:
     """Collectives per step on the world communicator, from their repeating ops."""
     comm = _world_comm(ctx)
@@ -192,7 +176,13 @@ def collective_period(ctx: Context) -> int | None:
         .sort("seq")
         .collect(engine="streaming")
     )
-    return pattern_period(head["op"].to_list())
+    ops = head["op"]
+    period = find_period(ops, min_period=2, max_period=min(_MAX_PERIOD, len(ops) // 2))
+    # Ops alone: a period of one op (every call an AllReduce after the warm-up's
+    # Broadcast) says nothing of the steps.
+    if period is None or ops.slice(len(ops) // 4, period).n_unique() < 2:
+        return None
+    return period
 
 
 def _steps_from_collectives(ctx: Context) -> pl.DataFrame:

@@ -1,0 +1,248 @@
+"""Stalls and mismatches: the hang detector's evidence from the NCCL side.
+
+Per communicator, the members that stopped at different collectives (``stalls``: the
+first collective some member never logged, and who did not), and the instances whose
+members logged different ops, counts or datatypes (``mismatches``), read from
+``Context.progress`` and ``Context.instances``.  These are candidates: who the job
+waited for is judged in ``detect/culprits.py``, on evidence that it stopped.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import polars as pl
+
+from ncclscope.detect.base import LineRef
+from ncclscope.detect.context import Context
+
+__all__ = [
+    "QUOTE",
+    "WHO",
+    "Mismatched",
+    "Stall",
+    "hosts_of",
+    "mismatches",
+    "quote_lines",
+    "stalls",
+]
+
+#: At most this many mismatched instances are reported one by one.
+_MAX_MISMATCHES = 5
+#: Evidence lines quoted per side (culprits, waiters).
+QUOTE = 3
+
+
+@dataclass(frozen=True)
+class Stall:
+    """A communicator whose members did not all reach the same collective.
+
+    ``seq`` is the first collective some member never logged, and ``culprits`` the
+    members that never logged it (global ranks where known): candidates, which the
+    policy names only on evidence that the job stopped.  Or, when members ran ahead
+    (``ahead``: one collective further, and a different op, count or datatype from
+    everyone's at the others' last sequence), the collective at which they made a call
+    nobody else made.  ``waiting`` are the other members.
+    """
+
+    comm_key: str
+    nranks: int
+    seq: int
+    op: str | None
+    culprits: list[int]
+    waiting: list[int]
+    culprit_rows: pl.DataFrame  # progress rows of the culprits
+    waiter_rows: pl.DataFrame  # the waiters' calls at ``seq``
+    #: the culprit ran one collective ahead of everyone: an extra call at ``seq``
+    ahead: bool = False
+    extra_rows: pl.DataFrame | None = None  # its calls at ``seq``
+    #: the other members' last sequences: lowest and highest
+    others_last: tuple[int, int] | None = None
+
+    @property
+    def extra_op(self) -> str | None:
+        """What the culprit called at ``seq`` when it ran ahead."""
+        rows = self.extra_rows
+        return str(rows["op"][0]) if rows is not None and len(rows) else None
+
+
+#: Who a row is about: its global rank where known, else its communicator rank.
+WHO = pl.coalesce("rank", "comm_rank")
+
+
+def stalls(ctx: Context) -> list[Stall]:
+    """Every communicator whose members stopped at different collectives, the world
+    communicator (the largest) first; a culprit set seen on a larger communicator is not
+    repeated for a smaller one."""
+    progress = ctx.progress
+    if progress.is_empty():
+        return []
+    members = ctx.members
+    # Members known from init lines that never logged a call on a communicator that
+    # others used: they are behind everyone (last_seq -1).
+    silent = members.join(
+        progress.select("comm_key", "comm_rank"), on=["comm_key", "comm_rank"], how="anti"
+    ).join(progress.select("comm_key").unique(), on="comm_key", how="semi")
+    table = pl.concat(
+        [
+            progress,
+            silent.select(
+                "comm_key",
+                pl.col("comm_rank").cast(pl.Int32),
+                pl.col("rank").cast(pl.Int32),
+                "host",
+                pl.lit(0, dtype=pl.UInt32).alias("calls"),
+                pl.lit(-1, dtype=pl.Int64).alias("last_seq"),
+            ),
+        ],
+        how="diagonal",
+    )
+    sizes = (
+        table.group_by("comm_key")
+        .agg(pl.len().alias("size"))
+        .sort(["size", "comm_key"], descending=[True, False])
+    )
+    out: list[Stall] = []
+    seen: set[tuple[int, ...]] = set()
+    for comm_key, size in sizes.iter_rows():
+        if size < 2:
+            continue
+        group = table.filter(pl.col("comm_key") == comm_key).with_columns(WHO.alias("who"))
+        low, high = group["last_seq"].min(), group["last_seq"].max()
+        if not isinstance(low, int) or not isinstance(high, int) or low == high:
+            continue
+        # The members behind are the ones the others waited for (PyTorch enqueues
+        # ahead, so the others' last calls may be several collectives on), unless the
+        # members ahead made an extra call: at the others' last sequence they logged a
+        # different op, count or datatype.  How many ranks sit on each side says
+        # nothing: a log copied mid-run shows any split.
+        at_low = group.filter(pl.col("last_seq") == low)
+        at_high = group.filter(pl.col("last_seq") == high)
+        ahead = high == low + 1 and _called_else(ctx, comm_key, low, at_low, at_high)
+        behind = at_high if ahead else at_low
+        culprits = sorted(int(x) for x in behind["who"].to_list())
+        if tuple(culprits) in seen:
+            continue
+        seen.add(tuple(culprits))
+        # Where the sequences part: the collective the culprit never joined, or the one
+        # at which it made its extra call.
+        stuck = low if ahead else low + 1
+        # The culprits' last calls (their op) and the others' calls at the stuck one.
+        seqs = sorted({int(x) for x in behind["last_seq"].to_list() if x >= 0} | {stuck})
+        at_seqs = ctx.rows_at(comm_key, seqs)
+        if len(at_seqs):
+            last_ops = at_seqs.join(
+                behind.select("comm_rank", pl.col("last_seq").alias("seq")),
+                on=["comm_rank", "seq"],
+                how="semi",
+            ).select("comm_rank", "op")
+            behind = behind.join(last_ops, on="comm_rank", how="left")
+        else:
+            behind = behind.with_columns(pl.lit(None, dtype=pl.String).alias("op"))
+        at = at_seqs.filter(pl.col("seq") == stuck) if len(at_seqs) else at_seqs
+        at = at.with_columns(WHO.alias("who")) if len(at) else at
+        waiters = at.filter(~pl.col("who").is_in(culprits)) if len(at) else at
+        ops = Counter(waiters["op"].to_list()) if len(waiters) else Counter()
+        waiting = sorted(int(x) for x in group["who"].to_list() if int(x) not in culprits)
+        extra = at.filter(pl.col("who").is_in(culprits)) if ahead and len(at) else None
+        rest = group.filter(~pl.col("who").is_in(culprits))["last_seq"]
+        lo, hi = rest.min(), rest.max()
+        others = (int(lo), int(hi)) if isinstance(lo, int) and isinstance(hi, int) else None
+        out.append(
+            Stall(
+                comm_key=comm_key,
+                nranks=int(size),
+                seq=stuck,
+                op=ops.most_common(1)[0][0] if ops else None,
+                culprits=culprits,
+                waiting=waiting,
+                culprit_rows=behind,
+                waiter_rows=waiters,
+                ahead=ahead,
+                extra_rows=extra,
+                others_last=others,
+            )
+        )
+    return out
+
+
+def _called_else(
+    ctx: Context, comm_key: str, seq: int, low: pl.DataFrame, high: pl.DataFrame
+) -> bool:
+    """At ``seq``, did every member of ``high`` log another (op, count, datatype) than
+    every member of ``low``?"""
+    rows = ctx.rows_at(comm_key, [seq])
+    if rows.is_empty():
+        return False
+    shape = pl.struct("op", "count", "dtype")
+    lows = rows.join(low.select("comm_rank"), on="comm_rank", how="semi").select(shape)[:, 0]
+    highs = rows.join(high.select("comm_rank"), on="comm_rank", how="semi").select(shape)[:, 0]
+    if lows.is_empty() or highs.is_empty():
+        return False
+    return not set(map(str, highs.to_list())) & set(map(str, lows.to_list()))
+
+
+@dataclass(frozen=True)
+class Mismatched:
+    """An instance whose members logged different (op, count, datatype)."""
+
+    comm_key: str
+    seq: int
+    culprits: list[int]
+    majority: tuple[str, int, int]
+    rows: pl.DataFrame
+
+
+def mismatches(ctx: Context) -> list[Mismatched]:
+    """Instances whose members disagree, with the minority members as culprits.
+
+    Members that reached the same point with the same calls have the same signature;
+    only a communicator whose signatures disagree is read again to find where.
+    """
+    p = ctx.progress
+    if p.is_empty():
+        return []
+    suspects = (
+        p.group_by("comm_key", "calls", "last_seq")
+        .agg(pl.col("signature").n_unique().alias("signatures"), pl.len().alias("members"))
+        .filter(pl.col("signatures") > 1)
+        .sort("members", "comm_key", descending=[True, False])
+    )
+    out: list[Mismatched] = []
+    for comm_key in dict.fromkeys(suspects["comm_key"].to_list()):
+        for seq in ctx.mixed_seqs(comm_key, _MAX_MISMATCHES - len(out)):
+            rows = ctx.rows_at(comm_key, [seq])
+            rows = rows.with_columns(WHO.alias("who"))
+            shapes = Counter(zip(rows["op"], rows["count"], rows["dtype"], strict=True))
+            (majority, _n), *_rest = shapes.most_common()
+            minority = rows.filter(
+                (pl.col("op") != majority[0])
+                | (pl.col("count") != majority[1])
+                | (pl.col("dtype") != majority[2])
+            )
+            out.append(
+                Mismatched(
+                    comm_key,
+                    int(seq),
+                    sorted(int(x) for x in minority["who"].to_list()),
+                    (str(majority[0]), int(majority[1]), int(majority[2])),
+                    rows,
+                )
+            )
+        if len(out) >= _MAX_MISMATCHES:
+            break
+    return out
+
+
+def quote_lines(rows: pl.DataFrame, limit: int = QUOTE) -> list[LineRef]:
+    if rows.is_empty() or "line_no" not in rows.columns:
+        return []
+    picked = rows.filter(pl.col("line_no").is_not_null()).head(limit)
+    return [LineRef(int(f), int(n)) for f, n in picked.select("file_id", "line_no").iter_rows()]
+
+
+def hosts_of(rows: pl.DataFrame) -> list[str]:
+    if rows.is_empty() or "host" not in rows.columns:
+        return []
+    return sorted({h for h in rows["host"].to_list() if h is not None})
