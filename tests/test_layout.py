@@ -93,3 +93,9 @@ def test_analyze_and_the_agent_never_load_the_tooling() -> None:
     assert "ncclscope.analysis" in loaded
     tooling = [m for m in loaded if "synth" in m or "fake_nvml" in m or "grafana" in m]
     assert tooling == []
+
+
+def test_no_module_is_over_a_thousand_lines() -> None:
+    sizes = {_module(p): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
+    assert len(sizes) > 50
+    assert {m: n for m, n in sizes.items() if n > 1000} == {}

@@ -71,10 +71,23 @@ class Stall:
 WHO = pl.coalesce("rank", "comm_rank")
 
 
+#: Where ``stalls`` keeps its list on the context (as ``cached_property`` does): the
+#: hang, timeout and countdown detectors and the agent's export all read it.
+_STALLS_KEY = "_stalls"
+
+
 def stalls(ctx: Context) -> list[Stall]:
     """Every communicator whose members stopped at different collectives, the world
     communicator (the largest) first; a culprit set seen on a larger communicator is not
-    repeated for a smaller one."""
+    repeated for a smaller one.  Computed once per context."""
+    memo = vars(ctx)
+    found = memo.get(_STALLS_KEY)
+    if found is None:
+        found = memo[_STALLS_KEY] = _stalls(ctx)
+    return list(found)
+
+
+def _stalls(ctx: Context) -> list[Stall]:
     progress = ctx.progress
     if progress.is_empty():
         return []

@@ -558,7 +558,7 @@ def rules_yaml(time_scale: float = 1.0) -> str:
 def _rules_yaml() -> str:
     out = [
         "# Prometheus rules for ncclscope agent's metrics. Rendered from",
-        "# ncclscope/export/grafana.py: edit there, then",
+        "# ncclscope/export/grafana/rules.py: edit there, then",
         "#   NCCLSCOPE_REGENERATE=1 .venv/bin/pytest tests/test_grafana.py",
         "# Load with `rule_files: [ncclscope-rules.yml]`; unit tests: ncclscope-rules.test.yml.",
         "groups:",
