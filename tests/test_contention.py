@@ -291,3 +291,21 @@ def test_synth_truth_names_the_injection(jobs: dict[str, Path]) -> None:
 def test_synth_refuses_bad_telemetry_options(kw: dict[str, object], msg: str) -> None:
     with pytest.raises(ValueError, match=msg):
         _spec(**kw)
+
+
+def test_telemetry_of_a_job_that_dies_before_its_first_step_is_a_usage_error(
+    tmp_path: Path,
+) -> None:
+    # The job dies at world instance 6, before any optimizer step: nothing to sample.
+    args = ["synth", "--out", str(tmp_path / "job"), "--ranks", "8", "--hosts", "2",
+            "--framework", "deepspeed", "--offload", "optimizer", "--telemetry",
+            "--dead-process", "3:6:SIGSEGV", "--pcie-contention", "node-1"]  # fmt: skip
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2, result.output
+    assert "needs at least one completed step" in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    # The same job dying later writes its telemetry.
+    args[args.index("3:6:SIGSEGV")] = "3:60:SIGSEGV"
+    args[args.index(str(tmp_path / "job"))] = str(tmp_path / "later")
+    assert CliRunner().invoke(cli, args).exit_code == 0
+    assert list((tmp_path / "later" / "telemetry").glob("part-*.parquet"))

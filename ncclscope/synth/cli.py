@@ -619,6 +619,8 @@ def synth(
         truth = generate(spec, out_dir)
     except OSError as exc:
         raise click.ClickException(f"cannot write to {out_dir}: {exc}") from None
+    except ValueError as exc:  # options that each hold but together leave nothing to write
+        raise click.UsageError(str(exc)) from None
     click.echo(_summary(truth, out_dir, time.perf_counter() - start))
 
 

@@ -128,11 +128,23 @@ def _phase_at(
 
 
 def write_telemetry(job: TelemetryJob, out_dir: Path) -> dict[str, Any]:
-    """Write the parts under ``out_dir/telemetry``; return the ground truth."""
+    """Write the parts under ``out_dir/telemetry``; return the ground truth.
+
+    Raises:
+        ValueError: the job completed no step (nothing to sample).
+    """
     folder = out_dir / TELEMETRY_DIR
     folder.mkdir(parents=True, exist_ok=True)
     for old in folder.glob("part-*.parquet"):
         old.unlink()
+    if not job.opt_end or not job.step_first:
+        # The phased model samples steps: a job that ended before its first optimizer
+        # step has none to sample.
+        msg = (
+            "--telemetry needs at least one completed step, and this job ends before its "
+            "first (a fault at an early instance): move the fault later or drop --telemetry"
+        )
+        raise ValueError(msg)
     rnd = random.Random(job.seed * 7919 + 11)
     n = len(job.rank_host)
     starts = [[job.opt_start[k][r] for k in range(len(job.opt_start))] for r in range(n)]
