@@ -14,10 +14,6 @@ fails.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prom import free_port, get, stop, tools
 
 from ncclscope.export.grafana import DASHBOARDS, queries, substitute
 
@@ -44,44 +41,10 @@ TIMEOUT_AT_S = (9.2 + 1800.0) / SPEED
 pytestmark = pytest.mark.slow
 
 
-def _tools() -> tuple[str, str]:
-    prometheus, promtool = shutil.which("prometheus"), shutil.which("promtool")
-    if prometheus is None or promtool is None:
-        if os.environ.get("CI"):
-            pytest.fail("prometheus is missing: .ci/run installs the prometheus package")
-        pytest.skip("prometheus not installed (apt-get install prometheus)")
-    return prometheus, promtool
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _get(base: str, path: str, **params: str) -> Any:
-    url = f"{base}{path}?{urllib.parse.urlencode(params)}" if params else f"{base}{path}"
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return json.load(response)
-    except urllib.error.HTTPError as err:
-        return json.load(err)
-
-
-def _stop(proc: subprocess.Popen[bytes], how: signal.Signals = signal.SIGTERM) -> None:
-    if proc.poll() is None:
-        proc.send_signal(how)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def _firing(base: str, deadline: float) -> dict[str, Any] | None:
     while time.monotonic() < deadline:
         try:
-            alerts = _get(base, "/api/v1/alerts")["data"]["alerts"]
+            alerts = get(base, "/api/v1/alerts")["data"]["alerts"]
         except (urllib.error.URLError, ConnectionError):
             alerts = []
         for alert in alerts:
@@ -95,8 +58,8 @@ def _firing(base: str, deadline: float) -> dict[str, Any] | None:
 
 
 def test_dashboards_and_alerts_on_a_real_prometheus(tmp_path: Path) -> None:
-    prometheus, promtool = _tools()
-    prom_port, replay_port = _free_port(), _free_port()
+    prometheus, promtool = tools()
+    prom_port, replay_port = free_port(), free_port()
     config = tmp_path / "prometheus.yml"
     config.write_text(
         "global: {scrape_interval: 1s, evaluation_interval: 1s, scrape_timeout: 900ms}\n"
@@ -145,7 +108,7 @@ def test_dashboards_and_alerts_on_a_real_prometheus(tmp_path: Path) -> None:
             dash = json.loads((REPO / "grafana" / name).read_text())
             for title, expr, _legend in queries(dash):
                 query = substitute(expr)
-                answer = _get(base, "/api/v1/query", query=query)
+                answer = get(base, "/api/v1/query", query=query)
                 if answer.get("status") != "success":
                     problems.append(f"{name} {title!r}: {answer.get('error')}: {query}")
                 elif not answer["data"]["result"]:
@@ -154,21 +117,21 @@ def test_dashboards_and_alerts_on_a_real_prometheus(tmp_path: Path) -> None:
                 if v["type"] != "query":
                     continue
                 inner, _, label = v["query"].removeprefix("label_values(")[:-1].rpartition(",")
-                answer = _get(
+                answer = get(
                     base, f"/api/v1/label/{label.strip()}/values", **{"match[]": substitute(inner)}
                 )
                 if not answer.get("data"):
                     problems.append(f"{name} variable {v['name']}: no values: {v['query']}")
         assert not problems, "\n".join(problems) + logs
 
-        groups = _get(base, "/api/v1/rules")["data"]["groups"]
+        groups = get(base, "/api/v1/rules")["data"]["groups"]
         rules = [r for g in groups for r in g["rules"]]
         assert len(rules) == RULES.read_text().count("- record:") + RULES.read_text().count(
             "- alert:"
         )
         bad = [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"]
         assert not bad, bad
-        ratio = _get(
+        ratio = get(
             base, "/api/v1/query", query="instance_gpu:ncclscope_gpu_pcie_utilization:ratio"
         )
         assert len(ratio["data"]["result"]) == 2  # the two simulated GPUs
@@ -182,8 +145,8 @@ def test_dashboards_and_alerts_on_a_real_prometheus(tmp_path: Path) -> None:
             prom.wait(timeout=10)
         except (urllib.error.URLError, ConnectionError, subprocess.TimeoutExpired):
             pass
-        _stop(prom)
-        _stop(replay)
+        stop(prom)
+        stop(replay)
         prom_log.close()
         replay_log.close()
     assert prom.returncode == 0
