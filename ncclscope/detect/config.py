@@ -22,8 +22,6 @@ a DeepSpeed engine whose configuration dump says ``wall_clock_breakdown ... Fals
 
 from __future__ import annotations
 
-import re
-
 import polars as pl
 
 from ncclscope.detect.base import Finding, register
@@ -31,11 +29,6 @@ from ncclscope.detect.context import Context
 from ncclscope.schema import CONFIG_SCHEMA
 
 __all__ = ["ConfigDetector", "subsecond_digits_unreliable"]
-
-_OFFLOAD = re.compile(
-    r"(?P<what>offload_(?:param|optimizer))=\w+\(device='(?P<device>\w+)'[^)]*?"
-    r"pin_memory=(?P<pin>True|False)"
-)
 
 
 def subsecond_digits_unreliable(versions: list[str]) -> bool:
@@ -109,19 +102,18 @@ class ConfigDetector:
                         "detail": None,
                     }
                 )
-        zero_line = fw.ds_config.get("zero_config", "")
         out.extend(
             {
                 "kind": "hazard",
                 "what": (
-                    f"{m['what']} to {m['device']} without pinned host memory: every "
+                    f"{o.what} to {o.device} without pinned host memory: every "
                     "copy goes through a pageable bounce buffer"
                 ),
-                "settings": [f'"{m["what"]}": {{"pin_memory": true}}'],
-                "detail": m.group(0),
+                "settings": [f'"{o.what}": {{"pin_memory": true}}'],
+                "detail": o.text,
             }
-            for m in _OFFLOAD.finditer(zero_line)
-            if m["device"] in ("cpu", "nvme") and m["pin"] == "False"
+            for o in fw.offloads
+            if o.device in ("cpu", "nvme") and not o.pin_memory
         )
         if len(fw.timeouts):
             out.append(

@@ -18,6 +18,7 @@ from pathlib import Path
 import polars as pl
 
 from ncclscope.parsers.deepspeed import lines as ds
+from ncclscope.parsers.deepspeed import zero as ds_zero
 from ncclscope.parsers.deepspeed.patterns import TIMER_RENAMES
 from ncclscope.parsers.torch import lines as torch
 from ncclscope.schema import (
@@ -57,6 +58,8 @@ class FrameworkTables:
     comms: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=COMMS_SCHEMA))
     zero: ds.ZeroConfig | None = None
     ds_config: dict[str, str] = field(default_factory=dict)
+    #: the ZeRO offloads ``ds_config["zero_config"]`` prints
+    offloads: list[ds_zero.OffloadSetting] = field(default_factory=list)
     torch_seen: bool = False
     torch_version: str | None = None
     #: a ``[rankN]:`` prefix was seen: PyTorch 2.2 or later
@@ -557,6 +560,7 @@ def read_frameworks(
         if d.zero is not None and (out.zero is None or _rank(d.zero) > _rank(out.zero)):
             out.zero = d.zero
         out.ds_config = out.ds_config or d.config
+        out.offloads = ds_zero.offload_settings(out.ds_config.get("zero_config", ""))
         used = d.parsed + t.parsed
         if used:
             out.parsed[file_id] = used

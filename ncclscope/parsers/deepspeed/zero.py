@@ -20,9 +20,11 @@ from dataclasses import dataclass
 
 __all__ = [
     "ZERO_SOURCES",
+    "OffloadSetting",
     "ZeroConfig",
     "ZeroFields",
     "merge_zero",
+    "offload_settings",
     "zero_from_json",
     "zero_from_repr",
     "zero_from_user_config",
@@ -378,3 +380,34 @@ def merge_zero(sources: Mapping[str, ZeroFields]) -> ZeroConfig | None:
         prefetch_bucket_size=pick_int("prefetch_bucket_size"),
         source=present[0],
     )
+
+
+#: ``offload_optimizer=DeepSpeedZeroOffloadOptimizerConfig(device='cpu', nvme_path=None,
+#: buffer_count=4, pin_memory=False, ...)`` in the engine's ``zero_config`` dump.
+_OFFLOAD_RE = re.compile(
+    r"(?P<what>offload_(?:param|optimizer))=\w+\(device='(?P<device>\w+)'[^)]*?"
+    r"pin_memory=(?P<pin>True|False)"
+)
+
+
+@dataclass(frozen=True)
+class OffloadSetting:
+    """One ZeRO offload as the engine's ``zero_config`` dump prints it."""
+
+    what: str  # offload_param | offload_optimizer
+    device: str  # cpu | nvme | none
+    pin_memory: bool
+    text: str  # as printed
+
+
+def offload_settings(zero_config: str) -> list[OffloadSetting]:
+    """The offloads of a ``zero_config`` dump line.
+
+    >>> offload_settings("stage=3 offload_optimizer=DeepSpeedZeroOffloadOptimizerConfig("
+    ...                  "device='cpu', nvme_path=None, buffer_count=4, pin_memory=False)")
+    [OffloadSetting(what='offload_optimizer', device='cpu', pin_memory=False, text="offload_optimizer=DeepSpeedZeroOffloadOptimizerConfig(device='cpu', nvme_path=None, buffer_count=4, pin_memory=False")]
+    """  # noqa: E501
+    return [
+        OffloadSetting(m["what"], m["device"], m["pin"] == "True", m.group(0))
+        for m in _OFFLOAD_RE.finditer(zero_config)
+    ]
