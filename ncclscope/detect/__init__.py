@@ -1,13 +1,12 @@
 """Detectors: each a metric table plus a policy that turns it into findings.
 
-``run_detectors`` runs every registered detector over an :class:`~ncclscope.model.
-Analysis` and returns its findings, most severe and most costly first.  Detectors read
+``run_context`` runs every registered detector over a :class:`Context` (an
+:class:`~ncclscope.model.Analysis` and the tables computed from it) and returns its
+findings, most severe and most costly first.  Detectors read
 tables and return findings; they never print and never parse.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 # Importing a detector's module registers it (``base.register``); ``RUN_ORDER`` says
 # in which order they run.
@@ -24,12 +23,7 @@ from ncclscope.detect import (
 from ncclscope.detect.base import DETECTORS, Finding
 from ncclscope.detect.context import Context
 
-if TYPE_CHECKING:
-    from datetime import datetime
-
-    from ncclscope.model import Analysis
-
-__all__ = ["DETECTORS", "RUN_ORDER", "Context", "Finding", "run_context", "run_detectors"]
+__all__ = ["DETECTORS", "RUN_ORDER", "Context", "Finding", "run_context"]
 
 _MODULES = (config, hang, nccl_errors, oom_risk, pcie_contention, straggler, timeout, zero_stage)
 
@@ -49,12 +43,6 @@ RUN_ORDER = (
 if set(RUN_ORDER) != set(DETECTORS):  # a detector added without a place in the order
     msg = f"RUN_ORDER {sorted(RUN_ORDER)} != registered {sorted(DETECTORS)}"
     raise ImportError(msg)
-
-
-def run_detectors(analysis: Analysis, *, now: datetime | None = None) -> list[Finding]:
-    """Every detector's findings, the most severe and most costly first.  ``now``: the
-    wall clock of a live reading (``Context.now``), None post-mortem."""
-    return run_context(Context(analysis, now=now))
 
 
 def run_context(ctx: Context) -> list[Finding]:
