@@ -20,13 +20,11 @@ from typing import BinaryIO
 
 import polars as pl
 
-from ncclscope.attempts import HINTS as ATTEMPT_HINTS
-from ncclscope.attempts import Attempt, find_cuts, segment_starts
 from ncclscope.diagnose import diagnose
 from ncclscope.model import Analysis, Built, Gap, Progress
-from ncclscope.parsers.frameworks import FrameworkTables, mtime_years, read_frameworks
-from ncclscope.parsers.nccl import errors as nccl_errors
-from ncclscope.parsers.nccl.collectives import (
+from ncclscope.model.attempts import HINTS as ATTEMPT_HINTS
+from ncclscope.model.attempts import Attempt, find_cuts, segment_starts
+from ncclscope.model.collectives import (
     CollSummary,
     apply_host_repairs,
     build_collectives,
@@ -37,7 +35,9 @@ from ncclscope.parsers.nccl.collectives import (
     repair_spliced_hosts,
     summarise,
 )
-from ncclscope.parsers.nccl.identity import Identity, resolve_identity
+from ncclscope.model.identity import Identity, resolve_identity
+from ncclscope.parsers.frameworks import FrameworkTables, mtime_years, read_frameworks
+from ncclscope.parsers.nccl import errors as nccl_errors
 from ncclscope.parsers.nccl.records import (
     TOO_LONG_BYTES,
     LineRecords,

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import polars as pl
 
-from ncclscope.attempts import Attempt
 from ncclscope.detect import Context, run_context
 from ncclscope.findings import Finding
 from ncclscope.model import Analysis, Built, Progress
+from ncclscope.model.attempts import Attempt
 from ncclscope.sources import QUOTE_CHARS, Input, read_lines
 
 __all__ = ["Diagnosis", "diagnose"]

@@ -449,7 +449,7 @@ TELEMETRY_SCHEMA = _schema(
 
 #: The timeline (issue #6): per rank, per training step, per phase, from the world
 #: communicator's per-step collective pattern (every rank) or DeepSpeed's timers (the rank
-#: that printed them).  ``ncclscope.timeline`` documents how phases are cut.
+#: that printed them).  ``ncclscope.model.timeline`` documents how phases are cut.
 STEPS_SCHEMA = _schema(
     {
         "rank": pl.Int32,  # global rank where known, else the world communicator's rank

@@ -17,9 +17,9 @@ from ncclscope.cli import cli
 from ncclscope.detect.context import Context
 from ncclscope.detect.oom_risk import oom_metric
 from ncclscope.errors import InputError
+from ncclscope.model.timeline import find_pattern, normalise_bus_id
 from ncclscope.schema import STEPS_SCHEMA, TELEMETRY_SCHEMA
 from ncclscope.synth.telemetry import nvml_bus_id
-from ncclscope.timeline import find_pattern, normalise_bus_id
 
 
 def _spec(**kw: object) -> synth.SynthSpec:
@@ -76,7 +76,7 @@ def _kinds(a: Analysis, kind: str) -> list[tuple[list[int], list[str]]]:
 
 def test_timeline_zero3_phases(jobs: dict[str, Path], tmp_path: Path) -> None:
     a = _analyse(jobs["healthy_offload"], tmp_path)
-    from ncclscope.timeline import step_timeline
+    from ncclscope.model.timeline import step_timeline
 
     tl = step_timeline(a)
     assert tl.schema == STEPS_SCHEMA
@@ -104,7 +104,7 @@ def test_timeline_zero2_shape(jobs: dict[str, Path], tmp_path: Path) -> None:
 
 
 def test_timeline_needs_timestamps(jobs: dict[str, Path], tmp_path: Path) -> None:
-    from ncclscope.timeline import step_timeline
+    from ncclscope.model.timeline import step_timeline
 
     a = _analyse(jobs["no_ts"], tmp_path)
     assert find_pattern(a) is None

@@ -142,7 +142,7 @@ def test_no_coll_lines(tmp_path: Path) -> None:
 
 
 def test_steps_from_the_timeline_per_rank(tmp_path: Path) -> None:
-    """With NCCL timestamps every rank's phases come from ncclscope.timeline."""
+    """With NCCL timestamps every rank's phases come from ncclscope.model.timeline."""
     a = _analyse([FIXTURES / "straggler-227-ts"], tmp_path)
     steps = step_table(a, Context(a))
     assert steps.schema == REPORT_STEPS_SCHEMA

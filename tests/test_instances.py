@@ -8,7 +8,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from ncclscope.cli import cli
-from ncclscope.parsers.nccl.collectives import _merged_length
+from ncclscope.model.collectives import _merged_length
 
 
 def _coll(host: str, pid: int, comm: str, opcount: int) -> str:

@@ -80,6 +80,43 @@ def test_the_cycle_finder_finds_one() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
+#: The pipeline's layers, top to bottom: a module may import its own layer and those
+#: below it, never one above.
+_LAYERS = [
+    ("ncclscope.agent", "ncclscope.agent_cli", "ncclscope.cli", "ncclscope.synth"),
+    ("ncclscope.export",),
+    ("ncclscope.analysis",),
+    ("ncclscope.diagnose",),
+    ("ncclscope.detect",),
+    ("ncclscope.model",),
+    ("ncclscope.parsers", "ncclscope.sources"),
+]
+
+
+def _layer(module: str) -> int | None:
+    for k, prefixes in enumerate(_LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return k
+    return None  # shared leaves: schema, units, findings, catalog
+
+
+def test_imports_run_one_way_down_the_pipeline() -> None:
+    upward = []
+    for module, targets in _graph().items():
+        here = _layer(module)
+        for target in targets:
+            there = _layer(target)
+            if here is not None and there is not None and there < here:
+                upward.append(f"{module} -> {target}")
+    assert upward == []
+
+
+def test_the_layer_check_sees_an_upward_import() -> None:
+    assert _layer("ncclscope.parsers.nccl.scan") == len(_LAYERS) - 1
+    assert _layer("ncclscope.model.identity") < _layer("ncclscope.parsers.nccl.scan")  # type: ignore[operator]
+    assert _layer("ncclscope.schema") is None
+
+
 def test_analyze_and_the_agent_never_load_the_tooling() -> None:
     code = (
         "import sys, ncclscope.cli, ncclscope.agent_cli, ncclscope.analysis, "

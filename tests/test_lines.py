@@ -11,7 +11,6 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from ncclscope.parsers.nccl.collectives import decode_proc
 from ncclscope.parsers.nccl.lines import (
     Chain,
     Coll,
@@ -28,6 +27,7 @@ from ncclscope.parsers.nccl.lines import (
     parse_line,
     transport_name,
 )
+from ncclscope.parsers.nccl.procs import decode_proc
 from ncclscope.parsers.nccl.records import (
     LineRecords,
     add_connection_lines,

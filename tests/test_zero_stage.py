@@ -22,9 +22,9 @@ from ncclscope.detect.zero_stage import (
     model_states,
     options,
 )
+from ncclscope.model.timeline import find_period
 from ncclscope.schema import TELEMETRY_SCHEMA
 from ncclscope.synth import SynthSpec, generate
-from ncclscope.timeline import find_period
 
 GiB = 2**30
 ZERO2 = Option(2, offload_optimizer=False, offload_param=False)

@@ -43,7 +43,7 @@ from ncclscope.detect.context import Context
 from ncclscope.detect.straggler import lateness
 from ncclscope.detect.timeout import countdown
 from ncclscope.diagnose import diagnose
-from ncclscope.parsers.nccl.collectives import P2P_OPS
+from ncclscope.model.collectives import P2P_OPS
 from ncclscope.parsers.nccl.patterns import HEADER_RE, PREFIX_TS_RE
 
 __all__ = ["DEFAULT_TIMEOUT_S", "MARK_EVERY", "LiveWindow", "job_rows", "stamp"]

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
-from ncclscope.parsers.nccl.collectives import P2P_OPS
+from ncclscope.model.collectives import P2P_OPS
 from ncclscope.schema import INSTANCES_SCHEMA, PROGRESS_SCHEMA
 
 if TYPE_CHECKING:
@@ -301,22 +301,22 @@ class Context:
 
     @cached_property
     def timeline(self) -> pl.DataFrame:
-        """Per rank, step and phase (``STEPS_SCHEMA``; ``ncclscope.timeline``)."""
-        from ncclscope.timeline import step_timeline
+        """Per rank, step and phase (``STEPS_SCHEMA``; ``ncclscope.model.timeline``)."""
+        from ncclscope.model.timeline import step_timeline
 
         return step_timeline(self.analysis)
 
     @cached_property
     def gpu_samples(self) -> pl.DataFrame:
         """The GPU telemetry, wide, with each GPU's rank (``timeline.gpu_samples``)."""
-        from ncclscope.timeline import gpu_samples
+        from ncclscope.model.timeline import gpu_samples
 
         return gpu_samples(self.analysis)
 
     @cached_property
     def phase_samples(self) -> pl.DataFrame:
         """The GPU samples inside a phase of their rank, with its step and phase."""
-        from ncclscope.timeline import phase_samples
+        from ncclscope.model.timeline import phase_samples
 
         return phase_samples(self.timeline, self.gpu_samples)
 

@@ -7,7 +7,7 @@ memory; when the links saturate, the optimizer step of those ranks stretches and
 other rank waits for them at the next step's first collective.
 
 Metric, per rank and step (``CONTENTION_SCHEMA``): the optimizer phase's duration from
-the timeline (``ncclscope.timeline``: from the step's last collective to the next step's
+the timeline (``ncclscope.model.timeline``: from the step's last collective to the next step's
 first, by the rank's own clock), its inflation against the run's healthy optimizer
 phases (the median of the phases whose link was below ``SATURATED``; the lower quartile
 of all when none was), and the median PCIe load of the rank's GPU during it: the larger

@@ -431,7 +431,7 @@ def _params_from_collectives(ctx: Context, dp: int) -> tuple[Fact, int | None] |
         return None
     # Imported here, as ``Context`` imports the timeline: the agent's detectors never
     # load it unless a ZeRO job asks.
-    from ncclscope.timeline import find_period
+    from ncclscope.model.timeline import find_period
 
     sig = calls.select(pl.struct("op", "count", "dtype").hash())
     # Three steps seen are enough here (a short log's steps still give the parameters).

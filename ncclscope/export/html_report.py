@@ -38,8 +38,8 @@ from plotly.subplots import make_subplots
 from ncclscope import __version__
 from ncclscope.detect.base import Finding, ranks_text
 from ncclscope.detect.context import Context
+from ncclscope.model.timeline import find_period
 from ncclscope.schema import REPORT_STEPS_SCHEMA, TS
-from ncclscope.timeline import find_period
 
 if TYPE_CHECKING:
     from ncclscope.analysis import Analysis
@@ -92,7 +92,7 @@ def step_table(analysis: Analysis, ctx: Context) -> pl.DataFrame:
     """Per (rank, step, phase): durations and times (``REPORT_STEPS_SCHEMA``).
 
     The one place steps come from: the timeline's per-rank phases cut from the world
-    communicator's collective pattern (``ncclscope.timeline``) where NCCL timestamps
+    communicator's collective pattern (``ncclscope.model.timeline``) where NCCL timestamps
     allow; else DeepSpeed's timers (printed by rank 0 once per step); else the world
     communicator's collectives cut into steps by long gaps in time.
     """
@@ -589,7 +589,7 @@ def _phases(d: _Data) -> _Section:
     elif steps["phase"].n_unique() > 1:
         intro = (
             "Steps and phases cut from the world communicator's repeating pattern of "
-            "collectives, on every rank's own clock (ncclscope.timeline); each bar is the "
+            "collectives, on every rank's own clock (ncclscope.model.timeline); each bar is the "
             "median over ranks of one step's phases."
         )
     else:

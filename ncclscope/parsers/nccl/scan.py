@@ -40,8 +40,8 @@ from typing import Any
 
 import polars as pl
 
-from ncclscope.parsers.nccl.collectives import bad_tokens
 from ncclscope.parsers.nccl.patterns import BINARY_CHARS
+from ncclscope.parsers.nccl.procs import bad_tokens
 from ncclscope.schema import COLL_STORE_SCHEMA, LINE_KIND, TEXT_STORE_SCHEMA, TS
 
 __all__ = ["MAX_TEXT_CHARS", "Scan", "ScanTarget", "scan_inputs", "sniff_offsets"]

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
-from ncclscope.parsers.nccl.collectives import P2P_OPS
+from ncclscope.model.collectives import P2P_OPS
 from ncclscope.schema import STEPS_SCHEMA, TS, validate
 
 if TYPE_CHECKING:

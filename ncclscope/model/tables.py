@@ -15,11 +15,11 @@ from pathlib import Path
 
 import polars as pl
 
-from ncclscope.attempts import Attempt
 from ncclscope.findings import Finding
+from ncclscope.model.attempts import Attempt
+from ncclscope.model.collectives import CollSummary
+from ncclscope.model.identity import Identity
 from ncclscope.parsers.frameworks import FrameworkTables
-from ncclscope.parsers.nccl.collectives import CollSummary
-from ncclscope.parsers.nccl.identity import Identity
 from ncclscope.schema import TELEMETRY_SCHEMA
 from ncclscope.sources import Input, Problem
 

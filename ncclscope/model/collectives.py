@@ -9,15 +9,14 @@ read lazily: a large job has tens of millions of rows.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
 
-from ncclscope.parsers.nccl.identity import CollOnlyComm
-from ncclscope.parsers.nccl.patterns import HOST_CHARS
+from ncclscope.model.identity import CollOnlyComm
+from ncclscope.parsers.nccl.procs import decode_proc
 from ncclscope.parsers.nccl.records import LineRecords
 from ncclscope.schema import COLL_STORE_SCHEMA, COLLECTIVES_SCHEMA
 from ncclscope.units import DTYPE_BYTES
@@ -27,50 +26,20 @@ __all__ = [
     "P2P_TOKENS",
     "CollSummary",
     "apply_host_repairs",
-    "bad_tokens",
     "build_collectives",
     "coll_lines",
     "coll_only_comms",
-    "decode_proc",
     "proc_table",
     "repair_spliced_hosts",
     "summarise",
 ]
 
 _PROC_COMM = ["file_id", "host", "pid", "comm"]
-_HOST = re.compile(f"{HOST_CHARS}+")
 #: COLL rows are keyed by the raw ``host:pid:tid`` token until identity is applied: a
 #: job has a few thousand distinct tokens, so splitting them once beats splitting
 #: every one of tens of millions of lines.
 _TOKEN_COMM = ["file_id", "proc", "comm"]
-_INT32_MAX = 2**31 - 1
 _PROCS_SCHEMA = {"proc": pl.String, "host": pl.String, "pid": pl.Int32, "tid": pl.Int32}
-
-
-def decode_proc(token: str) -> tuple[str, int, int] | None:
-    """``[default3]:node-6:5381:5382`` -> ``("node-6", 5381, 5382)``; None if not a header
-    or if its pid or tid is too large for their Int32 columns (a damaged line: the scan
-    hands such lines to the reference parser, which counts them as malformed).
-
-    >>> decode_proc("[default3]:node-6:5381:5382"), decode_proc("x|y:1:2")
-    (('node-6', 5381, 5382), None)
-    >>> decode_proc("node-6:4294967296:5382")
-    """
-    parts = token.rsplit(":", 3)
-    if len(parts) < 3:
-        return None
-    host, pid, tid = parts[-3], parts[-2], parts[-1]
-    if not (_HOST.fullmatch(host) and pid.isdigit() and tid.isdigit()):
-        return None
-    if int(pid) > _INT32_MAX or int(tid) > _INT32_MAX:
-        return None
-    return host, int(pid), int(tid)
-
-
-def bad_tokens(tokens: list[str]) -> list[str]:
-    """The tokens whose host holds characters no host name has (junk glued in front),
-    or whose pid or tid no Int32 column holds."""
-    return [t for t in tokens if decode_proc(t) is None]
 
 
 def coll_lines(fast: pl.LazyFrame, records: LineRecords) -> pl.LazyFrame:
