@@ -35,6 +35,7 @@ from ncclscope.model.collectives import (
     repair_spliced_hosts,
     summarise,
 )
+from ncclscope.model.flight import join_flight, read_flight
 from ncclscope.model.identity import Identity, resolve_identity
 from ncclscope.parsers.frameworks import FrameworkTables, mtime_years, read_frameworks
 from ncclscope.parsers.nccl import errors as nccl_errors
@@ -123,6 +124,8 @@ def build(
     inputs, problems = expand_inputs(
         names, workdir=workdir / "inputs", stdin=stdin, on_copy=lambda _n, b: report("read", b, 0)
     )
+    dumps = [(i.display, i.path, i.kind) for i in inputs if i.kind != "log"]
+    inputs = [inp for inp in inputs if inp.kind == "log"]
     paths = [inp.display for inp in inputs]
     targets = _targets(inputs)
     store = workdir / "store"
@@ -197,6 +200,10 @@ def build(
         frameworks=frameworks,
         workdir=workdir,
     )
+    analysis.flight, _reads = read_flight(dumps, first_file_id=len(paths))
+    analysis.paths += [display for display, _p, _k in dumps]
+    problems += [Problem(d.path, d.problem) for d in _reads if d.problem is not None]
+    join_flight(analysis.flight, analysis.communicators, analysis.collectives)
     analysis.gaps = _gaps(analysis, records)
     analysis.sources = inputs
     if telemetry is not None:

@@ -1,0 +1,657 @@
+"""PyTorch Flight Recorder dumps: read safely, per version, into tidy rows.
+
+A dump is what ``ProcessGroupNCCL`` writes per rank on a timeout
+(``TORCH_NCCL_DUMP_ON_TIMEOUT=1``, file ``${TORCH_NCCL_DEBUG_INFO_TEMP_FILE}<rank>``):
+a pickle by default, JSON where asked.  Its shape (``FlightRecorder.hpp``, version
+``2.x``; a real sample, trimmed)::
+
+    {"version": "2.10", "comm_lib_version": "2.27.5",
+     "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}},
+     "pg_status": {"0": {"last_enqueued_collective": 3, "last_started_collective": -1,
+                         "last_completed_collective": 2}},
+     "entries": [{"record_id": 2, "pg_id": 0, "process_group": ("0", "default_pg"),
+                  "collective_seq_id": 3, "p2p_seq_id": 0, "op_id": 3,
+                  "profiling_name": "nccl:all_reduce", "time_created_ns": 1764124401...,
+                  "input_sizes": [[1024]], "input_dtypes": ["Float"],
+                  "output_sizes": [[1024]], "output_dtypes": ["Float"],
+                  "state": "scheduled", "time_discovered_started_ns": None,
+                  "time_discovered_completed_ns": None, "retired": False,
+                  "timeout_ms": 600000, "is_p2p": False,
+                  "frames": [{"name": "all_reduce", "filename": ".../distributed_c10d.py",
+                              "line": 2950}, ...]}]}
+
+Version ``1.x`` (PyTorch 2.2-2.3) names the sequence ``seq_id`` and has no process
+group tuple; JSON dumps write 0 for a time not seen and strings in ``pg_status``.  An
+unknown version is read by the keys that are there.
+
+Safety: a pickle can name any Python callable and have the reader call it.  Dumps hold
+only dicts, lists, tuples, strings, numbers, booleans and None, so the unpickler here
+refuses every global (and persistent id) before anything is called: a hostile file is
+reported as refused, and nothing in it runs.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import pickle
+import re
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from ncclscope.schema import (
+    FLIGHT_DUMPS_SCHEMA,
+    FLIGHT_GROUPS_SCHEMA,
+    FLIGHT_PG_STATUS_SCHEMA,
+    FLIGHT_SCHEMA,
+    TS,
+    validate,
+)
+from ncclscope.units import TORCH_DTYPES
+
+__all__ = [
+    "DUMP_FORMATS",
+    "DumpRead",
+    "DumpRefusedError",
+    "dump_frames",
+    "load_dump",
+    "normalise_op",
+    "read_dump",
+    "sniff_dump",
+]
+
+#: Input kinds for the two dump formats (``sources.Input.kind``).
+DUMP_FORMATS = {"flight_pickle": "pickle", "flight_json": "json"}
+
+#: How much of a file ``sniff_dump`` looks at.
+SNIFF_BYTES = 8192
+
+_PICKLE_KEYS = (b"pg_config", b"entries")
+_JSON_KEYS = (b'"pg_config"', b'"entries"')
+_STATES = frozenset({"scheduled", "started", "completed"})
+#: Times outside these bounds (2000-01-01 .. 2200-01-01 in ns) are not wall-clock times.
+_NS_MIN = 946_684_800 * 10**9
+_NS_MAX = 7_258_118_400 * 10**9
+
+
+def sniff_dump(head: bytes) -> str | None:
+    """The input kind of a file whose first bytes are ``head``: ``flight_pickle``,
+    ``flight_json``, or None for anything else.  By content, never by name.
+
+    A pickle is ``\\x80`` + protocol (2-5), an optional frame, then an empty dict that
+    the top-level keys fill (``\\x80\\x02}q\\x00(X\\x07\\x00\\x00\\x00version...``); a JSON
+    dump is an object.  Either must name ``pg_config`` or ``entries`` in its head: a
+    checkpoint that happens to be a pickled dict is not taken for a dump.
+    """
+    if len(head) >= 3 and head[0] == 0x80 and 2 <= head[1] <= 5:
+        k = 2
+        if head[k] == 0x95:  # FRAME + 8-byte length (protocol 4+)
+            k += 9
+        if k < len(head) and head[k] == ord("}") and any(key in head for key in _PICKLE_KEYS):
+            return "flight_pickle"
+        return None
+    text = head.lstrip(b" \t\r\n\xef\xbb\xbf")
+    if text[:1] == b"{" and any(key in text for key in _JSON_KEYS):
+        return "flight_json"
+    return None
+
+
+class DumpRefusedError(Exception):
+    """A dump that cannot be read safely or at all; ``str()`` says why, for the user."""
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """An unpickler that builds only plain data: every global and persistent id is
+    refused before it is looked up, so no callable from the file is ever called."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise DumpRefusedError(
+            f"pickle refers to {module}.{name}: refused, dumps hold only plain data"
+        )
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise DumpRefusedError("pickle uses a persistent id: refused, dumps hold only plain data")
+
+
+#: What the unpickler raises on damaged data (a bad opcode, a wrong stack, a bad length).
+_DAMAGED = (
+    pickle.UnpicklingError,
+    ValueError,
+    TypeError,
+    KeyError,
+    IndexError,
+    AttributeError,
+    OverflowError,
+    MemoryError,
+)
+
+
+def load_dump(data: bytes, fmt: str) -> Any:
+    """The dump's top-level value, read without running anything.
+
+    Raises:
+        DumpRefusedError: a global in a pickle, a truncated or damaged file, invalid
+            JSON; the message says which.
+    """
+    if fmt == "json":
+        try:
+            return json.loads(data.decode("utf-8", errors="strict"))
+        except UnicodeDecodeError as err:
+            raise DumpRefusedError(f"JSON dump is not UTF-8 (byte {err.start})") from None
+        except json.JSONDecodeError as err:
+            raise DumpRefusedError(
+                f"invalid JSON at line {err.lineno} column {err.colno} ({err.msg}): "
+                "nothing read (was the file cut?)"
+            ) from None
+        except RecursionError:
+            raise DumpRefusedError("JSON nested too deeply: nothing read") from None
+    try:
+        return _PlainUnpickler(io.BytesIO(data)).load()
+    except DumpRefusedError:
+        raise
+    except EOFError:
+        raise DumpRefusedError("pickle data ends early (was the file cut?): nothing read") from None
+    except RecursionError:
+        raise DumpRefusedError("pickle nested too deeply: nothing read") from None
+    except _DAMAGED as err:
+        detail = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise DumpRefusedError(f"damaged pickle ({detail}): nothing read") from None
+
+
+@dataclass
+class DumpRead:
+    """What one dump file held, ready for ``dump_frames``."""
+
+    path: str
+    size_bytes: int
+    format: str
+    version: str | None = None
+    layout: str = "unknown"
+    rank: int | None = None
+    rank_source: str = "none"
+    comm_lib_version: str | None = None
+    n_entries: int = 0
+    #: FLIGHT_SCHEMA rows without file_id and rank, times as ns integers
+    rows: list[tuple[Any, ...]] = field(default_factory=list)
+    #: (pg_name, pg_desc, ranks)
+    groups: list[tuple[str, str | None, list[int]]] = field(default_factory=list)
+    #: (pg_id, last_enqueued, last_started, last_completed)
+    status: list[tuple[int, int | None, int | None, int | None]] = field(default_factory=list)
+    skipped: Counter[str] = field(default_factory=Counter)
+    notes: list[str] = field(default_factory=list)
+    problem: str | None = None
+
+
+def read_dump(path: Path, display: str, kind: str) -> DumpRead:
+    """Read the dump at ``path`` (``kind``: ``flight_pickle`` or ``flight_json``).
+
+    Never raises on bad content: a refused or unreadable file comes back with
+    ``problem`` set, a bad entry is counted in ``skipped`` by reason.
+    """
+    fmt = DUMP_FORMATS[kind]
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        return DumpRead(display, 0, fmt, problem=f"cannot read: {err.strerror or err}")
+    out = DumpRead(display, len(data), fmt)
+    try:
+        top = load_dump(data, fmt)
+    except DumpRefusedError as err:
+        out.problem = str(err)
+        return out
+    if not isinstance(top, dict):
+        out.problem = f"not a Flight Recorder dump: the top level is a {type(top).__name__}"
+        return out
+    read_top(top, out)
+    _rank(out)
+    return out
+
+
+def read_top(top: dict[Any, Any], out: DumpRead) -> None:
+    """Fill ``out`` from a dump's top-level dict (its version, groups, status, entries)."""
+    version = top.get("version")
+    out.version = None if version is None else str(version)
+    major = out.version.split(".", 1)[0] if out.version else ""
+    out.layout = {"1": "1.x", "2": "2.x"}.get(major, "unknown")
+    if out.layout == "unknown":
+        out.notes.append(
+            f"Flight Recorder version {out.version or 'missing'} is not one ncclscope "
+            "knows (1.x, 2.x): read the keys that are there"
+        )
+    lib = top.get("comm_lib_version", top.get("nccl_version"))
+    out.comm_lib_version = lib if isinstance(lib, str) and lib else None
+    out.groups = _groups(top.get("pg_config"), out)
+    out.status = _status(top.get("pg_status"), out)
+    entries = top.get("entries", [])
+    if not isinstance(entries, list):
+        out.notes.append(f"entries is a {type(entries).__name__}, not a list: none read")
+        entries = []
+    out.n_entries = len(entries)
+    rows = out.rows
+    skipped = out.skipped
+    for e in entries:
+        row = _entry(e)
+        if isinstance(row, str):
+            skipped[row] += 1
+        else:
+            rows.append(row)
+
+
+def _ranks_of(value: Any) -> list[int] | None:
+    """``"[0, 1, 2]"`` (as PyTorch writes it) or ``[0, 1, 2]`` -> ``[0, 1, 2]``."""
+    if isinstance(value, str):
+        body = value.strip()
+        if not (body.startswith("[") and body.endswith("]")):
+            return None
+        parts = [p.strip() for p in body[1:-1].split(",") if p.strip()]
+        if not all(p.isdigit() for p in parts):
+            return None
+        return [int(p) for p in parts]
+    if isinstance(value, list | tuple) and all(_is_int(v) and v >= 0 for v in value):
+        return [int(v) for v in value]
+    return None
+
+
+def _groups(config: Any, out: DumpRead) -> list[tuple[str, str | None, list[int]]]:
+    if config is None:
+        return []
+    if not isinstance(config, dict):
+        out.notes.append(f"pg_config is a {type(config).__name__}, not a dict: groups not read")
+        return []
+    groups = []
+    bad = 0
+    for key, info in config.items():
+        if isinstance(info, dict):
+            name, desc, ranks = info.get("name", key), info.get("desc"), info.get("ranks")
+        else:
+            name, desc, ranks = key, None, info
+        members = _ranks_of(ranks)
+        if not isinstance(name, str | int) or members is None:
+            bad += 1
+            continue
+        groups.append((str(name), desc if isinstance(desc, str) else None, members))
+    if bad:
+        out.notes.append(f"{bad} process group(s) of pg_config without a readable rank list")
+    return groups
+
+
+def _int_or_none(value: Any) -> int | None:
+    if _is_int(value):
+        return int(value)
+    if isinstance(value, str) and re.fullmatch(r"-?\d{1,19}", value.strip()):
+        return int(value)
+    return None
+
+
+def _status(status: Any, out: DumpRead) -> list[tuple[int, int | None, int | None, int | None]]:
+    if status is None:
+        return []
+    if not isinstance(status, dict):
+        out.notes.append(f"pg_status is a {type(status).__name__}, not a dict: not read")
+        return []
+    rows = []
+    for key, info in status.items():
+        pg_id = _int_or_none(key)
+        if pg_id is None or not isinstance(info, dict):
+            continue
+        rows.append(
+            (
+                pg_id,
+                _int_or_none(info.get("last_enqueued_collective")),
+                _int_or_none(info.get("last_started_collective")),
+                _int_or_none(info.get("last_completed_collective")),
+            )
+        )
+    return rows
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+#: PyTorch's profiling names (``nccl:<name>``) -> the op name NCCL prints on COLL lines.
+_OPS = {
+    "all_reduce": "AllReduce",
+    "allreduce": "AllReduce",
+    "allreduce_coalesced": "AllReduce",
+    "all_reduce_coalesced": "AllReduce",
+    "all_reduce_barrier": "AllReduce",
+    "barrier": "AllReduce",
+    "all_gather": "AllGather",
+    "allgather": "AllGather",
+    "_all_gather_base": "AllGather",
+    "all_gather_into_tensor": "AllGather",
+    "all_gather_into_tensor_coalesced": "AllGather",
+    "all_gather_single": "AllGather",
+    "all_gather_v": "AllGather",
+    "allgather_coalesced": "AllGather",
+    "ALLGATHER_coalesced": "AllGather",
+    "reduce_scatter": "ReduceScatter",
+    "_reduce_scatter_base": "ReduceScatter",
+    "reduce_scatter_tensor": "ReduceScatter",
+    "reduce_scatter_tensor_coalesced": "ReduceScatter",
+    "reduce_scatter_single": "ReduceScatter",
+    "reduce_scatter_v": "ReduceScatter",
+    "REDUCE_SCATTER_coalesced": "ReduceScatter",
+    "broadcast": "Broadcast",
+    "_broadcast_oop": "Broadcast",
+    "reduce": "Reduce",
+    "_reduce_oop": "Reduce",
+    "send": "Send",
+    "recv": "Recv",
+    "recvAnysource": "Recv",
+    "all_to_all": "AllToAll",
+    "alltoall": "AllToAll",
+    "all_to_all_single": "AllToAll",
+    "alltoall_base": "AllToAll",
+    "all_to_all_v_single": "AllToAll",
+    "gather": "Gather",
+    "scatter": "Scatter",
+    "coalesced": "Coalesced",
+}
+
+
+def normalise_op(profiling_name: str) -> tuple[str | None, str, int | None, int | None]:
+    """``"nccl:send 1->2"`` -> ``("nccl", "Send", 1, 2)``: backend, op, own and peer
+    rank in the process group (send/recv only).  An unknown name is kept as written."""
+    backend, sep, rest = profiling_name.partition(":")
+    if not sep:
+        backend, rest = "", profiling_name
+    kind, _, meta = rest.strip().partition(" ")
+    op = _OPS.get(kind, kind)
+    own = peer = None
+    if op == "Send" and "->" in meta:
+        a, _, b = meta.partition("->")
+        own, peer = _int_or_none(a), _int_or_none(b)
+    elif op == "Recv" and "<-" in meta:
+        a, _, b = meta.partition("<-")
+        own, peer = _int_or_none(a), _int_or_none(b)
+    return backend or None, op, own, peer
+
+
+def _sizes(value: Any) -> int | str:
+    """Elements over every tensor of ``[[d0, d1], [d0]]``; ``"bad"`` when ill-typed."""
+    if not isinstance(value, list | tuple):
+        return "bad"
+    total = 0
+    for dims in value:
+        if not isinstance(dims, list | tuple):
+            return "bad"
+        n = 1
+        for d in dims:
+            if not _is_int(d) or d < 0:
+                return "bad"
+            n *= d
+        total += n
+    return total
+
+
+def _bytes(sizes: Any, dtypes: Any) -> int | None:
+    """Bytes over every tensor, where each tensor's dtype is known."""
+    if not isinstance(dtypes, list | tuple) or len(dtypes) != len(sizes):
+        return None
+    total = 0
+    for dims, dtype in zip(sizes, dtypes, strict=True):
+        known = TORCH_DTYPES.get(dtype) if isinstance(dtype, str) else None
+        if known is None:
+            return None
+        total += math.prod(dims) * known[0]
+    return total
+
+
+def _frame(frames: Any) -> str | None:
+    """The first frame outside PyTorch, as ``name at file:line`` (fr_trace's form)."""
+    if not isinstance(frames, list) or not frames:
+        return None
+    chosen = None
+    for f in frames:
+        if not isinstance(f, dict):
+            continue
+        filename = f.get("filename")
+        if not isinstance(filename, str):
+            continue
+        if chosen is None:
+            chosen = f
+        if "/torch/" not in filename and not filename.startswith("torch/"):
+            chosen = f
+            break
+    if chosen is None:
+        return None
+    return f"{chosen.get('name')} at {chosen.get('filename')}:{chosen.get('line')}"
+
+
+_OPTIONAL_INTS = ("record_id", "pg_id", "p2p_seq_id", "op_id", "timeout_ms")
+
+
+def _entry(e: Any) -> tuple[Any, ...] | str:
+    """One entry -> a row (FLIGHT_SCHEMA order, no file_id/rank, ns times), or the
+    reason it is skipped."""
+    if not isinstance(e, dict):
+        return "not a dict"
+    name = e.get("profiling_name")
+    if name is None:
+        return "missing profiling_name"
+    if not isinstance(name, str):
+        return "ill-typed profiling_name"
+    seq = e.get("collective_seq_id", e.get("seq_id"))
+    if seq is None:
+        return "missing collective_seq_id"
+    if not _is_int(seq):
+        return "ill-typed collective_seq_id"
+    if seq < 0:
+        return "out-of-range collective_seq_id"
+    state = e.get("state")
+    if state is None:
+        return "missing state"
+    if state not in _STATES:
+        return "ill-typed state" if not isinstance(state, str) else "out-of-range state"
+    created = e.get("time_created_ns")
+    if created is None:
+        return "missing time_created_ns"
+    if not _is_int(created):
+        return "ill-typed time_created_ns"
+    if not _NS_MIN <= created <= _NS_MAX:
+        return "out-of-range time_created_ns"
+    ints: list[int | None] = []
+    for key in _OPTIONAL_INTS:
+        v = e.get(key)
+        if v is not None:
+            if not _is_int(v):
+                return f"ill-typed {key}"
+            if v < 0:
+                return f"out-of-range {key}"
+        ints.append(v)
+    record_id, pg_id, p2p_seq, op_id, timeout_ms = ints
+    times: list[int | None] = []
+    for key in ("time_discovered_started_ns", "time_discovered_completed_ns"):
+        v = e.get(key)
+        if v is not None:
+            if not _is_int(v):
+                return f"ill-typed {key}"
+            if v == 0:  # JSON dumps write 0 for "not seen"
+                v = None
+            elif not _NS_MIN <= v <= _NS_MAX:
+                return f"out-of-range {key}"
+        times.append(v)
+    duration = e.get("duration_ms")
+    if duration is not None:
+        if not isinstance(duration, int | float) or isinstance(duration, bool):
+            return "ill-typed duration_ms"
+        if not (duration >= 0 and math.isfinite(duration)):
+            return "out-of-range duration_ms"
+        duration = float(duration)
+    pg = e.get("process_group")
+    pg_name = pg_desc = None
+    if pg is not None:
+        if not (isinstance(pg, list | tuple) and len(pg) == 2):
+            return "ill-typed process_group"
+        pg_name, pg_desc = pg
+        if not isinstance(pg_name, str) or not isinstance(pg_desc, str):
+            return "ill-typed process_group"
+    elif pg_id is not None:
+        pg_name = str(pg_id)
+    flags: list[bool | None] = []
+    for key in ("retired", "is_p2p"):
+        v = e.get(key)
+        if v is not None and not isinstance(v, bool):
+            return f"ill-typed {key}"
+        flags.append(v)
+    retired, is_p2p = flags
+    in_sizes = e.get("input_sizes", [])
+    out_sizes = e.get("output_sizes", [])
+    in_numel = _sizes(in_sizes)
+    if in_numel == "bad":
+        return "ill-typed input_sizes"
+    out_numel = _sizes(out_sizes)
+    if out_numel == "bad":
+        return "ill-typed output_sizes"
+    in_dtypes = e.get("input_dtypes")
+    out_dtypes = e.get("output_dtypes")
+    for key, v in (("input_dtypes", in_dtypes), ("output_dtypes", out_dtypes)):
+        if v is not None and not (
+            isinstance(v, list | tuple) and all(isinstance(d, str) for d in v)
+        ):
+            return f"ill-typed {key}"
+    thread = e.get("thread_name")
+    backend, op, _own, peer = normalise_op(name)
+    if is_p2p is None:
+        is_p2p = op in ("Send", "Recv")
+    in_dtype = in_dtypes[0] if in_dtypes else None
+    out_dtype = out_dtypes[0] if out_dtypes else None
+    count = out_numel if op == "ReduceScatter" else in_numel
+    nccl_dtype = TORCH_DTYPES.get(in_dtype or out_dtype or "", (0, None))[1]
+    return (
+        record_id,
+        pg_id,
+        pg_name,
+        pg_desc,
+        seq,
+        p2p_seq,
+        op_id,
+        name,
+        backend,
+        op,
+        is_p2p,
+        peer,
+        state,
+        created,
+        times[0],
+        times[1],
+        duration,
+        in_numel,
+        out_numel,
+        in_dtype,
+        out_dtype,
+        _bytes(in_sizes, in_dtypes),
+        _bytes(out_sizes, out_dtypes),
+        count,
+        nccl_dtype,
+        timeout_ms,
+        retired,
+        thread if isinstance(thread, str) else None,
+        _frame(e.get("frames")),
+    )
+
+
+#: FLIGHT_SCHEMA without file_id and rank, with times as ns integers: the rows' layout.
+_ROW_SCHEMA = pl.Schema(
+    {
+        name: (pl.Int64 if dtype == TS else dtype)
+        for name, dtype in FLIGHT_SCHEMA.items()
+        if name not in ("file_id", "rank")
+    }
+)
+_TIMES = ("created_ts", "started_ts", "completed_ts")
+
+_RANK_IN_NAME = re.compile(r"(?:rank[_-]?)(\d{1,7})(?!.*rank[_-]?\d)")
+_TRAILING_DIGITS = re.compile(r"(\d{1,7})(?:\.[A-Za-z]\w*)*$")
+
+
+def _rank(out: DumpRead) -> None:
+    """The dump's global rank: from its file name (``nccl_trace_rank_3``), else from the
+    own side of a send/recv (``nccl:send 1->2`` is written by group rank 1)."""
+    name = Path(out.path).name
+    m = _RANK_IN_NAME.search(name) or _TRAILING_DIGITS.search(name)
+    if m:
+        out.rank, out.rank_source = int(m.group(1)), "file_name"
+        return
+    members = {g[0]: sorted(g[2]) for g in out.groups}
+    for row in out.rows:
+        if row[9] in ("Send", "Recv") and row[2] in members:
+            _b, _op, own, _peer = normalise_op(row[7])
+            ranks = members[row[2]]
+            if own is not None and own < len(ranks):
+                out.rank, out.rank_source = ranks[own], "p2p"
+                return
+    out.notes.append(
+        "no rank in the file name (PyTorch writes <prefix><rank>) and no send/recv to "
+        "tell it: the entries carry no rank"
+    )
+
+
+def dump_frames(
+    reads: Iterable[DumpRead], first_file_id: int
+) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """The dumps as tables: (FLIGHT_DUMPS, FLIGHT, FLIGHT_GROUPS, FLIGHT_PG_STATUS).
+
+    ``first_file_id``: the file_id of the first dump (the dumps follow the logs in
+    ``Analysis.paths``).
+    """
+    dumps = []
+    parts: list[pl.DataFrame] = []
+    groups = []
+    status = []
+    for k, d in enumerate(reads):
+        fid = first_file_id + k
+        dumps.append(
+            (fid, d.path, d.size_bytes, d.format, d.version, d.layout, d.rank, d.rank_source,
+             d.comm_lib_version, d.n_entries, len(d.rows), sum(d.skipped.values()),
+             len(d.groups), d.problem)
+        )  # fmt: skip
+        if d.rows:
+            part = pl.DataFrame(d.rows, schema=_ROW_SCHEMA, orient="row")
+            parts.append(
+                part.with_columns(
+                    pl.lit(fid, pl.UInt32).alias("file_id"), pl.lit(d.rank, pl.Int32).alias("rank")
+                )
+            )
+        groups += [(fid, d.rank, n, desc, r, len(r)) for n, desc, r in d.groups]
+        pg_names = {row[1]: row[2] for row in d.rows if row[1] is not None}
+        status += [(fid, d.rank, pg, pg_names.get(pg), *rest) for pg, *rest in d.status]
+    entries = (
+        pl.concat(parts)
+        .with_columns(
+            pl.from_epoch(pl.col(c), time_unit="ns")
+            .dt.cast_time_unit("us")
+            .dt.replace_time_zone("UTC")
+            .alias(c)
+            for c in _TIMES
+        )
+        .select(list(FLIGHT_SCHEMA))
+        if parts
+        else pl.DataFrame(schema=FLIGHT_SCHEMA)
+    )
+    return (
+        validate(
+            pl.DataFrame(dumps, schema=FLIGHT_DUMPS_SCHEMA, orient="row"),
+            FLIGHT_DUMPS_SCHEMA,
+            "flight_dumps",
+        ),
+        validate(entries, FLIGHT_SCHEMA, "flight"),
+        validate(
+            pl.DataFrame(groups, schema=FLIGHT_GROUPS_SCHEMA, orient="row"),
+            FLIGHT_GROUPS_SCHEMA,
+            "flight_groups",
+        ),
+        validate(
+            pl.DataFrame(status, schema=FLIGHT_PG_STATUS_SCHEMA, orient="row"),
+            FLIGHT_PG_STATUS_SCHEMA,
+            "flight_pg_status",
+        ),
+    )
