@@ -404,7 +404,10 @@ FLIGHT_SCHEMA = _schema(
         "op": pl.String,  # NCCL's name where there is one: AllReduce, Send, ...
         "is_p2p": pl.Boolean,
         "peer": pl.Int32,  # send/recv: the other side's rank in the process group
-        "state": pl.String,  # scheduled | started | completed
+        "state": pl.String,  # scheduled | started | completed, as written
+        # state completed, or a collective at or below its group's pg_status
+        # last_completed_collective (gloo leaves state at "scheduled")
+        "completed": pl.Boolean,
         "created_ts": TS,  # time_created_ns: enqueued by the CPU
         "started_ts": TS,  # time_discovered_started_ns: seen started by the watchdog
         "completed_ts": TS,  # time_discovered_completed_ns: seen completed

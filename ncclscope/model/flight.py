@@ -86,13 +86,12 @@ def read_flight(
     tables = FlightTables(*frames)
     tables.skipped = {d.path: dict(sorted(d.skipped.items())) for d in reads if d.skipped}
     tables.notes = {d.path: list(d.notes) for d in reads if d.notes}
-    for d in reads:
-        for rank, paths in _duplicate_ranks(reads).items():
-            if d.path in paths:
-                tables.notes.setdefault(d.path, []).append(
-                    f"rank {rank} has {len(paths)} dumps ({', '.join(paths)}): the entries "
-                    "of both are kept"
-                )
+    for rank, paths in _duplicate_ranks(reads).items():
+        for path in paths:
+            others = ", ".join(p for p in paths if p != path)
+            tables.notes.setdefault(path, []).append(
+                f"rank {rank} has other dumps too ({others}): the entries of each are kept"
+            )
     return tables, reads
 
 

@@ -241,6 +241,23 @@ def read_top(top: dict[Any, Any], out: DumpRead) -> None:
             skipped[row] += 1
         else:
             rows.append(row)
+    _name_default_group(out)
+
+
+def _name_default_group(out: DumpRead) -> None:
+    """PyTorch 2.14 (gloo) records the default group's ranks before the group has its
+    name: pg_config holds ``{"": {"name": "", "desc": "", ...}}`` while the entries say
+    ``("0", "default_pg")``.  Give the nameless group the one name the entries use that
+    pg_config lacks."""
+    names = {g[0] for g in out.groups}
+    if "" not in names:
+        return
+    unknown = {row[2] for row in out.rows if row[2] is not None} - names
+    target = next(iter(unknown)) if len(unknown) == 1 else "0" if "0" in unknown else None
+    if target is None:
+        return
+    desc = next((row[3] for row in out.rows if row[2] == target and row[3]), None)
+    out.groups = [(target, g[1] or desc, g[2]) if g[0] == "" else g for g in out.groups]
 
 
 def _ranks_of(value: Any) -> list[int] | None:
@@ -564,7 +581,7 @@ _ROW_SCHEMA = pl.Schema(
     {
         name: (pl.Int64 if dtype == TS else dtype)
         for name, dtype in FLIGHT_SCHEMA.items()
-        if name not in ("file_id", "rank")
+        if name not in ("file_id", "rank", "completed")
     }
 )
 _TIMES = ("created_ts", "started_ts", "completed_ts")
@@ -593,6 +610,18 @@ def _rank(out: DumpRead) -> None:
         "no rank in the file name (PyTorch writes <prefix><rank>) and no send/recv to "
         "tell it: the entries carry no rank"
     )
+
+
+def _completed() -> pl.Expr:
+    """Completed per the dump: state ``completed``, or (a collective) at or below its
+    group's ``last_completed_collective``: gloo leaves ``state`` at ``scheduled`` and
+    says completion only there (PyTorch 2.14)."""
+    by_status = (
+        ~pl.col("is_p2p")
+        & pl.col("last_completed").is_not_null()
+        & (pl.col("collective_seq_id") <= pl.col("last_completed"))
+    )
+    return (pl.col("state") == "completed") | by_status.fill_null(False)
 
 
 def dump_frames(
@@ -624,6 +653,7 @@ def dump_frames(
         groups += [(fid, d.rank, n, desc, r, len(r)) for n, desc, r in d.groups]
         pg_names = {row[1]: row[2] for row in d.rows if row[1] is not None}
         status += [(fid, d.rank, pg, pg_names.get(pg), *rest) for pg, *rest in d.status]
+    status_frame = pl.DataFrame(status, schema=FLIGHT_PG_STATUS_SCHEMA, orient="row")
     entries = (
         pl.concat(parts)
         .with_columns(
@@ -633,6 +663,12 @@ def dump_frames(
             .alias(c)
             for c in _TIMES
         )
+        .join(
+            status_frame.select("file_id", "pg_id", "last_completed"),
+            on=["file_id", "pg_id"],
+            how="left",
+        )
+        .with_columns(_completed().alias("completed"))
         .select(list(FLIGHT_SCHEMA))
         if parts
         else pl.DataFrame(schema=FLIGHT_SCHEMA)
@@ -649,9 +685,5 @@ def dump_frames(
             FLIGHT_GROUPS_SCHEMA,
             "flight_groups",
         ),
-        validate(
-            pl.DataFrame(status, schema=FLIGHT_PG_STATUS_SCHEMA, orient="row"),
-            FLIGHT_PG_STATUS_SCHEMA,
-            "flight_pg_status",
-        ),
+        validate(status_frame, FLIGHT_PG_STATUS_SCHEMA, "flight_pg_status"),
     )
