@@ -97,13 +97,19 @@ def dump(rank: int, n: int = 10, *, last_state: str = "scheduled", **top: Any) -
     return d
 
 
+#: Keys a 1.x entry does not have.
+_NOT_IN_1X = (
+    "process_group", "collective_seq_id", "p2p_seq_id", "op_id", "is_p2p",
+    "thread_name", "thread_id", "timeout_ms", "input_dtypes", "output_dtypes",
+)  # fmt: skip
+
+
 def v1_dump(rank: int) -> dict[str, Any]:
     """A 1.x dump (PyTorch 2.2): ``seq_id``, no process group tuple, no pg_status."""
     entries = []
     for k in range(3):
         e = entry(k, rank)
-        for key in ("process_group", "collective_seq_id", "p2p_seq_id", "op_id", "is_p2p",
-                    "thread_name", "thread_id", "timeout_ms", "input_dtypes", "output_dtypes"):  # fmt: skip
+        for key in _NOT_IN_1X:
             e.pop(key)
         e["seq_id"] = k + 1
         entries.append(e)
@@ -185,14 +191,15 @@ def test_a_2x_pickle_is_read_entry_by_entry(tmp_path: Path) -> None:
     assert (d.format, d.version, d.layout, d.rank, d.rank_source) == (
         "pickle", "2.10", "2.x", 1, "file_name",
     )  # fmt: skip
-    assert (d.n_entries, len(d.rows), d.skipped, d.problem) == (10, 10, {}, None)
+    assert (d.n_entries, d.rows.height, d.skipped, d.problem) == (10, 10, {}, None)
     assert d.groups == [("0", "default_pg", [0, 1])]
     assert d.status == [(0, 10, -1, 9)]
     tables, _ = read_flight([(str(path), path, "flight_pickle")], first_file_id=3)
     e = tables.entries
     assert e.schema == FLIGHT_SCHEMA
     first = e.row(0, named=True)
-    assert first["file_id"] == 3 and first["rank"] == 1
+    assert first["file_id"] == 3
+    assert first["rank"] == 1
     assert (first["op"], first["backend"], first["pg_name"], first["pg_desc"]) == (
         "Broadcast", "nccl", "0", "default_pg",
     )  # fmt: skip
@@ -202,7 +209,8 @@ def test_a_2x_pickle_is_read_entry_by_entry(tmp_path: Path) -> None:
     assert (first["coll_count"], first["coll_dtype"]) == (1024, 9)
     assert first["frame"] == "train_step at /home/u/train.py:42"
     assert first["created_ts"].isoformat() == "2025-11-26T02:33:20.000001+00:00"
-    assert first["completed_ts"] is not None and first["completed"] is True
+    assert first["completed_ts"] is not None
+    assert first["completed"] is True
     last = e.row(-1, named=True)
     assert (last["state"], last["started_ts"], last["completed"], last["retired"]) == (
         "scheduled", None, False, False,
@@ -228,7 +236,7 @@ def test_the_json_form_reads_like_the_pickle(tmp_path: Path) -> None:
 def test_a_1x_dump_reads_seq_id_and_the_group_from_pg_id(tmp_path: Path) -> None:
     path = write_dumps(tmp_path, v1_dump)[0]
     d = read(path)
-    assert (d.layout, d.version, d.skipped, len(d.rows)) == ("1.x", "1.1", {}, 3)
+    assert (d.layout, d.version, d.skipped, d.rows.height) == ("1.x", "1.1", {}, 3)
     t = read_flight([("d", path, "flight_pickle")], 0)[0].entries
     assert t["collective_seq_id"].to_list() == [1, 2, 3]
     assert t["pg_name"].to_list() == ["0", "0", "0"]
@@ -239,7 +247,8 @@ def test_a_1x_dump_reads_seq_id_and_the_group_from_pg_id(tmp_path: Path) -> None
 def test_an_unknown_version_is_read_by_the_keys_there_and_noted(tmp_path: Path) -> None:
     path = write_dumps(tmp_path, lambda r: dump(r, version="3.0"))[0]
     d = read(path)
-    assert d.layout == "unknown" and len(d.rows) == 10
+    assert d.layout == "unknown"
+    assert d.rows.height == 10
     assert any("version 3.0" in n for n in d.notes)
 
 
@@ -304,7 +313,8 @@ def test_a_reduce_payload_is_refused_and_never_runs(tmp_path: Path) -> None:
 
     d = read(path)
     assert d.problem == "pickle refers to posix.mkdir: refused, dumps hold only plain data"
-    assert d.rows == [] and not marker.exists()
+    assert d.rows.is_empty()
+    assert not marker.exists()
 
 
 def test_a_payload_calling_os_system_is_refused_by_name(tmp_path: Path) -> None:
@@ -329,11 +339,13 @@ def test_the_cli_refuses_a_hostile_dump_with_a_message_and_status_1(
     hostile["entries"].append(_Payload(marker))
     (tmp_path / "nccl_trace_rank_0").write_bytes(pickle.dumps(hostile))
     run = analyze([tmp_path])
-    assert run.code == 1 and not marker.exists()
+    assert run.code == 1
+    assert not marker.exists()
     assert "nccl_trace_rank_0: pickle refers to posix.mkdir: refused" in run.stderr
     assert run.doc is not None
     (d,) = run.doc["flight_recorder"]["dumps"]
-    assert d["problem"].startswith("pickle refers to") and d["read"] == 0
+    assert d["problem"].startswith("pickle refers to")
+    assert d["read"] == 0
 
 
 # --- damage
@@ -356,8 +368,10 @@ def test_truncated_and_garbage_dumps_give_a_message_not_a_traceback(tmp_path: Pa
             continue
         messages[name] = read_dump(path, name, kind).problem
     assert messages["cut_pickle"] == "pickle data ends early (was the file cut?): nothing read"
-    assert messages["cut_json"] is not None and messages["cut_json"].startswith("invalid JSON at")
-    assert messages["bad_opcode"] is not None and "nothing read" in messages["bad_opcode"]
+    assert messages["cut_json"] is not None
+    assert messages["cut_json"].startswith("invalid JSON at")
+    assert messages["bad_opcode"] is not None
+    assert "nothing read" in messages["bad_opcode"]
     assert "list_top" not in messages  # a JSON list is not a dump at all
 
 
@@ -370,11 +384,14 @@ def test_entries_with_bad_fields_are_counted_and_the_rest_is_read(tmp_path: Path
     bad[3]["time_created_ns"] = -5  # out of range
     bad[4]["input_sizes"] = [["1024"]]  # ill-typed
     bad[5]["retired"] = 1  # ill-typed (not a bool)
+    bad[6]["record_id"] = 2**70  # beyond int64
+    bad[7]["duration_ms"] = -1.0
     bad.append("not an entry")
     path = tmp_path / "nccl_trace_rank_0"
     path.write_bytes(pickle.dumps(d))
     r = read(path)
-    assert len(r.rows) == 4 and r.n_entries == 11
+    assert r.rows.height == 2
+    assert r.n_entries == 11
     assert dict(r.skipped) == {
         "ill-typed collective_seq_id": 1,
         "out-of-range state": 1,
@@ -382,6 +399,8 @@ def test_entries_with_bad_fields_are_counted_and_the_rest_is_read(tmp_path: Path
         "out-of-range time_created_ns": 1,
         "ill-typed input_sizes": 1,
         "ill-typed retired": 1,
+        "out-of-range record_id": 1,
+        "out-of-range duration_ms": 1,
         "not a dict": 1,
     }
 
@@ -399,10 +418,13 @@ def test_dumps_and_logs_in_one_analyze_call(tmp_path: Path, analyze: Callable[..
     assert [i["path"] for i in doc["inputs"]] == [str(tmp_path / "run" / "train.log")]
     fr = doc["flight_recorder"]
     assert [(d["rank"], d["read"], d["skipped"]) for d in fr["dumps"]] == [(0, 10, 0), (1, 10, 0)]
-    assert fr["entries"] == 20 and fr["ranks"] == [0, 1] and fr["versions"] == ["2.10"]
+    assert fr["entries"] == 20
+    assert fr["ranks"] == [0, 1]
+    assert fr["versions"] == ["2.10"]
     assert fr["entries_by_state"] == {"scheduled": 2, "started": 0, "completed": 18}
     (group,) = fr["process_groups"]
-    assert group["join"] == "joined" and group["ranks"] == [0, 1]
+    assert group["join"] == "joined"
+    assert group["ranks"] == [0, 1]
     assert (group["seq_offset"], group["checked"], group["agreed"]) == (OPCOUNTS[0] - 1, 20, 20)
     assert doc["collectives"]["calls"] == 20  # the logs' own counts are unchanged
 
@@ -424,7 +446,8 @@ def test_the_text_report_says_what_came_from_the_dumps(tmp_path: Path) -> None:
 def test_dumps_alone_are_analysed(tmp_path: Path, analyze: Callable[..., CliRun]) -> None:
     write_dumps(tmp_path)
     run = analyze([tmp_path])
-    assert run.code == 0 and run.doc is not None
+    assert run.code == 0
+    assert run.doc is not None
     assert run.doc["inputs"] == []
     (group,) = run.doc["flight_recorder"]["process_groups"]
     assert (group["join"], group["comm_key"]) == ("no_logs", None)
@@ -442,7 +465,8 @@ def test_the_join_puts_each_call_beside_its_coll_line(tmp_path: Path) -> None:
     write_dumps(tmp_path)
     a = _built(tmp_path)
     j = a.flight.joined
-    assert j.schema == FLIGHT_JOIN_SCHEMA and j.height == 20
+    assert j.schema == FLIGHT_JOIN_SCHEMA
+    assert j.height == 20
     assert j["agrees"].all()
     assert j["seq"].to_list() == [s + OPCOUNTS[0] - 1 for s in range(1, 11)] * 2
     # sizes from the COLL line, state and times from the dump
@@ -450,7 +474,8 @@ def test_the_join_puts_each_call_beside_its_coll_line(tmp_path: Path) -> None:
     op, count, dtype = COLLS[9]
     size = count * DTYPE_BYTES[dtype]
     assert (row["op"], row["size_bytes"], row["state"]) == (op, size, "scheduled")
-    assert row["completed_ts"] is None and row["line_no"] is not None
+    assert row["completed_ts"] is None
+    assert row["line_no"] is not None
     assert a.paths[row["file_id"]].endswith("train.log")
     comm = a.flight.pg_comms.row(0, named=True)
     assert comm["comm_key"] == a.communicators["comm_key"][0]
