@@ -406,7 +406,9 @@ FLIGHT_SCHEMA = _schema(
         "peer": pl.Int32,  # send/recv: the other side's rank in the process group
         "state": pl.String,  # scheduled | started | completed, as written
         # state completed, or a collective at or below its group's pg_status
-        # last_completed_collective (gloo leaves state at "scheduled")
+        # last_completed_collective (gloo leaves state at "scheduled"; there a call that
+        # timed out and was retired counts as completed too: finished, with or without
+        # an error)
         "completed": pl.Boolean,
         "created_ts": TS,  # time_created_ns: enqueued by the CPU
         "started_ts": TS,  # time_discovered_started_ns: seen started by the watchdog

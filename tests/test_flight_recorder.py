@@ -266,9 +266,22 @@ def test_gloo_2_14_shapes_default_group_and_completion(tmp_path: Path) -> None:
                      time_discovered_completed_ns=None)  # fmt: skip
         return d
 
+    def two_groups(rank: int) -> dict[str, Any]:
+        d = gloo(rank)
+        d["entries"].append(entry(4, rank, process_group=("1", "dp"), pg_id=1,
+                                  collective_seq_id=1, record_id=4))  # fmt: skip
+        return d
+
     path = write_dumps(tmp_path, gloo)[0]
     t = read_flight([("d", path, "flight_pickle")], 0)[0]
     assert t.groups.select("pg_name", "pg_desc").row(0) == ("0", "default_pg")
+    # pg_config names only "" even with a second group: "" is the default group ("0"),
+    # the other group's members stay unknown.
+    (tmp_path / "two").mkdir()
+    two = write_dumps(tmp_path / "two", two_groups)[0]
+    t2 = read_flight([("d", two, "flight_pickle")], 0)[0]
+    assert t2.groups.select("pg_name", "pg_ranks").rows() == [("0", [0, 1])]
+    assert sorted(t2.entries["pg_name"].unique().to_list()) == ["0", "1"]
     assert t.entries["completed"].to_list() == [True, True, True, False]
     assert t.entries["backend"].unique().to_list() == ["gloo"]
     assert t.dumps["comm_lib_version"].to_list() == [None]
