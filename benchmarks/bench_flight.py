@@ -120,13 +120,13 @@ def write_log(path: Path, ranks: int, calls: int) -> int:
     for k in range(calls):
         _name, op, count, _dt, nd = CALLS[k % len(CALLS)]
         size = count // ranks if op == "ReduceScatter" else count
-        for r in range(ranks):
-            lines.append(
-                f"node-{r // 8}:{4100 + r}:{4100 + r} [{r % 8}] NCCL INFO {op}: opCount "
-                f"{k:x} sendbuff 0x7f3a{r:02x}c000000 recvbuff 0x7f3a{r:02x}e000000 count "
-                f"{size} datatype {nd} op 0 root 0 comm {COMM}{r:02x} [nranks={ranks}] "
-                f"stream 0x55aa10d00d00"
-            )
+        lines.extend(
+            f"node-{r // 8}:{4100 + r}:{4100 + r} [{r % 8}] NCCL INFO {op}: opCount "
+            f"{k:x} sendbuff 0x7f3a{r:02x}c000000 recvbuff 0x7f3a{r:02x}e000000 count "
+            f"{size} datatype {nd} op 0 root 0 comm {COMM}{r:02x} [nranks={ranks}] "
+            f"stream 0x55aa10d00d00"
+            for r in range(ranks)
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
     return len(lines)

@@ -163,7 +163,19 @@ def test_what_is_not_a_dump_is_not_taken_for_one() -> None:
     assert sniff_dump(pickle.dumps([dump(0)])) is None
     assert sniff_dump(b"node-a:1:1 [0] NCCL INFO AllReduce: opCount 0\n") is None
     assert sniff_dump(b'{"train_batch_size": 8}') is None
+    assert sniff_dump(b'{"step": 3, "entries": 12}\n{"step": 4, "entries": 9}\n') is None
     assert sniff_dump(b"") is None
+
+
+def test_a_gzipped_dump_is_read_after_decompression(tmp_path: Path) -> None:
+    import gzip
+
+    path = tmp_path / "nccl_trace_rank_5.gz"
+    path.write_bytes(gzip.compress(pickle.dumps(dump(5))))
+    inputs, _ = expand_inputs([str(path)], workdir=tmp_path / "w")
+    assert [i.kind for i in inputs] == ["flight_pickle"]
+    tables, _ = read_flight([(inputs[0].display, inputs[0].path, inputs[0].kind)], 0)
+    assert tables.dumps.select("rank", "read").row(0) == (5, 10)
 
 
 def test_dumps_in_a_directory_are_inputs_of_their_own_kind(tmp_path: Path) -> None:
@@ -334,11 +346,15 @@ def test_a_payload_calling_os_system_is_refused_by_name(tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
     # GLOBAL os.system, the command, TUPLE1, REDUCE: what a hand-made exploit writes.
     evil = (
-        b"\x80\x02}(X\x07\x00\x00\x00versionX\x04\x00\x00\x002.10X\x07\x00\x00\x00entries"
+        b"\x80\x02}(X\x07\x00\x00\x00versionX\x04\x00\x00\x002.10"
+        b"X\x09\x00\x00\x00pg_config}X\x07\x00\x00\x00entries"
         b"]cos\nsystem\n(X" + len(f"touch {marker}").to_bytes(4, "little")
         + f"touch {marker}".encode() + b"tRa" + b"u."
     )  # fmt: skip
     assert sniff_dump(evil) == "flight_pickle"
+    pickle.loads(evil)  # the control: an ordinary unpickler runs the command
+    assert marker.exists()
+    marker.unlink()
     with pytest.raises(DumpRefusedError, match=r"os\.system: refused"):
         load_dump(evil, "pickle")
     assert not marker.exists()

@@ -77,8 +77,12 @@ DUMP_FORMATS = {"flight_pickle": "pickle", "flight_json": "json"}
 #: How much of a file ``sniff_dump`` looks at.
 SNIFF_BYTES = 8192
 
-_PICKLE_KEYS = (b"pg_config", b"entries")
-_JSON_KEYS = (b'"pg_config"', b'"entries"')
+
+def _has_keys(head: bytes, quote: bytes) -> bool:
+    """``pg_config``, or ``entries`` with an entry's ``profiling_name``, in ``head``."""
+    return quote + b"pg_config" + quote in head or (
+        quote + b"entries" + quote in head and quote + b"profiling_name" + quote in head
+    )
 
 
 def sniff_dump(head: bytes) -> str | None:
@@ -87,18 +91,19 @@ def sniff_dump(head: bytes) -> str | None:
 
     A pickle is ``\\x80`` + protocol (2-5), an optional frame, then an empty dict that
     the top-level keys fill (``\\x80\\x02}q\\x00(X\\x07\\x00\\x00\\x00version...``); a JSON
-    dump is an object.  Either must name ``pg_config`` or ``entries`` in its head: a
-    checkpoint that happens to be a pickled dict is not taken for a dump.
+    dump is an object.  Either must name ``pg_config``, or ``entries`` and an entry's
+    ``profiling_name``, in its head: a checkpoint that happens to be a pickled dict, or a
+    JSON-lines log with an ``entries`` key, is not taken for a dump.
     """
     if len(head) >= 3 and head[0] == 0x80 and 2 <= head[1] <= 5:
         k = 2
         if head[k] == 0x95:  # FRAME + 8-byte length (protocol 4+)
             k += 9
-        if k < len(head) and head[k] == ord("}") and any(key in head for key in _PICKLE_KEYS):
+        if k < len(head) and head[k] == ord("}") and _has_keys(head, b""):
             return "flight_pickle"
         return None
     text = head.lstrip(b" \t\r\n\xef\xbb\xbf")
-    if text[:1] == b"{" and any(key in text for key in _JSON_KEYS):
+    if text[:1] == b"{" and _has_keys(text, b'"'):
         return "flight_json"
     return None
 
