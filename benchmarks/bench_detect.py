@@ -210,7 +210,7 @@ def _run(job: Job) -> dict[str, Any]:
             "job": asdict(job),
             "seconds": {"generate": generated, "analyze": analysed},
             "bytes": sum(p.stat().st_size for p in (work / "job").glob("*.log")),
-            "timing": a.timestamps == "full" and not job.era.startswith("2.26"),
+            "timing": a.analysis.timestamps == "full" and not job.era.startswith("2.26"),
             "slowdowns": {
                 str(f["details"]["rank"]): f["details"]["slowdown"]
                 for f in truth_doc["faults"]

@@ -20,7 +20,7 @@ from typing import BinaryIO
 
 import polars as pl
 
-from ncclscope.diagnose import diagnose
+from ncclscope.diagnose import Diagnosis, diagnose
 from ncclscope.model import Analysis, Built, Gap, Progress
 from ncclscope.model.attempts import HINTS as ATTEMPT_HINTS
 from ncclscope.model.attempts import Attempt, find_cuts, segment_starts
@@ -62,7 +62,7 @@ from ncclscope.schema import (
 )
 from ncclscope.sources import Input, Problem, expand_inputs
 
-__all__ = ["Analysis", "Built", "Gap", "Progress", "build", "run_analysis"]
+__all__ = ["Analysis", "Built", "Diagnosis", "Gap", "Progress", "build", "run_analysis"]
 
 
 _SKIP_REASONS = ("blank", "other", "malformed", "binary", "too_long")
@@ -77,10 +77,10 @@ def run_analysis(
     coll_ts_source: str = "nccl",
     telemetry: pl.DataFrame | None = None,
     now: datetime | None = None,
-) -> Analysis:
-    """``build`` then ``diagnose``: the tables of the logs named by ``names``, with what
-    the detectors found on them (``findings``, ``attempts``, ``quoted``).  The
-    arguments are ``build``'s, and ``now`` is ``diagnose``'s."""
+) -> Diagnosis:
+    """``build`` then ``diagnose``: the tables of the logs named by ``names``
+    (``Diagnosis.analysis``) and what the detectors found on them.  The arguments are
+    ``build``'s, and ``now`` is ``diagnose``'s."""
     return diagnose(
         build(
             names,
@@ -92,7 +92,7 @@ def run_analysis(
         ),
         now=now,
         progress=progress,
-    ).analysis
+    )
 
 
 def build(
@@ -173,11 +173,13 @@ def build(
     last, _rec, last_stats, _fw = builds[-1]
     account = _account(inputs, n_lines, records)
     hosts = sorted(set(last.identity.members["host"].to_list()) | records.hosts)
+    flight, dump_problems = read_flight(dumps, first_file_id=len(paths))
+    flight = join_flight(flight, last.communicators, last.collectives)
     analysis = Analysis(
-        paths=paths,
+        paths=paths + [display for display, _path, _kind in dumps],
         inputs=account,
         notes=_notes(inputs, records, frameworks),
-        problems=problems,
+        problems=problems + dump_problems,
         nccl_versions=sorted({v.version for *_, v in records.versions}, key=_version_key),
         cuda_versions=sorted({v.cuda for *_, v in records.versions}, key=_version_key),
         hosts=hosts,
@@ -199,18 +201,18 @@ def build(
         env={k: sorted(v) for k, v in sorted(records.env.items())},
         frameworks=frameworks,
         workdir=workdir,
+        sources=inputs,
+        flight=flight,
+        telemetry=(
+            validate(telemetry, TELEMETRY_SCHEMA, "telemetry")
+            if telemetry is not None
+            else pl.DataFrame(schema=TELEMETRY_SCHEMA)
+        ),
     )
-    analysis.flight, _reads = read_flight(dumps, first_file_id=len(paths))
-    analysis.paths += [display for display, _p, _k in dumps]
-    problems += [Problem(d.path, d.problem) for d in _reads if d.problem is not None]
-    join_flight(analysis.flight, analysis.communicators, analysis.collectives)
-    analysis.gaps = _gaps(analysis, records)
-    analysis.sources = inputs
-    if telemetry is not None:
-        analysis.telemetry = validate(telemetry, TELEMETRY_SCHEMA, "telemetry")
+    analysis = replace(analysis, gaps=_gaps(analysis, records))
     report("build", 1, 1)
     sizes = _launcher_world_sizes(hints) if hints is not None else []
-    views = _views(analysis, builds, starts, sizes)
+    analysis, views = _views(analysis, builds, starts, sizes)
     return Built(analysis, views, scan.text_store if scan is not None else None)
 
 
@@ -380,10 +382,10 @@ def _views(
     builds: list[tuple[_Built, LineRecords, pl.DataFrame, FrameworkTables]],
     starts: pl.DataFrame | None,
     launcher_sizes: list[int],
-) -> list[tuple[Analysis, Attempt]]:
+) -> tuple[Analysis, list[tuple[Analysis, Attempt]]]:
     """Each attempt's own tables (the job's, with that attempt's identity, collectives,
-    errors and framework tables) and its description; the last attempt's world size and
-    ranks without logs are the job's."""
+    errors and framework tables) and its description; and the job's tables with the
+    last attempt's world size and ranks without logs."""
     out: list[tuple[Analysis, Attempt]] = []
     for k, (built, _records, stats, fw) in enumerate(builds):
         view = replace(
@@ -396,19 +398,20 @@ def _views(
             summary=built.summary,
             stats=stats,
             frameworks=fw,
-            findings=[],
+            followed_by=_next_reasons(starts, k) if k < len(builds) - 1 else None,
         )
-        view.followed_by = _next_reasons(starts, k) if k < len(builds) - 1 else None
-        view.world_size, view.world_size_source = _world_size(view, launcher_sizes)
-        view.ranks_without_logs = _ranks_without_logs(view)
-        if k == len(builds) - 1:
-            analysis.world_size, analysis.world_size_source = (
-                view.world_size,
-                view.world_size_source,
-            )
-            analysis.ranks_without_logs = view.ranks_without_logs
+        world_size, source = _world_size(view, launcher_sizes)
+        view = replace(view, world_size=world_size, world_size_source=source)
+        view = replace(view, ranks_without_logs=_ranks_without_logs(view))
         out.append((view, _describe_attempt(k, view, starts)))
-    return out
+    last = out[-1][0]
+    analysis = replace(
+        analysis,
+        world_size=last.world_size,
+        world_size_source=last.world_size_source,
+        ranks_without_logs=last.ranks_without_logs,
+    )
+    return analysis, out
 
 
 #: Lines of launchers and PyTorch that state the world (or the default group's) size:

@@ -200,27 +200,30 @@ def analyze(
     with new_workdir() as tmp:
         try:
             stdin = sys.stdin.buffer if "-" in paths else None
-            analysis = run_analysis(
+            diagnosis = run_analysis(
                 list(paths),
                 workdir=Path(tmp),
                 stdin=stdin,
                 progress=progress.update,
                 telemetry=samples,
             )
+            analysis = diagnosis.analysis
         finally:
             progress.close()
-        analysis.problems += telemetry_problems
-        doc = to_json_dict(analysis)
-        text = json.dumps(doc, indent=2) + "\n" if fmt == "json" else render_text(analysis, doc=doc)
+        analysis.problems.extend(telemetry_problems)  # the list is the report's to complete
+        doc = to_json_dict(diagnosis)
+        text = (
+            json.dumps(doc, indent=2) + "\n" if fmt == "json" else render_text(diagnosis, doc=doc)
+        )
         if prom_out is not None and analysis.paths:
             from ncclscope.agent.postmortem import write_postmortem
 
-            write_postmortem(analysis, prom_out)
+            write_postmortem(diagnosis, prom_out)
         if html_out is not None and analysis.paths:
             # Inside the work directory: the report reads the collectives' Parquet.
             from ncclscope.export.html_report import write_html
 
-            size = write_html(analysis, html_out)
+            size = write_html(diagnosis, html_out)
             click.echo(f"ncclscope: wrote {html_out} ({human_bytes(size)})", err=True)
         if samples is not None and fmt == "text":
             from ncclscope.agent.telemetry import summary_lines
@@ -239,7 +242,7 @@ def analyze(
     if analysis.problems or not analysis.paths:
         sys.exit(1)
     if fail_on is not None and any(
-        severity_at_least(f.severity, fail_on) for f in analysis.findings
+        severity_at_least(f.severity, fail_on) for f in diagnosis.findings
     ):
         sys.exit(3)
 

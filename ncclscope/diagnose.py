@@ -9,7 +9,7 @@ agent exports from the same tables the detectors read instead of building them a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -24,13 +24,21 @@ from ncclscope.sources import QUOTE_CHARS, Input, read_lines
 __all__ = ["Diagnosis", "diagnose"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Diagnosis:
-    """What ``diagnose`` found: the job's tables with their ``findings``, ``attempts``
-    and ``quoted`` lines filled in, and the context the last attempt's detectors read."""
+    """What ``diagnose`` found on the job's tables (``analysis``, unchanged): every
+    attempt's findings, the attempts with the findings that concern each, the lines the
+    findings point at, and the context the last attempt's detectors read (the agent
+    exports its metrics from it)."""
 
     analysis: Analysis
     context: Context
+    #: most severe first (``Finding.order``)
+    findings: list[Finding]
+    #: the runs the inputs hold, the last being the job the tables describe
+    attempts: list[Attempt]
+    #: (file_id, line_no) -> text of the lines the findings point at
+    quoted: dict[tuple[int, int], str]
 
 
 def diagnose(
@@ -71,15 +79,13 @@ def diagnose(
                     f.message = f"attempt {k}: {f.message}"
     assert ctx is not None  # build makes one attempt at least
     unique = {id(f): f for _a, fs in found for f in fs}
-    analysis.findings = sorted(unique.values(), key=Finding.order)
-    at = {id(f): k for k, f in enumerate(analysis.findings)}
-    for attempt, fs in found:
-        attempt.findings = sorted(at[id(f)] for f in fs)
-    analysis.attempts = [a for a, _fs in found]
-    analysis.quoted = _quote(analysis.sources, analysis.findings, built.text_store)
+    findings = sorted(unique.values(), key=Finding.order)
+    at = {id(f): k for k, f in enumerate(findings)}
+    attempts = [replace(a, findings=sorted(at[id(f)] for f in fs)) for a, fs in found]
+    quoted = _quote(analysis.sources, findings, built.text_store)
     if progress is not None:
         progress("detect", 1, 1)
-    return Diagnosis(analysis, ctx)
+    return Diagnosis(analysis, ctx, findings, attempts, quoted)
 
 
 def _quote(

@@ -182,14 +182,14 @@ def test_job_rows_count_down_and_name_the_culprit(tmp_path: Path) -> None:
     )  # fmt: skip
     generate(spec, tmp_path / "job")
     a = run_analysis([str(tmp_path / "job")], workdir=tmp_path / "w")
-    ctx = Context(a)
+    ctx = Context(a.analysis)
     assert ctx.last_ts is not None
     rows = job_rows(a, ctx.last_ts + timedelta(seconds=90))
     (comm, rank, _op, seq), _one = rows["ncclscope_timeout_culprit_info"][0]
     assert (rank, seq) == ("4", "11")
     ((_c,), left) = rows["ncclscope_timeout_remaining_seconds"][0]
     ((_c2,), age) = rows["ncclscope_pending_collective_age_seconds"][0]
-    timeout_s, _source = a.frameworks.timeout
+    timeout_s, _source = a.analysis.frameworks.timeout
     assert timeout_s is not None
     assert left == pytest.approx(timeout_s - age)
     assert 90 <= age < 91
@@ -207,7 +207,7 @@ def test_series_do_not_grow_with_collectives(tmp_path: Path) -> None:
         )  # fmt: skip
         generate(spec, tmp_path / f"job{steps}")
         a = run_analysis([str(tmp_path / f"job{steps}")], workdir=tmp_path / f"w{steps}")
-        rows = job_rows(a, a.frameworks.timers["ts"].max() or Context(a).last_ts)  # type: ignore[arg-type]
+        rows = job_rows(a, a.analysis.frameworks.timers["ts"].max() or a.context.last_ts)  # type: ignore[arg-type]
         counts.append(sum(len(v) for v in rows.values()))
         scores = dict(rows["ncclscope_straggler_score"])
         assert max(scores, key=scores.__getitem__) == ("3",)
@@ -229,7 +229,7 @@ def test_series_per_metric_grow_with_ranks_and_comms_not_collectives(tmp_path: P
         for node in ("node-0", "node-1"):
             files = sorted(str(f) for f in (tmp_path / f"job{steps}").glob(f"{node}.*.log"))
             a = run_analysis(files, workdir=tmp_path / f"w{steps}{node}")
-            last = Context(a).last_ts
+            last = Context(a.analysis).last_ts
             assert last is not None
             rows = job_rows(a, last)
             per_metric[(steps, node)] = {name: len(v) for name, v in rows.items() if v}
@@ -257,8 +257,8 @@ def test_window_stamps_arrival_times_when_nccl_prints_none(tmp_path: Path) -> No
     a = window.analyse(tmp_path / "live")
     window.close()
     assert a is not None
-    assert a.collectives is not None
-    sources = a.collectives.select("ts_source").unique().collect()["ts_source"].to_list()
+    assert a.analysis.collectives is not None
+    sources = a.analysis.collectives.select("ts_source").unique().collect()["ts_source"].to_list()
     assert sources == ["stamped"]
     timed = SynthSpec(ranks=8, hosts=1, steps=3, era="2.27", timestamps=True, seed=2)
     generate(timed, tmp_path / "j2")

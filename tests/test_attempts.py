@@ -298,4 +298,4 @@ def test_detectors_see_that_an_attempt_was_followed(
     log = _write(tmp_path / "job.log", _interleave(first) + _interleave(second))
     a = analysis_module.run_analysis([str(log)], workdir=tmp_path / "w")
     assert seen == [["pids"], None]
-    assert a.followed_by is None
+    assert a.analysis.followed_by is None

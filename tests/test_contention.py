@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from ncclscope import synth
 from ncclscope.agent.telemetry import read_telemetry
-from ncclscope.analysis import Analysis, run_analysis
+from ncclscope.analysis import Diagnosis, run_analysis
 from ncclscope.cli import cli
 from ncclscope.detect.context import Context
 from ncclscope.detect.oom_risk import oom_metric
@@ -42,7 +42,7 @@ def _spec(**kw: object) -> synth.SynthSpec:
     return synth.SynthSpec(**base)  # type: ignore[arg-type]
 
 
-def _analyse(job: Path, tmp: Path, *, telemetry: bool = True) -> Analysis:
+def _analyse(job: Path, tmp: Path, *, telemetry: bool = True) -> Diagnosis:
     tel = read_telemetry([job / "telemetry"]) if telemetry else None
     return run_analysis([str(job / "job.log")], workdir=tmp, telemetry=tel)
 
@@ -67,7 +67,7 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
-def _kinds(a: Analysis, kind: str) -> list[tuple[list[int], list[str]]]:
+def _kinds(a: Diagnosis, kind: str) -> list[tuple[list[int], list[str]]]:
     return [(f.ranks, f.hosts) for f in a.findings if f.kind == kind]
 
 
@@ -78,9 +78,9 @@ def test_timeline_zero3_phases(jobs: dict[str, Path], tmp_path: Path) -> None:
     a = _analyse(jobs["healthy_offload"], tmp_path)
     from ncclscope.model.timeline import step_timeline
 
-    tl = step_timeline(a)
+    tl = step_timeline(a.analysis)
     assert tl.schema == STEPS_SCHEMA
-    pattern = find_pattern(a)
+    pattern = find_pattern(a.analysis)
     assert pattern is not None
     assert (pattern.period, pattern.shape) == (7, "zero3")  # 2 layers: 2 + 2x2 + 1
     coll = tl.filter(pl.col("source") == "collectives")
@@ -98,7 +98,7 @@ def test_timeline_zero3_phases(jobs: dict[str, Path], tmp_path: Path) -> None:
 
 
 def test_timeline_zero2_shape(jobs: dict[str, Path], tmp_path: Path) -> None:
-    pattern = find_pattern(_analyse(jobs["contended_z2"], tmp_path))
+    pattern = find_pattern(_analyse(jobs["contended_z2"], tmp_path).analysis)
     assert pattern is not None
     assert (pattern.period, pattern.shape) == (5, "zero12")  # RS x2, AR, AG x2
 
@@ -107,8 +107,8 @@ def test_timeline_needs_timestamps(jobs: dict[str, Path], tmp_path: Path) -> Non
     from ncclscope.model.timeline import step_timeline
 
     a = _analyse(jobs["no_ts"], tmp_path)
-    assert find_pattern(a) is None
-    tl = step_timeline(a)
+    assert find_pattern(a.analysis) is None
+    tl = step_timeline(a.analysis)
     assert set(tl["source"].to_list()) == {"timers"}  # rank 0's timers are still there
 
 
@@ -193,7 +193,7 @@ def test_no_oom_risk_from_samples_drifting_against_the_step(tmp_path: Path) -> N
     )  # fmt: skip
     synth.generate(spec, tmp_path / "job")
     a = _analyse(tmp_path / "job", tmp_path / "w")
-    peaks = oom_metric(Context(a))
+    peaks = oom_metric(Context(a.analysis))
     assert (peaks["trend_r"] > 0.9).sum() > 0  # the peaks do look like a trend...
     assert [f for f in a.findings if f.kind == "oom_risk"] == []  # ...but nothing grows
 

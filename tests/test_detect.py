@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 
-from ncclscope.analysis import Analysis, run_analysis
+from ncclscope.analysis import Diagnosis, run_analysis
 from ncclscope.cli import cli
 from ncclscope.detect import Context
 from ncclscope.detect.base import ranks_text, severity_at_least
@@ -31,13 +31,13 @@ from ncclscope.synth import (
 )
 
 
-def _analyse(tmp_path: Path, spec: SynthSpec) -> Analysis:
+def _analyse(tmp_path: Path, spec: SynthSpec) -> Diagnosis:
     out = tmp_path / "job"
     generate(spec, out)
     return run_analysis([str(out)], workdir=tmp_path / "work")
 
 
-def _serious(a: Analysis) -> list[str]:
+def _serious(a: Diagnosis) -> list[str]:
     return [
         f"{f.kind}: {f.message}" for f in a.findings if severity_at_least(f.severity, "warning")
     ]
@@ -210,7 +210,7 @@ def test_countdown(tmp_path: Path) -> None:
         faults=(StopRank(rank=4, at_instance=11),),
     )  # fmt: skip
     a = _analyse(tmp_path, spec)
-    ctx = Context(a)
+    ctx = Context(a.analysis)
     first = countdown(ctx, ctx.last_ts, 600.0).row(0, named=True)  # type: ignore[arg-type]
     later = first["since"] + timedelta(minutes=9, seconds=12)
     row = countdown(ctx, later, 600.0).row(0, named=True)
@@ -220,7 +220,7 @@ def test_countdown(tmp_path: Path) -> None:
     assert row["left_s"] == pytest.approx(48.0)
     assert countdown(ctx, later, None)["left_s"].to_list() == [None]
     healthy = _analyse(tmp_path / "ok", SynthSpec(ranks=8, hosts=2, steps=3, seed=6))
-    hctx = Context(healthy)
+    hctx = Context(healthy.analysis)
     assert countdown(hctx, later, 600.0).is_empty()
 
 
@@ -254,7 +254,7 @@ def test_detectors_read_the_collectives_a_bounded_number_of_times(tmp_path: Path
     spec = SynthSpec(ranks=16, hosts=2, steps=6, era="2.27", timestamps=True, seed=2)
     a = _analyse(tmp_path, spec)
     reads: list[str] = []
-    collectives = a.collectives
+    collectives = a.analysis.collectives
     assert collectives is not None
 
     class Counting(Context):
@@ -264,7 +264,7 @@ def test_detectors_read_the_collectives_a_bounded_number_of_times(tmp_path: Path
 
     from ncclscope.detect import DETECTORS
 
-    ctx = Counting(a)
+    ctx = Counting(a.analysis)
     for d in DETECTORS.values():
         d.policy(d.metric(ctx), ctx)
     assert len(reads) == 1

@@ -14,7 +14,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from ncclscope.analysis import Analysis, run_analysis
+from ncclscope.analysis import Diagnosis, run_analysis
 
 DS = "[2023-11-20 16:41:{s:02d},{ms:03d}] [INFO] [logging.py:96:log_dist] [Rank 0] "
 
@@ -28,14 +28,14 @@ def _bar(done: int, total: int = 800) -> str:
     return f" {pct:2d}%|\u2589{' ' * 9}| {done}/{total} [00:{done % 60:02d}<05:31,  2.41it/s]"
 
 
-def _analyse(tmp: Path, lines: list[str], name: str = "excerpt.log") -> Analysis:
+def _analyse(tmp: Path, lines: list[str], name: str = "excerpt.log") -> Diagnosis:
     path = tmp / name
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return run_analysis([str(path)], workdir=tmp / "work")
 
 
-def _timer_lines(a: Analysis) -> list[tuple[int, int | None]]:
-    t = a.frameworks.timers
+def _timer_lines(a: Diagnosis) -> list[tuple[int, int | None]]:
+    t = a.analysis.frameworks.timers
     return t.group_by("line_no").agg(pl.col("rank").first()).sort("line_no").rows()
 
 
@@ -55,7 +55,7 @@ def test_timer_records_around_tqdm_bars_are_all_counted(tmp_path: Path) -> None:
     ]
     a = _analyse(tmp_path, lines)
     assert _timer_lines(a) == [(n, 0) for n in range(1, 7)]
-    fwd = a.frameworks.timers.filter(pl.col("name") == "fwd_microstep").sort("line_no")
+    fwd = a.analysis.frameworks.timers.filter(pl.col("name") == "fwd_microstep").sort("line_no")
     assert fwd["duration_s"].to_list() == pytest.approx([0.09601 + 0.00001 * k for k in range(6)])
 
 
@@ -86,7 +86,7 @@ def test_old_release_timers_with_memory_breakdown(tmp_path: Path) -> None:
     ]
     a = _analyse(tmp_path, lines)
     assert _timer_lines(a) == [(n, 0) for n in range(1, 7)]
-    names = set(a.frameworks.timers["name"].to_list())
+    names = set(a.analysis.frameworks.timers["name"].to_list())
     assert names == {"fwd", "bwd", "bwd_inner", "bwd_allreduce", "step"} | {
         "fwd_microstep",
         "bwd_microstep",
@@ -110,14 +110,14 @@ def test_zero3_offload_job_known_by_its_offload_lines(tmp_path: Path) -> None:
         + "MA 0.31 GB         Max_MA 0.77 GB         CA 1.11 GB         Max_CA 1 GB ",
     ]
     a = _analyse(tmp_path, lines)
-    assert a.frameworks.zero is not None
-    assert a.frameworks.zero.stage == 3
+    assert a.analysis.frameworks.zero is not None
+    assert a.analysis.frameworks.zero.stage == 3
 
 
 def test_zero3_known_by_the_engine_offload_line(tmp_path: Path) -> None:
     a = _analyse(tmp_path, [_ds(1) + "Creating ZeRO Offload"])
-    assert a.frameworks.zero is not None
-    assert a.frameworks.zero.stage == 3
+    assert a.analysis.frameworks.zero is not None
+    assert a.analysis.frameworks.zero.stage == 3
 
 
 def test_zero3_known_by_a_stage3_module_line(tmp_path: Path) -> None:
@@ -126,7 +126,7 @@ def test_zero3_known_by_a_stage3_module_line(tmp_path: Path) -> None:
         "[2023-11-20 16:40:05,900] [INFO] [stage3.py:132:__init__] Prefetch bucket size 23592960",
     ]
     a = _analyse(tmp_path, lines)
-    zero = a.frameworks.zero
+    zero = a.analysis.frameworks.zero
     assert zero is not None
     assert (zero.stage, zero.prefetch_bucket_size) == (3, 23_592_960)
 
@@ -139,8 +139,8 @@ def test_zero2_lines_do_not_claim_stage3(tmp_path: Path) -> None:
         "optimizer states",
     ]
     a = _analyse(tmp_path, lines)
-    assert a.frameworks.zero is not None
-    assert a.frameworks.zero.stage is None
+    assert a.analysis.frameworks.zero is not None
+    assert a.analysis.frameworks.zero.stage is None
 
 
 # --- a watchdog line wrapped by a job runner ------------------------------------------
@@ -163,9 +163,9 @@ def _wrap(line: str, width: int, tag: str = "") -> list[str]:
 def test_wrapped_watchdog_line_is_one_timeout(tmp_path: Path, width: int, tag: str) -> None:
     lines = [f"{tag}epoch 3 | step 4700 | loss 2.0314", *_wrap(WD, width, tag)]
     a = _analyse(tmp_path, lines)
-    rows = a.frameworks.timeouts.select("global_rank", "seq", "op", "timeout_s").rows()
+    rows = a.analysis.frameworks.timeouts.select("global_rank", "seq", "op", "timeout_s").rows()
     assert rows == [(3, 4711, "_REDUCE_SCATTER_BASE", 1800.0)]
-    assert a.frameworks.timeouts["numel_out"].to_list() == [4_194_304]
+    assert a.analysis.frameworks.timeouts["numel_out"].to_list() == [4_194_304]
 
 
 def test_a_tagged_line_of_another_rank_is_not_glued(tmp_path: Path) -> None:
@@ -173,4 +173,4 @@ def test_a_tagged_line_of_another_rank_is_not_glued(tmp_path: Path) -> None:
     cut = WD.index("NumelIn")
     lines = ["node-a: " + WD[:cut], "node-b: " + WD[cut:]]
     a = _analyse(tmp_path, lines)
-    assert a.frameworks.timeouts.is_empty()
+    assert a.analysis.frameworks.timeouts.is_empty()

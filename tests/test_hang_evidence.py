@@ -10,13 +10,14 @@ deepspeed-torch.md`` T2, T6), with our own values.
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
 import polars as pl
 import pytest
 
-from ncclscope.analysis import Analysis, run_analysis
+from ncclscope.analysis import Diagnosis, run_analysis
 from ncclscope.detect import Context
 from ncclscope.detect.base import Finding, severity_at_least
 from ncclscope.detect.hang import HangDetector
@@ -48,11 +49,11 @@ def _cut(src: Path, dst: Path, *, head: float | None = None, tail: int | None = 
     return dst
 
 
-def _run(path: Path, work: Path) -> Analysis:
+def _run(path: Path, work: Path) -> Diagnosis:
     return run_analysis([str(path)], workdir=work)
 
 
-def _serious(a: Analysis) -> list[str]:
+def _serious(a: Diagnosis) -> list[str]:
     return [
         f"{f.severity} {f.kind} {f.ranks}: {f.message}"
         for f in a.findings
@@ -60,13 +61,13 @@ def _serious(a: Analysis) -> list[str]:
     ]
 
 
-def _blamed(a: Analysis) -> set[int]:
+def _blamed(a: Diagnosis) -> set[int]:
     """Every rank a hang-related finding blames."""
     kinds = ("hang", "timeout", "timeout_imminent", "mismatch")
     return {r for f in a.findings if f.kind in kinds for r in f.ranks}
 
 
-def _one(a: Analysis, kind: str) -> Finding:
+def _one(a: Diagnosis, kind: str) -> Finding:
     found = [f for f in a.findings if f.kind == kind]
     assert len(found) == 1, [(f.kind, f.severity, f.message) for f in a.findings]
     return found[0]
@@ -152,7 +153,9 @@ def test_culprit_survives_a_head_cut(stop5: Path, tmp_path: Path, tail: int | No
     assert hang.evidence["culprit_basis"] == "non_reporting_member"
     assert _blamed(a) == {5}
     # The launcher named a SIGABRT-ed rank as root cause: not taken for the culprit.
-    assert any(r["signal"] == "SIGABRT" for r in a.frameworks.failures.iter_rows(named=True))
+    assert any(
+        r["signal"] == "SIGABRT" for r in a.analysis.frameworks.failures.iter_rows(named=True)
+    )
 
 
 @pytest.mark.parametrize("tail", [120, 200])
@@ -259,7 +262,7 @@ def test_companion_lines_join_and_every_member_entered(tmp_path: Path) -> None:
     (tmp_path / "in").mkdir()
     shutil.copy(_INSIDE, tmp_path / "in" / "excerpt.log")
     a = _run(tmp_path / "in", tmp_path / "work")
-    t = a.frameworks.timeouts.sort("rank")
+    t = a.analysis.frameworks.timeouts.sort("rank")
     assert t["pg"].to_list() == ["1", "1", "1"]
     assert t["last_enqueued"].to_list() == [1582, 1582, 1582]
     timeout = _one(a, "timeout")
@@ -340,7 +343,7 @@ def test_no_progress_for_minutes_is_evidence_of_a_stop(tmp_path: Path) -> None:
     generate(spec, tmp_path / "job")
     a = _run(tmp_path / "job", tmp_path / "work")
     assert _one(a, "hang").severity == "info"
-    ctx = Context(a)
+    ctx = Context(a.analysis)
     end = ctx.last_ts
     assert end is not None
     detector = HangDetector()
@@ -394,7 +397,7 @@ def test_a_group_no_line_names_is_not_taken_for_the_world_when_its_size_differs(
     a = _run(tmp_path / "in", tmp_path / "work")
     t = _one(a, "timeout")
     assert t.evidence["waiting_ranks"] == [0, 1, 2]
-    assert a.frameworks.world_size == 8
+    assert a.analysis.frameworks.world_size == 8
     assert t.evidence.get("non_reporting") in (None, [3])  # group rank 3, not 3-7
     assert _blamed(a) == set()  # its global rank is not in the logs
 
@@ -431,7 +434,7 @@ def test_live_now_makes_a_long_stall_stop_evidence(
     (no ``now``) or live a minute later, that is a log that ends: ``info``.  Live, with
     the wall clock past the bound (``MIN_STALL_S``) since the waiters' last line, the
     stall is the evidence: a ``warning`` naming rank 6, and the countdown with it."""
-    end = Context(run_analysis([str(STALLED)], workdir=tmp_path / "w0")).last_ts
+    end = Context(run_analysis([str(STALLED)], workdir=tmp_path / "w0").analysis).last_ts
     assert end is not None
     now = None if idle_s is None else end + timedelta(seconds=idle_s)
     a = run_analysis([str(STALLED)], workdir=tmp_path / "w1", now=now)
@@ -456,7 +459,7 @@ def test_live_window_passes_the_wall_clock(tmp_path: Path) -> None:
     from ncclscope.agent.live import LiveWindow
 
     window = LiveWindow(tmp_path / "seg")
-    end = Context(run_analysis([str(STALLED)], workdir=tmp_path / "w0")).last_ts
+    end = Context(run_analysis([str(STALLED)], workdir=tmp_path / "w0").analysis).last_ts
     assert end is not None
     text = (STALLED / "job.log").read_text().splitlines()
     window.add([("job.log", line, end) for line in text])
@@ -476,8 +479,7 @@ def test_a_run_that_a_restart_followed_ended_but_blames_nobody(tmp_path: Path) -
     run ended there (``restarted`` is stop evidence), but a killed or preempted healthy
     run ends so too; with nothing else, the hang stays ``info`` and nobody is blamed."""
     a = run_analysis([str(STALLED)], workdir=tmp_path / "w")
-    a.followed_by = ["restart"]
-    ctx = Context(a)
+    ctx = Context(replace(a.analysis, followed_by=["restart"]))
     detector = HangDetector()
     (hang,) = detector.policy(detector.metric(ctx), ctx)
     assert hang.evidence["stop_evidence"] == ["restarted"]
@@ -503,5 +505,5 @@ def test_a_log_that_ends_with_the_watchdogs_aborts_holds_the_whole_block(
     assert hang.ranks == [5]
     assert hang.severity == "critical"
     assert hang.evidence["culprit_basis"] == "non_reporting_member"
-    aborts = a.frameworks.torch_events.filter(pl.col("kind") == "process_abort")
+    aborts = a.analysis.frameworks.torch_events.filter(pl.col("kind") == "process_abort")
     assert aborts.height == 7

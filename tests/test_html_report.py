@@ -23,7 +23,7 @@ import pytest
 from click.testing import CliRunner
 from plotly.offline import get_plotlyjs
 
-from ncclscope.analysis import Analysis, run_analysis
+from ncclscope.analysis import Diagnosis, run_analysis
 from ncclscope.cli import cli
 from ncclscope.detect.base import Finding
 from ncclscope.detect.context import Context
@@ -86,7 +86,7 @@ def telemetry_frame(
     return pl.DataFrame(rows, schema=TELEMETRY_SCHEMA, orient="row")
 
 
-def _analyse(paths: list[Path], tmp: Path, telemetry: pl.DataFrame | None = None) -> Analysis:
+def _analyse(paths: list[Path], tmp: Path, telemetry: pl.DataFrame | None = None) -> Diagnosis:
     return run_analysis([str(p) for p in paths], workdir=tmp / "work", telemetry=telemetry)
 
 
@@ -144,18 +144,18 @@ def test_no_coll_lines(tmp_path: Path) -> None:
 def test_steps_from_the_timeline_per_rank(tmp_path: Path) -> None:
     """With NCCL timestamps every rank's phases come from ncclscope.model.timeline."""
     a = _analyse([FIXTURES / "straggler-227-ts"], tmp_path)
-    steps = step_table(a, Context(a))
+    steps = step_table(a.analysis, Context(a.analysis))
     assert steps.schema == REPORT_STEPS_SCHEMA
     assert set(steps["source"]) == {"collectives"}
     assert steps["rank"].n_unique() == 16
     assert set(steps["phase"]) == {"fwd", "bwd", "step"}
-    assert len(steps) == len(Context(a).timeline.filter(pl.col("source") == "collectives"))
+    assert len(steps) == len(Context(a.analysis).timeline.filter(pl.col("source") == "collectives"))
 
 
 def test_steps_from_timers_are_numbered_in_print_order(tmp_path: Path) -> None:
     """Without timestamps, rank 0's DeepSpeed timers give the steps."""
     a = _analyse([FIXTURES / "zero3-offload-hang"], tmp_path)
-    steps = step_table(a, Context(a))
+    steps = step_table(a.analysis, Context(a.analysis))
     assert steps.schema == REPORT_STEPS_SCHEMA
     assert set(steps["source"]) == {"deepspeed_timers"}
     assert sorted(steps["step"].unique()) == [0, 1, 2]  # 3 timer prints
@@ -164,7 +164,7 @@ def test_steps_from_timers_are_numbered_in_print_order(tmp_path: Path) -> None:
 
 def test_steps_from_collectives_without_timers(tmp_path: Path) -> None:
     a = _analyse([FIXTURES / "stalled-227-ts"], tmp_path)
-    steps = step_table(a, Context(a))
+    steps = step_table(a.analysis, Context(a.analysis))
     assert set(steps["source"]) == {"collectives"}
     # 4 layers: 13 world collectives a step; the job hung at #30, in step 2.
     assert steps["step"].to_list() == [0, 1, 2]

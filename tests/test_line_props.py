@@ -411,7 +411,7 @@ def test_fast_path_and_reference_agree(rows: list[tuple[GeneratedLine, list[str]
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "gen.log"
         path.write_text("".join(t + "\n" for t in texts), encoding="utf-8")
-        analysis = run_analysis([str(path)], workdir=_workdir(tmp))
+        analysis = run_analysis([str(path)], workdir=_workdir(tmp)).analysis
         assert analysis.problems == []
         assert analysis.summary is not None
         assert analysis.collectives is not None
@@ -433,7 +433,7 @@ def test_fast_path_counts_every_coll_line(lines: list[GeneratedLine]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "gen.log"
         path.write_text("".join(line.text + "\n" for line in lines), encoding="utf-8")
-        analysis = run_analysis([str(path)], workdir=_workdir(tmp))
+        analysis = run_analysis([str(path)], workdir=_workdir(tmp)).analysis
         account = analysis.inputs.row(0, named=True)
         assert analysis.summary is not None
         calls = analysis.summary.calls
@@ -455,7 +455,7 @@ def test_fast_path_and_reference_agree_on_the_timestamp_digits() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "ts.log"
         path.write_text("".join(t + "\n" for t in texts))
-        analysis = run_analysis([str(path)], workdir=_workdir(tmp))
+        analysis = run_analysis([str(path)], workdir=_workdir(tmp)).analysis
         assert analysis.collectives is not None
         got = analysis.collectives.sort("line_no").select("ts").collect()["ts"].to_list()
     assert got == want

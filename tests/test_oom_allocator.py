@@ -18,7 +18,7 @@ import pytest
 
 from ncclscope import synth
 from ncclscope.agent.telemetry import read_telemetry
-from ncclscope.analysis import Analysis, run_analysis
+from ncclscope.analysis import Diagnosis, run_analysis
 from ncclscope.detect.base import Finding
 from ncclscope.detect.oom_risk import kendall_tau, theil_sen
 from ncclscope.parsers.torch.lines import parse_cuda_oom, parse_torch
@@ -65,16 +65,16 @@ def _generate(
     return out
 
 
-def _analyse(job: Path, tmp: Path) -> Analysis:
+def _analyse(job: Path, tmp: Path) -> Diagnosis:
     tel = read_telemetry([job / "telemetry"])
     return run_analysis([str(job / "job.log")], workdir=tmp, telemetry=tel)
 
 
-def _oom(a: Analysis) -> list[Finding]:
+def _oom(a: Diagnosis) -> list[Finding]:
     return [f for f in a.findings if f.kind == "oom_risk"]
 
 
-def _alarms(a: Analysis) -> list[Finding]:
+def _alarms(a: Diagnosis) -> list[Finding]:
     return [f for f in _oom(a) if f.severity in ("warning", "critical")]
 
 
@@ -105,7 +105,7 @@ def test_flat_cache_at_95_to_99_percent_is_no_alarm(
 ) -> None:
     job = _generate(_spec(seed=seed, gpu_cache_ratio=(0.95, 0.99)), tmp_path / "job", monkeypatch)
     a = _analyse(job, tmp_path / "w")
-    tel = a.telemetry.filter(pl.col("metric") == "ncclscope_gpu_memory_used_bytes")
+    tel = a.analysis.telemetry.filter(pl.col("metric") == "ncclscope_gpu_memory_used_bytes")
     # the job really does sit high: a GPU ends at >= 97% (the old critical line)
     last = tel.group_by("labels").agg(pl.col("value").sort_by("ts").last())["value"]
     assert (last >= 0.97 * GPU_TOTAL_BYTES).sum() >= 1

@@ -90,8 +90,8 @@ def test_the_stopped_rank_without_a_file_is_exposed_to_detectors(tmp_path: Path)
     folder = _per_rank_job(tmp_path, spec)
     _file_of(folder, 2, 8).unlink()
     analysis = run_analysis([str(folder)], workdir=tmp_path / "w")
-    assert analysis.ranks_without_logs == [2]
-    assert Context(analysis).ranks_without_logs == frozenset({2})
+    assert analysis.analysis.ranks_without_logs == [2]
+    assert Context(analysis.analysis).ranks_without_logs == frozenset({2})
 
 
 def test_world_size_from_coll_lines_without_init_lines(tmp_path: Path) -> None:

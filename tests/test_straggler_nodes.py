@@ -16,7 +16,7 @@ from typing import Any
 import jobgen
 import pytest
 
-from ncclscope.analysis import Analysis, run_analysis
+from ncclscope.analysis import Diagnosis, run_analysis
 from ncclscope.detect.base import Finding, severity_at_least
 from ncclscope.detect.straggler import find_window
 from ncclscope.synth import SlowHost, SlowRank, SlowSpell, SynthSpec, generate
@@ -29,12 +29,12 @@ def _late(share: float) -> float:
     return share * _GAP / (1 - share)
 
 
-def _run(tmp_path: Path, spec: SynthSpec) -> tuple[Analysis, dict[str, Any]]:
+def _run(tmp_path: Path, spec: SynthSpec) -> tuple[Diagnosis, dict[str, Any]]:
     truth = generate(spec, tmp_path / "job").to_dict()
     return run_analysis([str(tmp_path / "job")], workdir=tmp_path / "work"), truth
 
 
-def _stragglers(a: Analysis) -> list[Finding]:
+def _stragglers(a: Diagnosis) -> list[Finding]:
     return [f for f in a.findings if f.kind == "straggler"]
 
 

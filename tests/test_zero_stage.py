@@ -11,7 +11,7 @@ from typing import Any
 import polars as pl
 import pytest
 
-from ncclscope.analysis import Analysis, run_analysis
+from ncclscope.analysis import Diagnosis, run_analysis
 from ncclscope.detect import zero_stage
 from ncclscope.detect.zero_stage import (
     Fact,
@@ -222,11 +222,11 @@ def offload_job(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def _analyse(path: Path, tmp_path: Path, telemetry: pl.DataFrame | None = None) -> Analysis:
+def _analyse(path: Path, tmp_path: Path, telemetry: pl.DataFrame | None = None) -> Diagnosis:
     return run_analysis([str(path)], workdir=tmp_path, telemetry=telemetry)
 
 
-def _finding(a: Analysis) -> Any:
+def _finding(a: Diagnosis) -> Any:
     found = [f for f in a.findings if f.kind == "zero_stage"]
     assert len(found) == 1
     return found[0]

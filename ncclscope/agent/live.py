@@ -39,10 +39,9 @@ from typing import TextIO
 import polars as pl
 
 from ncclscope.analysis import Analysis, build
-from ncclscope.detect.context import Context
 from ncclscope.detect.straggler import lateness
 from ncclscope.detect.timeout import countdown
-from ncclscope.diagnose import diagnose
+from ncclscope.diagnose import Diagnosis, diagnose
 from ncclscope.model.collectives import P2P_OPS
 from ncclscope.parsers.nccl.patterns import HEADER_RE, PREFIX_TS_RE
 
@@ -169,8 +168,6 @@ class LiveWindow:
     #: the dropped calls as of the last ``analyse`` (for ``job_rows``), by that
     #: analysis's file ids
     dropped: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=_DROPPED_SCHEMA))
-    #: the context the last ``analyse``'s detectors read (its last attempt's tables)
-    context: Context | None = None
 
     def __post_init__(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -292,13 +289,13 @@ class LiveWindow:
         *,
         lock: AbstractContextManager[object] | None = None,
         now: datetime | None = None,
-    ) -> Analysis | None:
+    ) -> Diagnosis | None:
         """The window through ``analyze``'s pipeline; None while it is empty.  ``lock``
         (the agent's, shared with the thread that adds lines) is held only while the
         window is copied out, not through the analysis.  ``now``: the agent's wall
         clock, so that a job that stopped logging is idle until now, not until its last
-        line (``Context.now``).  The context the detectors read stays in ``context``,
-        for ``job_rows``."""
+        line (``Context.now``).  The diagnosis carries the context its detectors read,
+        which ``job_rows`` exports from."""
         with lock if lock is not None else nullcontext():
             if not self._files:
                 return None
@@ -314,10 +311,8 @@ class LiveWindow:
             ),
             now=now,
         )
-        analysis = diagnosis.analysis
-        self.context = diagnosis.context
-        self.dropped = self._dropped_frame(counts, analysis.paths)
-        return analysis
+        self.dropped = self._dropped_frame(counts, diagnosis.analysis.paths)
+        return diagnosis
 
     def _dropped_frame(
         self, counts: dict[str, Counter[tuple[str, int, str]]], paths: list[str]
@@ -471,20 +466,19 @@ def _member_facts(
 
 
 def job_rows(
-    analysis: Analysis,
+    diagnosis: Diagnosis,
     now: datetime,
     *,
     dropped: pl.DataFrame | None = None,
-    context: Context | None = None,
 ) -> dict[str, list[tuple[tuple[str, ...], float]]]:
-    """The job's metric rows from an analysis of the window at time ``now``.
+    """The job's metric rows from a diagnosis of the window at time ``now``, read from
+    the context its detectors read (lateness and stalls are not computed again).
 
     ``dropped`` (``LiveWindow.dropped_calls``): the calls that left the window, so that
     ``ncclscope_collective_seq`` counts every call since the follower started.
-    ``context``: the one the detectors read (``LiveWindow.context``), so that lateness
-    and stalls are not computed again; a new one over ``analysis`` without it.
     """
-    ctx = context if context is not None else Context(analysis)
+    analysis = diagnosis.analysis
+    ctx = diagnosis.context
     rows: dict[str, list[tuple[tuple[str, ...], float]]] = {}
     rows["ncclscope_collective_seq"] = _counted_seq(analysis, dropped)
     rows.update(_member_facts(analysis, dropped))
@@ -521,7 +515,7 @@ def job_rows(
     errors = analysis.errors.group_by("kind", "severity").len()
     rows["ncclscope_nccl_errors"] = [((str(k), str(s)), float(n)) for k, s, n in errors.iter_rows()]
     counts: dict[tuple[str, str], int] = {}
-    for f in analysis.findings:
+    for f in diagnosis.findings:
         counts[(f.kind, f.severity)] = counts.get((f.kind, f.severity), 0) + 1
     rows["ncclscope_findings"] = [(k, float(n)) for k, n in sorted(counts.items())]
     unparsed = analysis.inputs["unparsed"].sum()

@@ -8,16 +8,15 @@ from pathlib import Path
 
 from ncclscope.agent.exporter import Board, identity_rows, write_textfile
 from ncclscope.agent.live import job_rows
-from ncclscope.analysis import Analysis
-from ncclscope.detect.context import Context
+from ncclscope.diagnose import Diagnosis
 
 __all__ = ["write_postmortem"]
 
 
-def write_postmortem(analysis: Analysis, path: Path) -> None:
+def write_postmortem(diagnosis: Diagnosis, path: Path) -> None:
     """Write the job's metrics at the logs' last time (else now) to ``path``."""
     board = Board()
     board.set("identity", identity_rows())
-    now = Context(analysis).last_ts or datetime.now(UTC)
-    board.set("job", job_rows(analysis, now))
+    now = diagnosis.context.last_ts or datetime.now(UTC)
+    board.set("job", job_rows(diagnosis, now))
     write_textfile(board, path)

@@ -267,11 +267,10 @@ class Agent:
     def _detect_once(self) -> bool:
         work = Path(self._workdir.name) / "live"
         now = self.wall()
-        analysis = self.window.analyse(work, lock=self._window_lock, now=now)
-        if analysis is not None:
-            rows = job_rows(analysis, now, dropped=self.window.dropped, context=self.window.context)
-            self.board.set("job", rows)
-            self._learn_pids(analysis)
+        diagnosis = self.window.analyse(work, lock=self._window_lock, now=now)
+        if diagnosis is not None:
+            self.board.set("job", job_rows(diagnosis, now, dropped=self.window.dropped))
+            self._learn_pids(diagnosis.analysis)
         return True
 
     def _learn_pids(self, analysis: Any) -> None:

@@ -42,7 +42,8 @@ from ncclscope.model.timeline import find_period
 from ncclscope.schema import REPORT_STEPS_SCHEMA, TS
 
 if TYPE_CHECKING:
-    from ncclscope.analysis import Analysis
+    from ncclscope.diagnose import Diagnosis
+    from ncclscope.model import Analysis
 
 __all__ = [
     "MAX_HEATMAP_CELLS",
@@ -242,6 +243,7 @@ class _Data:
     """What the sections read, computed once."""
 
     analysis: Analysis
+    diagnosis: Diagnosis
     ctx: Context
     steps: pl.DataFrame
     bounds: pl.DataFrame
@@ -284,8 +286,10 @@ def _lateness(ctx: Context, comm: str | None) -> pl.DataFrame:
     )
 
 
-def _data(analysis: Analysis) -> _Data:
-    ctx = Context(analysis)
+def _data(diagnosis: Diagnosis) -> _Data:
+    # The detectors' context: lateness and periods are not computed a second time.
+    analysis = diagnosis.analysis
+    ctx = diagnosis.context
     steps = step_table(analysis, ctx)
     members = analysis.identity.members.filter(pl.col("rank").is_not_null())
     labels = {
@@ -294,12 +298,13 @@ def _data(analysis: Analysis) -> _Data:
     }
     culprits = {
         r
-        for f in analysis.findings
+        for f in diagnosis.findings
         if f.kind in ("hang", "mismatch", "straggler", "timeout")
         for r in f.ranks
     }
     return _Data(
         analysis=analysis,
+        diagnosis=diagnosis,
         ctx=ctx,
         steps=steps,
         bounds=step_bounds(steps),
@@ -793,7 +798,7 @@ def _mark_findings(
     end_of_logs = d.ctx.last_ts
     shapes: list[dict[str, Any]] = []
     notes: list[dict[str, Any]] = []
-    for f in d.analysis.findings:
+    for f in d.diagnosis.findings:
         window = _finding_window(f)
         if window is None:
             continue
@@ -825,10 +830,11 @@ def _mark_findings(
 
 def _findings(d: _Data) -> _Section:
     a = d.analysis
-    if not a.findings:
+    findings = d.diagnosis.findings
+    if not findings:
         return _Section("findings", "Findings", _note("Nothing wrong was found in these logs."))
     parts = []
-    for k, f in enumerate(a.findings):
+    for k, f in enumerate(findings):
         color = _SEVERITY_COLOR.get(f.severity, "#7f8c8d")
         facts = []
         if f.ranks:
@@ -842,7 +848,7 @@ def _findings(d: _Data) -> _Section:
         lines = []
         for ref in f.lines:
             path = a.paths[ref.file_id] if 0 <= ref.file_id < len(a.paths) else "?"
-            text = a.quoted.get((ref.file_id, ref.line_no), "")
+            text = d.diagnosis.quoted.get((ref.file_id, ref.line_no), "")
             lines.append(
                 f'<div class="ref">{_esc(path)}:{ref.line_no}</div>'
                 f'<pre class="line">{_esc(text)}</pre>'
@@ -856,7 +862,7 @@ def _findings(d: _Data) -> _Section:
             f"<p>{_esc(f.message)}</p>{''.join(lines)}"
             f"<details><summary>evidence</summary><pre>{_esc(evidence)}</pre></details></div>"
         )
-    return _Section("findings", f"Findings ({len(a.findings)})", "".join(parts))
+    return _Section("findings", f"Findings ({len(findings)})", "".join(parts))
 
 
 def _job(d: _Data) -> str:
@@ -916,9 +922,10 @@ window.addEventListener("error", function (e) {
 """
 
 
-def render_html(analysis: Analysis) -> str:
+def render_html(diagnosis: Diagnosis) -> str:
     """The whole report as one HTML document (plotly.js embedded)."""
-    d = _data(analysis)
+    d = _data(diagnosis)
+    analysis = diagnosis.analysis
     sections = [_findings(d), _timeline(d), _heatmap(d), _phases(d), _telemetry(d)]
     nav = "".join(f'<a href="#{s.anchor}">{_esc(s.title)}</a>' for s in sections)
     body = "".join(
@@ -939,9 +946,9 @@ def render_html(analysis: Analysis) -> str:
     )
 
 
-def write_html(analysis: Analysis, path: Path) -> int:
+def write_html(diagnosis: Diagnosis, path: Path) -> int:
     """Write the report to ``path`` (atomically); return its size in bytes."""
-    text = render_html(analysis)
+    text = render_html(diagnosis)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)

@@ -13,7 +13,8 @@ from typing import Any
 import polars as pl
 
 from ncclscope import __version__
-from ncclscope.analysis import Analysis
+from ncclscope.diagnose import Diagnosis
+from ncclscope.model import Analysis
 
 __all__ = ["SCHEMA", "to_json_dict"]
 
@@ -22,8 +23,9 @@ SCHEMA = "ncclscope.analysis/1"
 _REASONS = ("blank", "other", "malformed", "binary", "too_long")
 
 
-def to_json_dict(analysis: Analysis) -> dict[str, Any]:
-    """Build the JSON document (plain dicts and lists) for an analysis."""
+def to_json_dict(diagnosis: Diagnosis) -> dict[str, Any]:
+    """Build the JSON document (plain dicts and lists) for a diagnosis."""
+    analysis = diagnosis.analysis
     return {
         "schema": SCHEMA,
         "version": __version__,
@@ -36,8 +38,8 @@ def to_json_dict(analysis: Analysis) -> dict[str, Any]:
         "failures": _failures(analysis),
         "timers": _timers(analysis),
         "gaps": [{"what": g.what, "settings": list(g.settings)} for g in analysis.gaps],
-        "findings": _findings(analysis),
-        "attempts": _attempts(analysis),
+        "findings": _findings(diagnosis),
+        "attempts": _attempts(diagnosis),
         "flight_recorder": _flight(analysis),
     }
 
@@ -103,10 +105,11 @@ def _flight(analysis: Analysis) -> dict[str, Any]:
     }
 
 
-def _attempts(analysis: Analysis) -> list[dict[str, Any]]:
+def _attempts(diagnosis: Diagnosis) -> list[dict[str, Any]]:
     """The runs the inputs hold, in order; findings by their index in ``findings``."""
+    analysis = diagnosis.analysis
     out = []
-    for a in analysis.attempts:
+    for a in diagnosis.attempts:
         spans = [
             {
                 "path": analysis.paths[file_id],
@@ -350,15 +353,16 @@ def _errors(analysis: Analysis) -> list[dict[str, Any]]:
     return sorted(out, key=lambda e: (e["first_line"]["path"], e["first_line"]["line_no"]))
 
 
-def _findings(analysis: Analysis) -> list[dict[str, Any]]:
+def _findings(diagnosis: Diagnosis) -> list[dict[str, Any]]:
     """Findings as the detectors ordered them: most severe, then most costly, first."""
+    analysis = diagnosis.analysis
     out = []
-    for f in analysis.findings:
+    for f in diagnosis.findings:
         lines = [
             {
                 "path": analysis.paths[ref.file_id] if ref.file_id < len(analysis.paths) else None,
                 "line_no": ref.line_no,
-                "text": analysis.quoted.get((ref.file_id, ref.line_no)),
+                "text": diagnosis.quoted.get((ref.file_id, ref.line_no)),
             }
             for ref in f.lines
         ]

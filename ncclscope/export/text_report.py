@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ncclscope import __version__
-from ncclscope.analysis import Analysis
+from ncclscope.diagnose import Diagnosis
 from ncclscope.export.json_report import to_json_dict
 from ncclscope.units import human_bytes
 
@@ -18,9 +18,9 @@ _MAX_ERRORS = 8
 _SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 
 
-def render_text(analysis: Analysis, *, doc: dict[str, Any] | None = None) -> str:
+def render_text(diagnosis: Diagnosis, *, doc: dict[str, Any] | None = None) -> str:
     """Render the summary; ``doc`` is the JSON document if already built."""
-    doc = doc if doc is not None else to_json_dict(analysis)
+    doc = doc if doc is not None else to_json_dict(diagnosis)
     out: list[str] = []
     _header(out, doc)
     _findings(out, doc)

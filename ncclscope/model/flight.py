@@ -25,7 +25,7 @@ left out: PyTorch runs a lone point-to-point pair on a communicator of its own.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import polars as pl
@@ -40,6 +40,7 @@ from ncclscope.schema import (
     FLIGHT_SCHEMA,
     validate,
 )
+from ncclscope.sources import Problem
 
 __all__ = ["FlightTables", "join_flight", "read_flight"]
 
@@ -48,7 +49,7 @@ MIN_AGREEMENT = 0.5
 _P2P = ("Send", "Recv")
 
 
-@dataclass
+@dataclass(frozen=True)
 class FlightTables:
     """What the Flight Recorder dumps held, and how they join the logs.
 
@@ -78,21 +79,24 @@ class FlightTables:
 
 def read_flight(
     dumps: Sequence[tuple[str, Path, str]], first_file_id: int
-) -> tuple[FlightTables, list[DumpRead]]:
+) -> tuple[FlightTables, list[Problem]]:
     """Read the dumps (display name, path, input kind); their file_ids start at
-    ``first_file_id``.  Refused and unreadable files come back with ``problem`` set."""
+    ``first_file_id``.  A refused or unreadable file is a problem (and a row of
+    ``dumps`` with its ``problem``)."""
     reads = [read_dump(path, display, kind) for display, path, kind in dumps]
-    frames = dump_frames(reads, first_file_id)
-    tables = FlightTables(*frames)
-    tables.skipped = {d.path: dict(sorted(d.skipped.items())) for d in reads if d.skipped}
-    tables.notes = {d.path: list(d.notes) for d in reads if d.notes}
+    notes = {d.path: list(d.notes) for d in reads if d.notes}
     for rank, paths in _duplicate_ranks(reads).items():
         for path in paths:
             others = ", ".join(p for p in paths if p != path)
-            tables.notes.setdefault(path, []).append(
+            notes.setdefault(path, []).append(
                 f"rank {rank} has other dumps too ({others}): the entries of each are kept"
             )
-    return tables, reads
+    tables = FlightTables(
+        *dump_frames(reads, first_file_id),
+        skipped={d.path: dict(sorted(d.skipped.items())) for d in reads if d.skipped},
+        notes=notes,
+    )
+    return tables, [Problem(d.path, d.problem) for d in reads if d.problem is not None]
 
 
 def _duplicate_ranks(reads: list[DumpRead]) -> dict[int, list[str]]:
@@ -140,7 +144,8 @@ def join_flight(
     collectives: pl.LazyFrame | None,
 ) -> FlightTables:
     """Map each process group of the dumps to the logs' communicator and join the
-    entries to its COLL lines (module docstring); fills ``pg_comms`` and ``joined``."""
+    entries to its COLL lines (module docstring): ``flight`` with ``pg_comms`` and
+    ``joined`` filled."""
     pgs = _entry_pgs(flight)
     if pgs.is_empty():
         return flight
@@ -171,16 +176,17 @@ def join_flight(
         rows.append({**base, "comm_key": comm_key, "offset": offset, "checked": checked,
                      "matched": matched, "reason": "joined"})  # fmt: skip
         joined.append(frame)
-    flight.pg_comms = validate(
+    pg_comms = validate(
         pl.DataFrame(rows, schema=FLIGHT_PG_COMMS_SCHEMA), FLIGHT_PG_COMMS_SCHEMA, "flight_pg_comms"
     )
-    if joined:
-        flight.joined = validate(
-            pl.concat(joined).sort("pg_name", "rank", "collective_seq_id"),
-            FLIGHT_JOIN_SCHEMA,
-            "flight_join",
-        )
-    return flight
+    if not joined:
+        return replace(flight, pg_comms=pg_comms)
+    frame = validate(
+        pl.concat(joined).sort("pg_name", "rank", "collective_seq_id"),
+        FLIGHT_JOIN_SCHEMA,
+        "flight_join",
+    )
+    return replace(flight, pg_comms=pg_comms, joined=frame)
 
 
 def _candidates(communicators: pl.DataFrame, pg_ranks: list[int]) -> list[str]:

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import polars as pl
 
-from ncclscope.findings import Finding
 from ncclscope.model.attempts import Attempt
 from ncclscope.model.collectives import CollSummary
 from ncclscope.model.flight import FlightTables
@@ -38,9 +37,15 @@ class Gap:
     settings: tuple[str, ...]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Analysis:
-    """Every table ``analyze`` builds, plus what the reports need to say about the inputs."""
+    """Every table ``analyze`` builds, plus what the reports need to say about the inputs.
+
+    Frozen: ``build`` makes it whole and nothing later changes it (a variant, such as
+    one attempt's view, is a ``dataclasses.replace`` copy).  Identity, communicators,
+    collectives and stats describe the job's last attempt (a restart kept in the same
+    file starts a new one); errors and framework tables cover every attempt.  What the
+    detectors find is ``ncclscope.diagnose.Diagnosis``'s."""
 
     paths: list[str]
     inputs: pl.DataFrame  # INPUTS_SCHEMA
@@ -67,16 +72,9 @@ class Analysis:
     workdir: Path | None = None
     #: the inputs as read, by file_id (for quoting their lines)
     sources: list[Input] = field(default_factory=list)
-    findings: list[Finding] = field(default_factory=list)
-    #: (file_id, line_no) -> text of the lines the findings point at
-    quoted: dict[tuple[int, int], str] = field(default_factory=dict)
     #: the agent's samples given with ``--telemetry`` (TELEMETRY_SCHEMA, long format);
     #: empty without them
     telemetry: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=TELEMETRY_SCHEMA))
-    #: the runs the inputs hold (a restart kept in the same file starts a new one), the
-    #: last one being the job that identity, communicators, collectives and stats
-    #: describe; errors, frameworks and findings cover every attempt
-    attempts: list[Attempt] = field(default_factory=list)
     #: the job's world size and where it came from: ``init`` (NCCL's Init lines), ``coll``
     #: (COLL lines' ``[nranks=N]``: no Init line kept), ``launcher`` (launcher or
     #: PyTorch lines: ``WORLD_SIZE=16``, ``global_world_sizes=[16]``, ``size: 16``);

@@ -1,17 +1,19 @@
-"""What every line parser shares: the timestamp helper and the line-cleaning steps.
+"""What every line parser shares: the timestamp helper and the line cleaner.
 
-Each source cleans its lines with the same steps (ANSI escapes out, the record picked
-from a ``\\r``-redrawn progress bar) but its own policy for which ``\\r`` segment holds a
-record; the steps live here once, the policy stays with its parser.
+Each source cleans its lines with the same steps (NULs and ANSI escapes out, an
+overlong line cut, the record picked from a ``\\r``-redrawn progress bar) through one
+:class:`LineCleaner`; what differs between sources (which ``\\r`` segment holds a record,
+which end of an overlong line to keep) is the policy each parser gives it.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
-__all__ = ["ANSI_RE", "last_segment", "strip_ansi", "to_dt"]
+__all__ = ["ANSI_RE", "LineCleaner", "last_segment", "strip_ansi", "to_dt"]
 
 #: ANSI escape sequences (colours, cursor moves) that terminals and loggers add; Ray
 #: colours its ``(pid=..)`` prefix.
@@ -58,6 +60,48 @@ def last_segment(
         if limit is not None and seen >= limit:
             break
     return last
+
+
+@dataclass(frozen=True)
+class LineCleaner:
+    """A parser's policy for turning a physical line into the text its grammar reads.
+
+    The steps, in order: NULs out (``drop_nul``); an overlong line cut to its last
+    ``tail_chars`` (where the record ends a line: a DeepSpeed record after a runaway
+    bar); ANSI escapes out; of ``\\r`` segments, the last non-blank one that ``keep``
+    accepts (``last_segment``: at most ``segments`` tried, each cut to ``head_chars``);
+    the line cut to its first ``head_chars``; the launcher tag of the physical line
+    (``tag``: only the first segment carries it) put back in front; the newline off.
+
+    >>> LineCleaner()("Epoch 1: 42%|####  | 42/100\\rnode1:1:1 [0] NCCL INFO x\\n")
+    'node1:1:1 [0] NCCL INFO x'
+    >>> LineCleaner(drop_nul=True, head_chars=8)("\\x1b[31mab\\x00cdefghij\\x1b[0m")
+    'abcdefgh'
+    """
+
+    keep: Callable[[str], bool] | None = None
+    segments: int | None = None
+    head_chars: int | None = None
+    tail_chars: int | None = None
+    drop_nul: bool = False
+    tag: Callable[[str], str] | None = None
+
+    def __call__(self, text: str) -> str:
+        if self.drop_nul and "\x00" in text:
+            text = text.replace("\x00", "")
+        if self.tail_chars is not None and len(text) > self.tail_chars:
+            text = text[-self.tail_chars :]
+        if "\x1b" in text:  # tested here: cheaper than the call on the hot path
+            text = strip_ansi(text)
+        if "\r" in text:
+            last = last_segment(text, self.keep, limit=self.segments, cap=self.head_chars)
+            if self.tag is not None and last:
+                head = self.tag(text)
+                last = last if not head or last.startswith(head) else head + last
+            text = last
+        if self.head_chars is not None and len(text) > self.head_chars:
+            text = text[: self.head_chars]
+        return text.rstrip("\n")
 
 
 def to_dt(date: str, time: str, frac: str | None) -> datetime | None:

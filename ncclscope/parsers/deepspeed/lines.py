@@ -47,7 +47,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from ncclscope.parsers.common import last_segment, strip_ansi
+from ncclscope.parsers.common import LineCleaner
 from ncclscope.parsers.deepspeed.blocks import (
     _BLOCK_FEEDERS,
     BLOCK_LINES,
@@ -155,29 +155,6 @@ _BLOCK_MISSES = {"config": 20, "json": 20, "comms": 8}
 # Cleaning and prefixes
 
 
-def _clean(raw: str) -> str:
-    """The text of a physical line: tail of an overlong line, no ANSI, last ``\\r`` segment.
-
-    >>> _clean("host-1: \\r 7%|#  | 41/596\\r[2024-02-19 10:11:12,345] [INFO] x\\r\\n")
-    'host-1: [2024-02-19 10:11:12,345] [INFO] x'
-    >>> _clean("[Rank 0] time (ms) | fwd: 80.20\\r 7%|#  | 41/596 [00:30<07:11]")
-    '[Rank 0] time (ms) | fwd: 80.20'
-    """
-    text = raw[-_MAX_LINE:] if len(raw) > _MAX_LINE else raw
-    if "\x1b" in text:  # tested here: cheaper than the call on the hot path
-        text = strip_ansi(text)
-    if "\r" in text:
-        # the record is the last segment that holds one (a bar redrawn after the record,
-        # as an unbuffered stderr interleaves with stdout, must not hide it); keep the
-        # launcher tag of the physical line, which only the first segment carries.
-        last = last_segment(text, _holds_record)
-        if not last:
-            return ""
-        head, _ = _split_prefix(text)
-        text = last if not head or last.startswith(head) else head + last
-    return text.rstrip("\n")
-
-
 def _holds_record(segment: str) -> bool:
     return "time (ms) |" in segment or HEADER_RE.search(segment) is not None
 
@@ -195,6 +172,26 @@ def _split_prefix(text: str) -> tuple[str, str]:
             break
         pos = m.end()
     return text[:pos], text[pos:]
+
+
+#: DeepSpeed's policy: the tail of an overlong line (the record ends it); of ``\\r``
+#: segments the last that holds a record (a bar redrawn after the record, as an
+#: unbuffered stderr interleaves with stdout, must not hide it), with the launcher tag
+#: of the physical line, which only the first segment carries, kept in front.
+_CLEANER = LineCleaner(
+    keep=_holds_record, tail_chars=_MAX_LINE, tag=lambda text: _split_prefix(text)[0]
+)
+
+
+def _clean(raw: str) -> str:
+    """The text of a physical line, by DeepSpeed's policy (``_CLEANER``).
+
+    >>> _clean("host-1: \\r 7%|#  | 41/596\\r[2024-02-19 10:11:12,345] [INFO] x\\r\\n")
+    'host-1: [2024-02-19 10:11:12,345] [INFO] x'
+    >>> _clean("[Rank 0] time (ms) | fwd: 80.20\\r 7%|#  | 41/596 [00:30<07:11]")
+    '[Rank 0] time (ms) | fwd: 80.20'
+    """
+    return _CLEANER(raw)
 
 
 def _last_header(text: str) -> re.Match[str] | None:

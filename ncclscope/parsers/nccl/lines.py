@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from ncclscope.parsers.common import last_segment, strip_ansi, to_dt
+from ncclscope.parsers.common import LineCleaner, to_dt
 from ncclscope.parsers.nccl import patterns as pat
 
 __all__ = [
@@ -215,17 +215,11 @@ class ParsedLine:
 # Cleaning and prefixes
 
 
-def clean_line(line: str) -> str:
-    """Drop ANSI escapes and a ``\\r`` progress bar glued in front; keep the last segment.
-
-    ``clean_line("Epoch 1: 42%|####  | 42/100\\rnode1:1:1 [0] NCCL INFO x") ==
-    "node1:1:1 [0] NCCL INFO x"``
-    """
-    if "\x1b" in line:  # tested here: cheaper than the call on the hot path
-        line = strip_ansi(line)
-    if "\r" in line:
-        line = last_segment(line)
-    return line.rstrip("\n")
+#: NCCL's policy: the last non-blank ``\\r`` segment (a bar glued in front of a line),
+#: the whole line otherwise (overlong lines are the scan's to count).
+#: ``clean_line("Epoch 1: 42%|####  | 42/100\\rnode1:1:1 [0] NCCL INFO x")`` is
+#: ``"node1:1:1 [0] NCCL INFO x"``.
+clean_line = LineCleaner()
 
 
 def _parse_ts(prefix: str) -> tuple[datetime | None, str]:

@@ -39,7 +39,7 @@ from datetime import datetime
 
 import polars as pl
 
-from ncclscope.parsers.common import last_segment, strip_ansi
+from ncclscope.parsers.common import LineCleaner
 from ncclscope.parsers.torch.handlers import (
     _companion,
     _desync_lag,
@@ -101,27 +101,25 @@ _MAX_SEGMENTS = 8  # ``\r`` segments of one line searched for a message
 # Cleaning
 
 
-def _clean(text: str) -> str:
-    """Drop NULs, a ``\\r``-glued progress bar, ANSI escapes; cap the length.
-
-    ``_clean(" 7%|##  | 41/596 [01:13<15:34]\\r[rank1]:[E ..] x")`` is
-    ``"[rank1]:[E ..] x"``.  When a line holds several ``\\r`` segments the last one
-    that carries a message this parser reads wins (a bar redrawn *after* the message
-    must not hide it), else the last non-blank one.
-    """
-    if "\x00" in text:
-        text = text.replace("\x00", "")
-    if "\r" in text:
-        text = last_segment(text, _has_needle, limit=_MAX_SEGMENTS, cap=_MAX_CHARS)
-    if len(text) > _MAX_CHARS:
-        text = text[:_MAX_CHARS]
-    if "\x1b" in text:  # tested here: cheaper than the call on the hot path
-        text = strip_ansi(text)
-    return text.rstrip("\n")
-
-
 def _has_needle(segment: str) -> bool:
     return any(needle in segment for needle in _ALL_NEEDLES)
+
+
+#: PyTorch's policy: NULs out; of a line's ``\\r`` segments the last that carries a
+#: message this parser reads (a bar redrawn *after* the message must not hide it), else
+#: the last non-blank one; at most ``_MAX_CHARS`` kept.
+_CLEANER = LineCleaner(
+    keep=_has_needle, segments=_MAX_SEGMENTS, head_chars=_MAX_CHARS, drop_nul=True
+)
+
+
+def _clean(text: str) -> str:
+    """The text of a physical line, by PyTorch's policy (``_CLEANER``).
+
+    >>> _clean(" 7%|##  | 41/596 [01:13<15:34]\\r[rank1]:[E ..] x")
+    '[rank1]:[E ..] x'
+    """
+    return _CLEANER(text)
 
 
 def logger_time(text: str, year: int | None) -> datetime | None:
