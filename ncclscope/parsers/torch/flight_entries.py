@@ -2,7 +2,7 @@
 
 A dump holds up to ``TORCH_FR_BUFFER_SIZE`` entries per rank (2,000 recommended), each
 a dict of ~25 keys.  Checking them one by one costs ~13 us an entry in CPython; here each
-key becomes a column (one pass: ``map(e.get, KEYS)`` per entry, then a transpose), and
+key becomes a column (one list comprehension per key), and
 each column is checked at once: the set of Python types it holds (``set(map(type,
 col))``) is almost always the allowed one, and only a column that holds another type is
 walked value by value to find the entries to skip.  Ranges are checked in polars.
@@ -328,13 +328,9 @@ def read_entries(entries: list[Any]) -> tuple[pl.DataFrame, Counter[str]]:
         skipped["not a dict"] = len(entries) - len(dicts)
     if not dicts:
         return pl.DataFrame(schema=ENTRY_SCHEMA), skipped
-    c = dict(
-        zip(
-            _KEYS,
-            map(list, zip(*(tuple(map(e.get, _KEYS)) for e in dicts), strict=True)),
-            strict=True,
-        )
-    )
+    # One list per key: a comprehension per key beats transposing per-entry tuples
+    # (7x: no tuple per entry for the GC to track).
+    c: dict[str, list[Any]] = {key: [e.get(key) for e in dicts] for key in _KEYS}
     n = len(dicts)
     skips = _Skips(n)
     # Required fields (the order of the checks is the order reasons are given in).
