@@ -99,7 +99,7 @@ def run_ncclscope(paths: list[Path]) -> dict[str, Any]:
         "straggler_ranks": sorted(stragglers),
         "finding_kinds": kinds,
         "problems": len(report.get("problems", [])),
-        "dumps_read": sum(1 for i in report.get("inputs", []) if "fr_trace" in i["path"]),
+        "dump_inputs": sum(1 for i in report.get("inputs", []) if "fr_trace" in i["path"]),
         "took_s": took,
     }
 
