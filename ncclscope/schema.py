@@ -459,7 +459,10 @@ FLIGHT_PG_COMMS_SCHEMA = _schema(
     {
         "pg_name": pl.String,
         "pg_desc": pl.String,
-        "pg_ranks": pl.List(pl.Int32),
+        "pg_ranks": pl.List(pl.Int32),  # null: pg_config does not list the group
+        # ranks whose dumps hold calls of the group: a lower bound of its members
+        # where pg_config is silent (PyTorch 2.14 on gloo lists only the default group)
+        "ranks_with_entries": pl.List(pl.Int32),
         "comm_key": pl.String,  # null: not joined (see reason)
         "offset": pl.Int64,  # COLL seq = collective_seq_id + offset
         "checked": pl.Int64,  # dump entries with a COLL line at seq + offset

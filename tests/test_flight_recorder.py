@@ -21,7 +21,7 @@ import pytest
 from conftest import COLLS, OPCOUNTS, CliRun, write_sample
 
 from ncclscope.analysis import build
-from ncclscope.model.flight import read_flight
+from ncclscope.model.flight import join_flight, read_flight
 from ncclscope.parsers.torch.flight import (
     DumpRefusedError,
     load_dump,
@@ -290,10 +290,16 @@ def test_gloo_2_14_shapes_default_group_and_completion(tmp_path: Path) -> None:
     # pg_config names only "" even with a second group: "" is the default group ("0"),
     # the other group's members stay unknown.
     (tmp_path / "two").mkdir()
-    two = write_dumps(tmp_path / "two", two_groups)[0]
-    t2 = read_flight([("d", two, "flight_pickle")], 0)[0]
-    assert t2.groups.select("pg_name", "pg_ranks").rows() == [("0", [0, 1])]
+    two = write_dumps(tmp_path / "two", two_groups)
+    t2 = read_flight([(str(p), p, "flight_pickle") for p in two], 0)[0]
+    assert t2.groups.select("pg_name", "pg_ranks").unique().rows() == [("0", [0, 1])]
     assert sorted(t2.entries["pg_name"].unique().to_list()) == ["0", "1"]
+    # Members of "1" unknown; the ranks that recorded calls in it are a lower bound.
+    groups = join_flight(t2, pl.DataFrame(), None).pg_comms
+    assert groups.select("pg_name", "pg_ranks", "ranks_with_entries", "reason").rows() == [
+        ("0", [0, 1], [0, 1], "no_logs"),
+        ("1", None, [0, 1], "no_logs"),
+    ]
     assert t.entries["completed"].to_list() == [True, True, True, False]
     assert t.entries["backend"].unique().to_list() == ["gloo"]
     assert t.dumps["comm_lib_version"].to_list() == [None]

@@ -82,6 +82,7 @@ def _flight(analysis: Analysis) -> dict[str, Any]:
             "name": r["pg_name"],
             "desc": r["pg_desc"],
             "ranks": r["pg_ranks"] if r["pg_ranks"] is not None else [],
+            "ranks_with_entries": r["ranks_with_entries"],
             "entries": int((entries["pg_name"] == r["pg_name"]).sum()),
             "status": status.get(r["pg_name"], []),
             "join": r["reason"],

@@ -333,7 +333,8 @@ def _flight(out: list[str], doc: dict[str, Any]) -> None:
     )
     for g in groups:
         name = g["name"] + (f" ({g['desc']})" if g["desc"] else "")
-        size = f"{len(g['ranks'])} ranks" if g["ranks"] else "ranks unknown"
+        seen = _ranges(g["ranks_with_entries"]) or "none"
+        size = f"{len(g['ranks'])} ranks" if g["ranks"] else f"members unknown (calls from {seen})"
         if g["join"] == "joined":
             how = (
                 f"joined to communicator {g['comm_key']}: COLL seq = collective_seq_id "

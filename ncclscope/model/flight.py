@@ -124,7 +124,10 @@ def _entry_pgs(flight: FlightTables) -> pl.DataFrame:
     named = (
         flight.entries.filter(pl.col("pg_name").is_not_null())
         .group_by("pg_name", maintain_order=True)
-        .agg(pl.col("pg_desc").drop_nulls().first())
+        .agg(
+            pl.col("pg_desc").drop_nulls().first(),
+            pl.col("rank").drop_nulls().unique().sort().alias("ranks_with_entries"),
+        )
     )
     members = _pg_members(flight)
     return (
@@ -133,6 +136,7 @@ def _entry_pgs(flight: FlightTables) -> pl.DataFrame:
             "pg_name",
             pl.coalesce("pg_desc_right", "pg_desc").alias("pg_desc"),
             pl.col("pg_ranks").cast(pl.List(pl.Int32)),
+            pl.col("ranks_with_entries").fill_null([]).cast(pl.List(pl.Int32)),
         )
         .sort("pg_name")
     )
