@@ -38,7 +38,13 @@ CASES = sorted(p.name for p in (REPO / "fixtures").iterdir() if p.is_dir())
 
 #: Objects whose keys are data, not field names: documented as a whole.
 OPEN_MAPS = frozenset(
-    {"job.env", "collectives.by_op", "timers", "flight_recorder.dumps[].skipped_by_reason"}
+    {
+        "job.env",
+        "collectives.by_op",
+        "timers",
+        "flight_recorder.dumps[].skipped_by_reason",
+        "findings[].evidence.flight_recorder.last_enqueued",
+    }
 )
 #: Objects whose keys are documented one by one but appear only when their value is non-zero.
 #: Finding evidence keys depend on the finding's kind: each is documented, not each seen.

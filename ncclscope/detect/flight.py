@@ -83,11 +83,18 @@ class FlightMismatch:
     file_ids: list[int]
 
 
+def _one_dump_per_rank(ctx: Context) -> pl.DataFrame:
+    """(rank, file_id) of the first dump of each rank: a rank dumped twice (its pickle
+    and its JSON twin, or two jobs' dumps given together) must not count as two."""
+    d = ctx.analysis.flight.dumps.filter(pl.col("rank").is_not_null())
+    return d.group_by("rank").agg(pl.col("file_id").min())
+
+
 def _collectives(ctx: Context) -> pl.DataFrame:
     """The dumps' collectives (point-to-point calls left out: they have their own
     sequence) with a known rank and process group."""
     e = ctx.analysis.flight.entries
-    return e.filter(
+    return e.join(_one_dump_per_rank(ctx), on=["rank", "file_id"], how="semi").filter(
         ~pl.col("is_p2p").fill_null(False)
         & pl.col("rank").is_not_null()
         & pl.col("pg_name").is_not_null()
@@ -101,7 +108,9 @@ def _last_enqueued(ctx: Context) -> pl.DataFrame:
     ``pg_status`` and its entries (whichever says more: the status survives the ring's
     wrap, the entries a status the dump left out)."""
     f = ctx.analysis.flight
-    status = f.pg_status.filter(pl.col("pg_name").is_not_null() & pl.col("rank").is_not_null())
+    status = f.pg_status.filter(
+        pl.col("pg_name").is_not_null() & pl.col("rank").is_not_null()
+    ).join(_one_dump_per_rank(ctx), on=["rank", "file_id"], how="semi")
     from_status = status.group_by("pg_name", "rank").agg(pl.col("last_enqueued").max())
     from_entries = (
         _collectives(ctx)
@@ -218,6 +227,8 @@ def _mismatches(ctx: Context) -> list[FlightMismatch]:
         strict = n * 2 > len(calls) and (not rest or rest[0][1] < n)
         majority = top if strict else None
         culprits = sorted(r for r, c in calls.items() if c != top) if strict else []
+        if len(counts) < 2:
+            continue  # the rows that differed were one rank's twice
         out.append(
             FlightMismatch(
                 pg_name=str(pg),
