@@ -236,6 +236,8 @@ def _numel(sizes: list[Any], skips: _Skips, name: str) -> list[int | None]:
         if set(map(type, inner)) <= _SEQ:
             dims = list(chain.from_iterable(inner))
             if set(map(type, dims)) <= _INT and (not dims or min(dims) >= 0):
+                if len(dims) == len(inner) == len(sizes):
+                    return dims  # the common shape: one 1-D tensor an entry
                 return [sum(map(math.prod, s)) for s in sizes]
     out: list[int | None] = []
     for i, s in enumerate(sizes):
@@ -298,6 +300,12 @@ class _Frames:
     objects are alive, which they are for one ``read_entries`` call."""
 
     def first_user(self, stacks: list[Any]) -> list[str | None]:
+        # A stack list the pickler wrote once and referred to after is one object: its
+        # id is its key; otherwise the ids of its (memoised) frames.
+        lists = {id(f): f for f in stacks if type(f) is list and f}
+        if len(lists) * 4 <= len(stacks):
+            found = {k: _first_user(f) for k, f in lists.items()}
+            return [found.get(id(f)) if type(f) is list else None for f in stacks]
         keys = [tuple(map(id, f)) if type(f) is list and f else None for f in stacks]
         by_key = dict(zip(keys, stacks, strict=True))
         found = {k: _first_user(f) if k is not None else None for k, f in by_key.items()}
