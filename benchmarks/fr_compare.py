@@ -148,13 +148,19 @@ def describe_ncclscope(result: dict[str, Any]) -> str:
     return ", ".join(parts) or "no culprit"
 
 
-def agree(torch_ranks: list[int], ours: dict[str, Any]) -> str:
+def agree(torch_ranks: list[int], ours: dict[str, Any], truth: list[int]) -> str:
+    """Whether ncclscope names whom PyTorch's analyzer names, and who says more."""
     if "error" in ours:
         return "-"
-    mine = ours["culprit_ranks"]
-    if not torch_ranks and not mine:
-        return "yes (none)"
-    return "yes" if torch_ranks == mine else "no"
+    mine = ours["culprit_ranks"] or ours["straggler_ranks"]
+    if torch_ranks == mine:
+        return "yes" if mine else "yes (none)"
+    if not torch_ranks:
+        return "ncclscope says more" + (" (right)" if mine == truth else "")
+    if not mine:
+        return "PyTorch says more"
+    right = "ncclscope" if mine == truth else "PyTorch" if torch_ranks == truth else "neither"
+    return f"no ({right} right)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -180,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                 "truth": {"kind": expected["kind"], "culprit_ranks": expected["culprit_ranks"]},
                 "pytorch": torch_verdict,
                 "ncclscope": ours,
-                "agree": agree(torch_verdict["culprit_ranks"], ours),
+                "agree": agree(torch_verdict["culprit_ranks"], ours, expected["culprit_ranks"]),
             }
         )
     if args.format == "json":
