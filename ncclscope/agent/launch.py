@@ -90,7 +90,8 @@ SETTINGS: tuple[Setting, ...] = (
         "(the config checks); COLL: one line per collective and rank, which hangs, "
         "mismatches and stragglers are read from.",
         "COLL writes ~250 bytes per collective per rank: about 1 GB a day for a rank "
-        "that runs 50 collectives a second. It replaces NCCL's default INIT,BOOTSTRAP,ENV.",
+        "that runs 50 collectives a second. It replaces NCCL's default list "
+        "(INIT,BOOTSTRAP,ENV).",
     ),
     Setting(
         ("NCCL_DEBUG_FILE",),
@@ -118,20 +119,22 @@ SETTINGS: tuple[Setting, ...] = (
         "PyTorch's flight recorder keeps each rank's last 2000 collectives (state, "
         "process group, sequence, sizes). On by default with 2000 in recent PyTorch; "
         "off (0) in older ones.",
-        "~1 MB of host memory per rank and a few microseconds per collective. PyTorch "
-        "releases that know the first name warn once that the second is deprecated.",
+        "A ring of 2000 entries per process in host memory, and a Python stack captured "
+        "per collective (PyTorch calls the overhead low). PyTorch releases that know the "
+        "first name warn once that the second is deprecated.",
     ),
     Setting(
         ("TORCH_NCCL_DUMP_ON_TIMEOUT",),
         "1",
         "On a collective timeout every rank dumps its flight recorder.",
-        "The dump delays the process's exit after a timeout by up to a minute.",
+        "After a timeout, the process waits a bounded time for the dumps before it exits "
+        "(TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC).",
     ),
     Setting(
         ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"),
         "{out}/flight/nccl_trace_rank_",
         "The dumps go beside the logs (PyTorch appends the rank); default is ~/.cache/torch.",
-        "One file per rank, only when it dumps (~1 MB each with stack traces).",
+        "One file per rank, written only on a dump; it grows with the entries and their stacks.",
     ),
     Setting(
         ("PYTHONUNBUFFERED",),
