@@ -13,11 +13,12 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import click
 
 from ncclscope.agent.exporter import DEFAULT_LISTEN
+from ncclscope.agent.launch import SignalForwarder, Tee, exit_status, job_environment
 from ncclscope.agent.run import Agent, AgentConfig, LineSource
 
 __all__ = ["agent", "replay", "run"]
@@ -403,8 +404,6 @@ def run(
     exits with its status: 128+N when a signal N killed it, 127 when CMD is not found,
     126 when it cannot be run, 2 on a usage error.
     """
-    from ncclscope.agent.launch import SignalForwarder, Tee, exit_status, job_environment
-
     out = out if out is not None else _default_out()
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -440,26 +439,7 @@ def run(
     sys.stdout.flush()
     sys.stderr.flush()
     with SignalForwarder() as forwarder, (out / "output.log").open("wb") as log:
-        try:
-            proc = subprocess.Popen(
-                command,
-                env=job.env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,  # its own group: signals reach torchrun's workers too
-            )
-        except OSError as e:
-            code = 127 if isinstance(e, FileNotFoundError) else 126
-            click.echo(f"ncclscope run: cannot run {command[0]}: {e.strerror}", err=True)
-        else:
-            forwarder.attach(proc.pid)
-            pipes = [p for p in (proc.stdout, proc.stderr) if p is not None]
-            tee = Tee([p.fileno() for p in pipes], [sys.stdout.fileno(), sys.stderr.fileno()], log)
-            tee.run(gone=lambda: proc.poll() is not None)
-            code = exit_status(proc.wait())
-            for p in pipes:
-                p.close()
-            record["output"] = vars(tee.stats)
+        code = _run_job(command, job.env, forwarder, log, record)
     stop.set()
     if agent_thread is not None:
         agent_thread.join(timeout=30)
@@ -471,6 +451,48 @@ def run(
     if not no_summary or html:
         _summarise(ctx, out, html=html, text=not no_summary)
     ctx.exit(code)
+
+
+def _run_job(
+    command: tuple[str, ...],
+    env: dict[str, str],
+    forwarder: SignalForwarder,
+    log: BinaryIO,
+    record: dict[str, Any],
+) -> int:
+    """Start the job, tee its output into ``log`` until it ends; its exit status.
+
+    ``record`` gets the tee's counts and what ncclscope spent beside the job:
+    ``cpu_s.tee`` (the tee's thread) and ``cpu_s.ncclscope`` (the whole process: the
+    tee, the agent's threads, the HTTP endpoint), over ``job_wall_s``.
+    """
+    wall, cpu = time.monotonic(), time.process_time()
+    try:
+        proc = subprocess.Popen(
+            command,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # its own group: signals reach torchrun's workers too
+        )
+    except OSError as e:
+        click.echo(f"ncclscope run: cannot run {command[0]}: {e.strerror}", err=True)
+        return 127 if isinstance(e, FileNotFoundError) else 126
+    forwarder.attach(proc.pid)
+    pipes = [p for p in (proc.stdout, proc.stderr) if p is not None]
+    tee = Tee([p.fileno() for p in pipes], [sys.stdout.fileno(), sys.stderr.fileno()], log)
+    tee_cpu = time.thread_time()  # the tee runs in this thread
+    tee.run(gone=lambda: proc.poll() is not None)
+    code = exit_status(proc.wait())
+    record["cpu_s"] = {
+        "tee": round(time.thread_time() - tee_cpu, 4),
+        "ncclscope": round(time.process_time() - cpu, 4),
+    }
+    record["job_wall_s"] = round(time.monotonic() - wall, 4)
+    for p in pipes:
+        p.close()
+    record["output"] = vars(tee.stats)
+    return code
 
 
 def _summarise(ctx: click.Context, out: Path, *, html: bool, text: bool) -> None:
