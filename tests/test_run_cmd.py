@@ -334,3 +334,27 @@ def test_docs_run_md_shows_the_settings_table() -> None:
         doc = doc[:start] + settings_markdown().rstrip("\n") + doc[end:]
         (ROOT / "docs" / "run.md").write_text(doc)
     assert settings_markdown() in doc + "\n" or settings_markdown().rstrip("\n") + "\n" in doc
+
+
+def test_the_tee_stamps_exactly_as_the_agent_window_does() -> None:
+    from ncclscope.agent.live import stamp
+
+    at = datetime(2026, 1, 2, 3, 4, 5, 6)
+    lines = [
+        "[rank3]:node-0:4103:4103 [3] NCCL INFO AllReduce: opCount 4 comm 0x1",
+        "né-0: [1,3]<stdout>:node-0:4103:4110 [3] transport/net_ib.cc:90 NCCL WARN bad",
+        "node-0:4103:4103 [3] NCCL INFO NCCL version 2.21.5+cuda12.4",
+        "a line that mentions NCCL INFO but has no header",
+    ]
+    job = os.pipe()
+    term = os.pipe()
+    buf = io.BytesIO()
+    tee = Tee([job[0]], [term[1]], buf, clock=lambda: at, batch_s=0)
+    os.write(job[1], "".join(x + "\n" for x in lines).encode())
+    os.close(job[1])
+    tee.run()
+    for fd in (job[0], *term):
+        os.close(fd)
+    expected = [stamp(x, at) or x for x in lines]
+    assert buf.getvalue().decode().splitlines() == expected
+    assert tee.stats.stamped == 3

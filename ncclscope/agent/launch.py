@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
+import re
 import selectors
 import signal
 import time
@@ -36,7 +38,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import BinaryIO
 
-from ncclscope.agent.live import stamp
 from ncclscope.parsers.nccl.patterns import HEADER_RE, PREFIX_TS_RE
 
 __all__ = [
@@ -52,7 +53,17 @@ __all__ = [
 ]
 
 #: Bytes read from a pipe at once.
-_CHUNK = 1 << 16
+_CHUNK = 1 << 20
+#: The pipes' capacity asked for (Linux's default limit for a user is 1 MiB).
+_PIPE_BYTES = 1 << 20
+#: After a read, wait this long before the next: a job printing fast then fills the
+#: pipe without waking the tee at every write (a wake-up per line doubled the wall time
+#: of a job printing 100,000 lines a second), and lines reach the terminal and the log
+#: at most this late.  A line after a quiet spell goes through at once.
+_BATCH_S = 0.01
+#: HEADER_RE and PREFIX_TS_RE over bytes: no decoding of the lines that are stamped.
+_HEADER_B = re.compile(HEADER_RE.pattern.encode())
+_PREFIX_TS_B = re.compile(PREFIX_TS_RE.pattern.encode())
 #: A line without its newline longer than this is written out cut (a tqdm bar redrawn
 #: with ``\r`` for hours never ends its line; holding it all would grow without end).
 _MAX_PENDING = 1 << 20
@@ -237,6 +248,7 @@ class Tee:
             usually 1 and 2).  A descriptor that fails (a closed pipe) is dropped.
         log: the log, open for binary writing; flushed after each read.
         clock: the arrival time stamped on NCCL lines (local time, as NCCL prints it).
+        batch_s: the pause after each read (see ``_BATCH_S``).
 
     :meth:`run` returns once every pipe reached its end: a job's last lines, even a last
     one without its newline, are in the log.  A line is written whole, so lines of the
@@ -251,6 +263,7 @@ class Tee:
         log: BinaryIO,
         *,
         clock: Callable[[], datetime] = _local_now,
+        batch_s: float = _BATCH_S,
     ) -> None:
         if len(pipes) != len(terminal):
             raise ValueError("one terminal descriptor per pipe")
@@ -258,6 +271,7 @@ class Tee:
         self._pending: dict[int, bytes] = dict.fromkeys(pipes, b"")
         self._log = log
         self._clock = clock
+        self._batch_s = batch_s
         self.stats = TeeStats()
 
     def run(self, *, gone: Callable[[], bool] | None = None, linger_s: float = 5.0) -> None:
@@ -270,22 +284,28 @@ class Tee:
         sel = selectors.DefaultSelector()
         for fd in self._pending:
             sel.register(fd, selectors.EVENT_READ)
+            with contextlib.suppress(OSError, AttributeError):  # Linux only; a hint
+                fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
         quiet_since: float | None = None
         try:
             while sel.get_map():
                 events = sel.select(timeout=0.5)
                 if events:
                     quiet_since = None
+                got = 0
                 for key, _ in events:
                     fd = int(key.fd)  # registered as an int
                     data = os.read(fd, _CHUNK)
+                    got += len(data)
                     if data:
                         self._feed(fd, data)
                     else:
                         sel.unregister(fd)
                         self._end(fd)
                 self._log.flush()
-                if not events and gone is not None and gone():
+                if events and got < _CHUNK // 4:
+                    time.sleep(self._batch_s)  # a backlog is read on at once
+                elif gone is not None and gone():
                     now = time.monotonic()
                     quiet_since = quiet_since if quiet_since is not None else now
                     if now - quiet_since >= linger_s:
@@ -327,18 +347,16 @@ class Tee:
         self._log.write(lines)
 
     def _stamp(self, lines: bytes) -> bytes:
-        arrived = self._clock()
+        """``agent.live.stamp`` over bytes: the arrival time in front of each NCCL header
+        that has no time of its own (2.26+ with timestamps on keeps NCCL's)."""
+        ts = f"[{self._clock():%Y-%m-%d %H:%M:%S.%f}] ".encode()
         out = []
         for raw in lines.split(b"\n"):
-            if b" NCCL " in raw:
-                text = raw.decode("utf-8", "surrogateescape")
-                m = HEADER_RE.search(text)
-                # A line NCCL stamped itself (2.26+ with timestamps on) keeps its time.
-                if m is not None and PREFIX_TS_RE.search(text[: m.start()]) is None:
-                    stamped = stamp(text, arrived)
-                    if stamped is not None:
-                        raw = stamped.encode("utf-8", "surrogateescape")
-                        self.stats.stamped += 1
+            if b" NCCL " in raw and (m := _HEADER_B.search(raw)) is not None:
+                at = m.start()
+                if _PREFIX_TS_B.search(raw, 0, at) is None:
+                    raw = raw[:at] + ts + raw[at:]
+                    self.stats.stamped += 1
             out.append(raw)
         return b"\n".join(out)
 
