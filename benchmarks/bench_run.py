@@ -13,11 +13,12 @@ Cases:
 * ``fast-nccl``: 200,000 NCCL COLL lines (the worst case: every line is stamped);
 * ``paced``: 100 lines a second for ``--paced-seconds`` (a chatty real job).
 
-Reported per case (medians over runs): the job's wall time direct and through
-``ncclscope run`` and their ratio; ``ncclscope run``'s CPU seconds while the job ran
-(``run.json``: the tee's thread, and the whole process with the agent's threads) as a
-share of one core over the job's wall time; lines in ``DIR/output.log`` against lines
-printed.
+Reported per case (medians over runs): the job's wall time direct, through
+``ncclscope run --no-agent`` (the tee only) and through ``ncclscope run`` (the tee and
+the agent), and their ratios to direct; ``ncclscope run``'s CPU seconds while the job
+ran, as a share of one core over the job's wall time (``run.json``): the tee's thread
+(``--no-agent``), and the whole process with the agent's threads; lines missing from
+``DIR/output.log`` (the most over runs and variants).
 
 Usage:
     .venv/bin/python benchmarks/bench_run.py --runs 3
@@ -70,7 +71,7 @@ CASES = {
 
 
 def one(case: str, n: int, pace: float, kind: str, work: Path, k: int) -> dict[str, float]:
-    """One direct run and one through ``ncclscope run``."""
+    """One direct run, one through ``ncclscope run --no-agent``, one through ``run``."""
     job = work / "job.py"
     job.write_text(JOB)
     env = job_environment(os.environ, work / "unused").env
@@ -81,30 +82,24 @@ def one(case: str, n: int, pace: float, kind: str, work: Path, k: int) -> dict[s
             [sys.executable, str(job), str(n), str(pace), kind, str(direct_res)],
             stdout=log, stderr=log, env=env, check=True,
         )  # fmt: skip
-    out = work / f"{case}-{k}-run"
-    run_res = work / f"{case}-{k}-run.json"
-    with (work / "terminal.log").open("wb") as term:
-        subprocess.run(
-            [sys.executable, "-m", "ncclscope", "run", "--out", str(out), "--listen", "none",
-             "--no-summary", "--", sys.executable, str(job), str(n), str(pace), kind,
-             str(run_res)],
-            stdout=term, stderr=term, env=dict(os.environ), cwd=REPO, check=True,
-        )  # fmt: skip
-    record = json.loads((out / "run.json").read_text())
-    with (out / "output.log").open("rb") as fh:
-        logged = sum(1 for _ in fh)
-    direct = json.loads(direct_res.read_text())
-    through = json.loads(run_res.read_text())
-    return {
-        "direct_wall_s": direct["wall_s"],
-        "run_wall_s": through["wall_s"],
-        "direct_cpu_s": direct["cpu_s"],
-        "run_cpu_s": through["cpu_s"],
-        "tee_share": record["cpu_s"]["tee"] / record["job_wall_s"],
-        "process_share": record["cpu_s"]["ncclscope"] / record["job_wall_s"],
-        "job_wall_s": record["job_wall_s"],
-        "lost": n - logged,
-    }
+    row = {"direct_wall_s": json.loads(direct_res.read_text())["wall_s"], "lost": 0}
+    for variant, extra in (("tee", ["--no-agent"]), ("run", [])):
+        out = work / f"{case}-{k}-{variant}"
+        res = work / f"{case}-{k}-{variant}.json"
+        with (work / "terminal.log").open("wb") as term:
+            subprocess.run(
+                [sys.executable, "-m", "ncclscope", "run", "--out", str(out), "--listen",
+                 "none", "--no-summary", *extra, "--", sys.executable, str(job), str(n),
+                 str(pace), kind, str(res)],
+                stdout=term, stderr=term, env=dict(os.environ), cwd=REPO, check=True,
+            )  # fmt: skip
+        record = json.loads((out / "run.json").read_text())
+        with (out / "output.log").open("rb") as fh:
+            row["lost"] = max(row["lost"], n - sum(1 for _ in fh))
+        row[f"{variant}_wall_s"] = json.loads(res.read_text())["wall_s"]
+        row[f"{variant}_tee_share"] = record["cpu_s"]["tee"] / record["job_wall_s"]
+        row[f"{variant}_share"] = record["cpu_s"]["ncclscope"] / record["job_wall_s"]
+    return row
 
 
 def main() -> None:
@@ -115,9 +110,9 @@ def main() -> None:
     args = ap.parse_args()
     print(f"# {platform.node()} {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} CPUs, Python {platform.python_version()}")  # fmt: skip
-    print("| case | lines | job wall direct s | through run s | ratio | tee CPU | ncclscope CPU "
-          "| lines lost |")  # fmt: skip
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| case | lines | job wall s: direct | run --no-agent | run | ratios | tee CPU "
+          "| run CPU | lines lost |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory(prefix="bench-run-") as tmp:
         for case in args.cases:
             n, pace, kind = CASES[case]
@@ -128,11 +123,12 @@ def main() -> None:
             def med(key: str, rows: list[dict[str, float]] = rows) -> float:
                 return statistics.median(r[key] for r in rows)
 
-            ratio = med("run_wall_s") / med("direct_wall_s")
+            direct = med("direct_wall_s")
+            ratios = f"{med('tee_wall_s') / direct:.3f} / {med('run_wall_s') / direct:.3f}"
             print(
-                f"| {case} | {n:,} | {med('direct_wall_s'):.3f} | {med('run_wall_s'):.3f} "
-                f"| {ratio:.3f} | {med('tee_share'):.2%} | {med('process_share'):.2%} "
-                f"| {max(r['lost'] for r in rows)} |",
+                f"| {case} | {n:,} | {direct:.3f} | {med('tee_wall_s'):.3f} "
+                f"| {med('run_wall_s'):.3f} | {ratios} | {med('tee_tee_share'):.2%} "
+                f"| {med('run_share'):.2%} | {max(r['lost'] for r in rows)} |",
                 flush=True,
             )
 

@@ -364,6 +364,12 @@ def _start_agent(
 )
 @click.option("--html", is_flag=True, help="Also write DIR/report.html at the end.")
 @click.option("--no-summary", is_flag=True, help="Do not print the analysis at the end.")
+@click.option(
+    "--no-agent",
+    is_flag=True,
+    help="Run no agent beside the job (no metrics, no telemetry): only the settings, "
+    "the output into DIR and the analysis at the end.",
+)
 @_agent_options
 @click.pass_context
 def run(
@@ -372,6 +378,7 @@ def run(
     out: Path | None,
     html: bool,
     no_summary: bool,
+    no_agent: bool,
     listen: str,
     interval: float,
     analyse_every: float,
@@ -432,7 +439,7 @@ def run(
         match=match,
         from_start=True,
     )
-    agent_thread = _start_agent(out, config, fake_gpus, stop)
+    agent_thread = None if no_agent else _start_agent(out, config, fake_gpus, stop)
     started = datetime.now(UTC)
     record: dict[str, Any] = {"command": list(command), "started": started.isoformat()}
     record |= {"set": job.set, "kept": job.kept}

@@ -200,7 +200,7 @@ def test_sigterm_reaches_the_whole_job_and_its_status_is_128_plus_15(tmp_path: P
     marks = tmp_path / "marks"
     marks.mkdir()
     out = tmp_path / "run"
-    proc = _start(out, script, str(marks), options=("--listen", "none", "--no-summary"))
+    proc = _start(out, script, str(marks), options=("--no-agent", "--no-summary"))
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and not (
         (marks / "child.ready").exists() and (marks / "grandchild.ready").exists()
@@ -216,6 +216,8 @@ def test_sigterm_reaches_the_whole_job_and_its_status_is_128_plus_15(tmp_path: P
     record = json.loads((out / "run.json").read_text())
     assert record["signals_forwarded"] == ["SIGTERM"]
     assert (out / "output.log").read_text() == "waiting\n"
+    assert list((out / "telemetry").iterdir()) == []  # --no-agent: no sampling at all
+    assert "metrics on" not in stderr.decode()
 
 
 def test_a_killed_job_loses_no_line_and_exits_137_even_on_a_busy_port(tmp_path: Path) -> None:
