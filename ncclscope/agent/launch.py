@@ -56,11 +56,13 @@ __all__ = [
 _CHUNK = 1 << 20
 #: The pipes' capacity asked for (Linux's default limit for a user is 1 MiB).
 _PIPE_BYTES = 1 << 20
-#: After a read, wait this long before the next: a job printing fast then fills the
-#: pipe without waking the tee at every write (a wake-up per line doubled the wall time
-#: of a job printing 100,000 lines a second), and lines reach the terminal and the log
-#: at most this late.  A line after a quiet spell goes through at once.
-_BATCH_S = 0.01
+#: After a small read, wait this long before the next: a job printing fast then fills
+#: the pipe without waking the tee at every write (a wake-up per line doubled the wall
+#: time of a job printing 100,000 lines a second), and a chatty job (100 lines/s) wakes
+#: it 20 times a second, not 100.  Lines reach the terminal and the log at most this
+#: late; a line after a quiet spell goes through at once.  A read of a quarter of the
+#: pipe's capacity or more is a backlog: read on without waiting.
+_BATCH_S = 0.05
 #: HEADER_RE and PREFIX_TS_RE over bytes: no decoding of the lines that are stamped.
 _HEADER_B = re.compile(HEADER_RE.pattern.encode())
 _PREFIX_TS_B = re.compile(PREFIX_TS_RE.pattern.encode())
@@ -213,6 +215,16 @@ def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+def _pipe_capacity(fd: int) -> int:
+    """Ask for ``_PIPE_BYTES`` of pipe; what the pipe holds now (64 KiB where it cannot
+    be changed: not Linux, not a pipe, over the user's limit)."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
+        return int(fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ))
+    except (OSError, AttributeError):
+        return 1 << 16
+
+
 def _local_now() -> datetime:
     # NCCL stamps its own lines with the host's local time: the same clock here keeps
     # output.log's times and DIR/nccl's comparable.
@@ -282,10 +294,10 @@ class Tee:
         ``linger_s`` seconds the tee stops, with what it has.
         """
         sel = selectors.DefaultSelector()
+        capacity = _PIPE_BYTES
         for fd in self._pending:
             sel.register(fd, selectors.EVENT_READ)
-            with contextlib.suppress(OSError, AttributeError):  # Linux only; a hint
-                fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
+            capacity = min(capacity, _pipe_capacity(fd))
         quiet_since: float | None = None
         try:
             while sel.get_map():
@@ -303,7 +315,7 @@ class Tee:
                         sel.unregister(fd)
                         self._end(fd)
                 self._log.flush()
-                if events and got < _CHUNK // 4:
+                if events and got < capacity // 4:
                     time.sleep(self._batch_s)  # a backlog is read on at once
                 elif gone is not None and gone():
                     now = time.monotonic()
