@@ -115,7 +115,7 @@ def _agent_options(fn: _F) -> _F:
             type=click.FloatRange(0.1, 3600),
             default=10.0,
             show_default=True,
-            help="Seconds between telemetry part files (with --out).",
+            help="Seconds between telemetry part files (agent: with --out).",
         ),
         click.option(
             "--textfile",
@@ -317,7 +317,7 @@ def _default_out() -> Path:
 
 
 def _start_agent(
-    out: Path, config: AgentConfig, fake_gpus: int, stop: threading.Event
+    config: AgentConfig, fake_gpus: int, stop: threading.Event
 ) -> threading.Thread | None:
     """The agent over the run's folder, in a thread; None (after one warning) when it
     cannot run at all.  A busy port costs the metrics only."""
@@ -439,7 +439,7 @@ def run(
         match=match,
         from_start=True,
     )
-    agent_thread = None if no_agent else _start_agent(out, config, fake_gpus, stop)
+    agent_thread = None if no_agent else _start_agent(config, fake_gpus, stop)
     started = datetime.now(UTC)
     record: dict[str, Any] = {"command": list(command), "started": started.isoformat()}
     record |= {"set": job.set, "kept": job.kept}
