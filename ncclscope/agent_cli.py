@@ -522,3 +522,7 @@ def _summarise(ctx: click.Context, out: Path, *, html: bool, text: bool) -> None
         )
     except SystemExit:  # analyze's own status (an unreadable input): the job's wins
         pass
+    except BrokenPipeError:
+        # stdout's reader is gone (| head): the job's status still goes out, and the
+        # flush at exit must not fail on the closed pipe either (Python's recipe).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -255,6 +255,21 @@ def test_a_command_that_is_not_there_is_127_and_a_used_folder_is_refused(tmp_pat
     assert "is not empty" in again.stderr
 
 
+def test_a_reader_that_goes_away_loses_the_log_no_line_nor_the_status(tmp_path: Path) -> None:
+    job = "import sys\nfor k in range(100_000): print('line', k)\nsys.exit(4)"
+    cmd = [sys.executable, "-m", "ncclscope", "run", "--out", str(tmp_path / "run"),
+           "--no-agent", "--", sys.executable, "-c", job]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == b"line 0\n"
+    proc.stdout.close()  # as `| head -1` does
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 4
+    assert "the job exited with 4" in stderr.decode()
+    log = (tmp_path / "run" / "output.log").read_text().splitlines()
+    assert log == [f"line {k}" for k in range(100_000)]
+
+
 # -- the pieces, in-process ---------------------------------------------------------------
 
 
