@@ -260,7 +260,7 @@ class Tee:
             usually 1 and 2).  A descriptor that fails (a closed pipe) is dropped.
         log: the log, open for binary writing; flushed after each read.
         clock: the arrival time stamped on NCCL lines (local time, as NCCL prints it).
-        batch_s: the pause after each read (see ``_BATCH_S``).
+        batch_s: the pause after a small read (see ``_BATCH_S``).
 
     :meth:`run` returns once every pipe reached its end: a job's last lines, even a last
     one without its newline, are in the log.  A line is written whole, so lines of the
@@ -317,7 +317,7 @@ class Tee:
                 self._log.flush()
                 if events and got < capacity // 4:
                     time.sleep(self._batch_s)  # a backlog is read on at once
-                elif gone is not None and gone():
+                elif not events and gone is not None and gone():
                     now = time.monotonic()
                     quiet_since = quiet_since if quiet_since is not None else now
                     if now - quiet_since >= linger_s:
