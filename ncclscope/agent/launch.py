@@ -56,12 +56,12 @@ __all__ = [
 _CHUNK = 1 << 20
 #: The pipes' capacity asked for (Linux's default limit for a user is 1 MiB).
 _PIPE_BYTES = 1 << 20
-#: After a small read, wait this long before the next: a job printing fast then fills
+#: After a read, wait up to this long before the next: a job printing fast then fills
 #: the pipe without waking the tee at every write (a wake-up per line doubled the wall
 #: time of a job printing 100,000 lines a second), and a chatty job (100 lines/s) wakes
-#: it 20 times a second, not 100.  Lines reach the terminal and the log at most this
-#: late; a line after a quiet spell goes through at once.  A read of a quarter of the
-#: pipe's capacity or more is a backlog: read on without waiting.
+#: it 20 times a second, not 100.  The wait is shorter where the job writes so fast
+#: that a quarter of the pipe would fill first.  Lines reach the terminal and the log at
+#: most this late; a line after a quiet spell goes through at once.
 _BATCH_S = 0.05
 #: HEADER_RE and PREFIX_TS_RE over bytes: no decoding of the lines that are stamped.
 _HEADER_B = re.compile(HEADER_RE.pattern.encode())
@@ -299,6 +299,7 @@ class Tee:
             sel.register(fd, selectors.EVENT_READ)
             capacity = min(capacity, _pipe_capacity(fd))
         quiet_since: float | None = None
+        last_read = time.monotonic()
         try:
             while sel.get_map():
                 events = sel.select(timeout=0.5)
@@ -315,9 +316,16 @@ class Tee:
                         sel.unregister(fd)
                         self._end(fd)
                 self._log.flush()
-                if events and got < capacity // 4:
-                    time.sleep(self._batch_s)  # a backlog is read on at once
-                elif not events and gone is not None and gone():
+                if events:
+                    now = time.monotonic()
+                    # At the rate the job writes, a quarter of the pipe fills before the
+                    # next read: the job never waits for the tee.
+                    rate = got / max(now - last_read, 1e-4)
+                    last_read = now
+                    pause = min(self._batch_s, capacity / 4 / rate) if rate else self._batch_s
+                    if pause >= 0.001:
+                        time.sleep(pause)
+                elif gone is not None and gone():
                     now = time.monotonic()
                     quiet_since = quiet_since if quiet_since is not None else now
                     if now - quiet_since >= linger_s:
