@@ -228,7 +228,7 @@ def test_a_killed_job_loses_no_line_and_exits_137_even_on_a_busy_port(tmp_path: 
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        proc = _start(out, script, str(seen), options=("--listen", f"127.0.0.1:{port}"))
+        proc = _start(out, script, str(seen), options=("--listen", f"127.0.0.1:{port}", "--html"))
         stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 137
     assert json.loads(seen.read_text())["PYTHONUNBUFFERED"] == "1"
@@ -241,6 +241,7 @@ def test_a_killed_job_loses_no_line_and_exits_137_even_on_a_busy_port(tmp_path: 
     assert "the job exited with 137 (signal SIGKILL)" in stderr.decode()
     summary = stdout.decode().split("the last line before the kill\n", 1)[1]
     assert "No NCCL lines at all" in summary  # analyze's report of DIR
+    assert (out / "report.html").read_text().startswith("<!DOCTYPE html>")
 
 
 def test_a_command_that_is_not_there_is_127_and_a_used_folder_is_refused(tmp_path: Path) -> None:
