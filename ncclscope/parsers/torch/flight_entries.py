@@ -304,8 +304,8 @@ class _Frames:
         # id is its key; otherwise the ids of its (memoised) frames.
         lists = {id(f): f for f in stacks if type(f) is list and f}
         if len(lists) * 4 <= len(stacks):
-            found = {k: _first_user(f) for k, f in lists.items()}
-            return [found.get(id(f)) if type(f) is list else None for f in stacks]
+            by_list = {k: _first_user(f) for k, f in lists.items()}
+            return [by_list.get(id(f)) if type(f) is list else None for f in stacks]
         keys = [tuple(map(id, f)) if type(f) is list and f else None for f in stacks]
         by_key = dict(zip(keys, stacks, strict=True))
         found = {k: _first_user(f) if k is not None else None for k, f in by_key.items()}
