@@ -84,7 +84,7 @@ def test_a_stop_that_follows_from_an_earlier_one_blames_nobody(tmp_path: Path) -
 
 
 def _entry(rank: int, seq: int, *, created_ns: int, numel: int = 4, op: str = "all_reduce",
-           retired: bool = True) -> dict[str, Any]:  # fmt: skip
+           retired: bool = True, state: str | None = None) -> dict[str, Any]:  # fmt: skip
     return {
         "record_id": seq - 1,
         "pg_id": 0,
@@ -98,7 +98,7 @@ def _entry(rank: int, seq: int, *, created_ns: int, numel: int = 4, op: str = "a
         "input_dtypes": ["Float"],
         "output_sizes": [[numel]],
         "output_dtypes": ["Float"],
-        "state": "completed" if retired else "started",
+        "state": state or ("completed" if retired else "started"),
         "time_discovered_started_ns": created_ns + 1_000,
         "time_discovered_completed_ns": created_ns + 2_000 if retired else None,
         "retired": retired,
@@ -207,3 +207,20 @@ def test_the_dumps_name_the_culprit_a_log_finding_withheld(tmp_path: Path) -> No
     (same,) = with_flight(ctx, [agreed])
     assert same.evidence["culprit_bases"] == ["desync", "flight_recorder"]
     assert same.ranks == [1]
+
+
+def test_a_rank_whose_gpu_never_started_the_collective_is_the_culprit(tmp_path: Path) -> None:
+    """NCCL's states: every member enqueued #5, ranks 0 and 2 started it, rank 1's GPU
+    never did (its stream still busy before it): rank 1 is named."""
+    gap = 10_000_000
+    entries = {
+        r: [_entry(r, s, created_ns=T0 + s * gap, retired=s < 5,
+                   state="scheduled" if (s == 5 and r == 1) else None)
+            for s in range(1, 6)]
+        for r in (0, 1, 2)
+    }  # fmt: skip
+    d = _diagnose([_write(tmp_path / "dumps", entries)], tmp_path)
+    (h,) = [f for f in d.findings if f.kind == "hang"]
+    assert (h.severity, h.ranks, h.seq) == ("warning", [1], 5)
+    assert h.evidence["flight_recorder"]["never_started"] == [1]
+    assert "never started" in h.message

@@ -66,6 +66,9 @@ class FlightStop:
     file_ids: list[int]
     #: when the first waiter enqueued it (None where no waiter's ring holds it)
     entered_ts: datetime | None = None
+    #: every member enqueued it, but the culprits' GPUs never started it while the
+    #: waiters' did (NCCL's states, with ``TORCH_NCCL_ENABLE_TIMING`` or a start event)
+    never_started: bool = False
 
 
 @dataclass(frozen=True)
@@ -150,12 +153,22 @@ def _stops(ctx: Context) -> list[FlightStop]:
         if len(per) < 2:
             continue  # one dump: nothing to compare it with
         lo, hi = min(per.values()), max(per.values())
+        never_started = False
         if lo == hi:
-            continue
-        seq = lo + 1
-        culprits = sorted(r for r, s in per.items() if s == lo)
-        waiting = sorted(r for r, s in per.items() if s >= seq)
-        there = colls.filter((pl.col("pg_name") == pg) & (pl.col("collective_seq_id") == seq))
+            # Every member enqueued the last one: a stop shows in the states, if anywhere.
+            seq = hi
+            there = colls.filter((pl.col("pg_name") == pg) & (pl.col("collective_seq_id") == seq))
+            states = dict(zip(there["rank"].to_list(), there["state"].to_list(), strict=True))
+            waiting = sorted(r for r, s in states.items() if s == "started")
+            culprits = sorted(r for r, s in states.items() if s == "scheduled")
+            if not waiting or not culprits or "completed" in states.values():
+                continue
+            never_started = True
+        else:
+            seq = lo + 1
+            culprits = sorted(r for r, s in per.items() if s == lo)
+            waiting = sorted(r for r, s in per.items() if s >= seq)
+            there = colls.filter((pl.col("pg_name") == pg) & (pl.col("collective_seq_id") == seq))
         ops = Counter(str(o) for o in there["op"].drop_nulls())
         in_flight = sorted(
             int(r) for r, retired in zip(there["rank"], there["retired"], strict=True)
@@ -181,6 +194,7 @@ def _stops(ctx: Context) -> list[FlightStop]:
                 in_flight=in_flight,
                 file_ids=[int(f) for f in files],
                 entered_ts=there["created_ts"].min(),  # type: ignore[arg-type]
+                never_started=never_started,
             )
         )
     # The group that stopped first comes first: the others may wait on its members.

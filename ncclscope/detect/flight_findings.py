@@ -62,7 +62,8 @@ def _stop_json(ctx: Context, s: FlightStop) -> dict[str, Any]:
         "collective_seq_id": s.seq,
         "op": s.op,
         "waiting_ranks": s.waiting,
-        "never_enqueued": s.culprits,
+        "never_enqueued": [] if s.never_started else s.culprits,
+        "never_started": s.culprits if s.never_started else [],
         "last_enqueued": {str(r): n for r, n in sorted(s.last.items())},
         "in_flight_at_dump": s.in_flight,
         "dumps": _paths(ctx, s.file_ids),
@@ -135,10 +136,11 @@ def _stop_finding(ctx: Context, s: FlightStop) -> Finding:
     where = f"{op} #{s.seq} of {_label(s.pg_name, s.pg_desc)}"
     evidence: dict[str, Any] = {"flight_recorder": _stop_json(ctx, s), "stop_evidence": kinds}
     if severity == "info":
+        behind = "its GPU had not started it" if s.never_started else "had not"
         msg = (
-            f"the Flight Recorder dumps end at different collectives, but the logs show no "
-            f"stop: {len(s.waiting)} rank(s) had enqueued {where} and rank "
-            f"{ranks_text(s.culprits)} had not; if the job was stuck there, it waited for "
+            f"the Flight Recorder dumps stop apart, but the logs show no stop: "
+            f"{len(s.waiting)} rank(s) had entered {where} and rank "
+            f"{ranks_text(s.culprits)} {behind}; if the job was stuck there, it waited for "
             f"rank {ranks_text(s.culprits)}"
         )
         evidence.update(
@@ -146,11 +148,18 @@ def _stop_finding(ctx: Context, s: FlightStop) -> Finding:
         )
         evidence["withheld"] = "the logs show no stop"
         ranks: list[int] = []
+    elif s.never_started:
+        msg = (
+            f"rank {ranks_text(s.culprits)} enqueued {where} but its GPU never started it, "
+            f"while rank {ranks_text(s.waiting)} started it and waited (Flight Recorder "
+            "states): its stream was still busy before it"
+        )
     else:
         msg = (
             f"rank {ranks_text(s.culprits)} never enqueued {where}, which rank "
             f"{ranks_text(s.waiting)} entered and waited in (Flight Recorder)"
         )
+    if severity != "info":
         evidence.update({"culprit_basis": _SOURCE, "culprit_bases": [_SOURCE]})
         ranks = s.culprits
     return Finding(
