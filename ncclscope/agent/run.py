@@ -25,6 +25,7 @@ from typing import Any, Protocol
 from ncclscope.agent.exporter import Board, Rows, identity_rows, serve, write_textfile
 from ncclscope.agent.live import LiveWindow, job_rows
 from ncclscope.agent.telemetry import TelemetryWriter
+from ncclscope.hosts import short_host
 
 __all__ = ["Agent", "AgentConfig", "LineSource", "gpu_rows", "host_rows"]
 
@@ -277,7 +278,7 @@ class Agent:
         """Without --pid or --match, watch the processes the logs name on this host."""
         if self.host is None or self.config.pids or self.config.match:
             return
-        short = self.hostname.split(".")[0]
+        short = short_host(self.hostname)
         ranks = analysis.identity.ranks
         pids = [int(p) for h, p in zip(ranks["host"], ranks["pid"], strict=True) if h == short]
         if pids and hasattr(self.host, "set_pids"):

@@ -18,12 +18,14 @@ when the link ran at >= ``SATURATED`` and the phase took >= ``MIN_INFLATION`` x 
 healthy one; a rank is contended when ``MIN_SHARE`` of its measured steps (and at least
 ``MIN_STEPS``) were.  One finding per host, with its GPUs, the inflation, the GPU-seconds
 lost (per contended step, the longest excess among the host's ranks, times the world
-size: everyone waits) and the host's memory pressure (available memory, swap).
+size: everyone waits) and the host's memory pressure: available memory under
+``_LOW_MEMORY`` of the total, or swapping in or out (the swap counters' rates), not swap
+merely in use.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import polars as pl
@@ -58,6 +60,11 @@ MIN_STEPS = 2
 _MIN_SAMPLES = 1
 #: Host memory available below this share of the total is pressure.
 _LOW_MEMORY = 0.10
+#: Swapping (in + out) at this rate or more is pressure: 256 pages of 4 KiB a second, far
+#: above the odd page a quiet host moves, far below what thrashing moves (tens of MB/s).
+_SWAP_ACTIVE = float(1 << 20)
+#: Samples this far outside the contended phases count for the swap counters' growth.
+_SWAP_PAD = timedelta(seconds=2)
 #: Median inflation from which the finding is critical (with host memory pressure).
 _CRITICAL_INFLATION = 2.0
 
@@ -163,9 +170,25 @@ def contention_metric(ctx: Context) -> pl.DataFrame:
     )
 
 
+def _swap_rate(window: pl.DataFrame, metric: str) -> float | None:
+    """Bytes per second a swap counter grew over the window (a counter reset, a reboot,
+    counts from zero again); None with fewer than two samples."""
+    rows = window.filter(pl.col("metric") == metric).sort("ts")
+    if len(rows) < 2:
+        return None
+    span = (rows["ts"][-1] - rows["ts"][0]).total_seconds()
+    if span <= 0:
+        return None
+    grew = rows["value"].diff().drop_nulls()
+    return float(grew.filter(grew > 0).sum()) / span
+
+
 def _host_memory(ctx: Context, host: str, steps: pl.DataFrame) -> dict[str, Any]:
-    """The host's memory over the contended phases: lowest available, its total, most swap."""
-    tel = ctx.analysis.telemetry.filter(pl.col("host") == host)
+    """The host's memory over the contended phases: lowest available, its total, most
+    swap in use, and how fast it swapped.  Pressure is memory running out (available
+    under ``_LOW_MEMORY`` of the total) or swapping at ``_SWAP_ACTIVE`` or more: swap
+    merely in use (old pages, flat counters) is not pressure."""
+    tel = ctx.telemetry.filter(pl.col("host") == host)
     if tel.is_empty() or steps.is_empty():
         return {}
     lo, hi = steps["start_ts"].min(), steps["end_ts"].max()
@@ -181,14 +204,23 @@ def _host_memory(ctx: Context, host: str, steps: pl.DataFrame) -> dict[str, Any]
     avail = stat("ncclscope_host_memory_available_bytes", "min")
     total = stat("ncclscope_host_memory_total_bytes", "max")
     swap = stat("ncclscope_host_swap_used_bytes", "max")
-    pressure = (avail is not None and total is not None and avail < _LOW_MEMORY * total) or bool(
-        swap
-    )
+    # the counters' growth across the window: one sample either side of it counts
+    if isinstance(lo, datetime) and isinstance(hi, datetime):
+        pad = _SWAP_PAD
+        counters = tel.filter(pl.col("ts").is_between(lo - pad, hi + pad))
+    else:
+        counters = window
+    sin = _swap_rate(counters, "ncclscope_host_swap_in_bytes_total")
+    sout = _swap_rate(counters, "ncclscope_host_swap_out_bytes_total")
+    low = avail is not None and total is not None and avail < _LOW_MEMORY * total
+    swapping = (sin or 0.0) + (sout or 0.0) >= _SWAP_ACTIVE
     return {
         "host_memory_available_min_bytes": int(avail) if avail is not None else None,
         "host_memory_total_bytes": int(total) if total is not None else None,
         "swap_used_max_bytes": int(swap) if swap is not None else None,
-        "host_memory_pressure": pressure,
+        "swap_in_bytes_per_second": round(sin, 1) if sin is not None else None,
+        "swap_out_bytes_per_second": round(sout, 1) if sout is not None else None,
+        "host_memory_pressure": low or swapping,
     }
 
 
@@ -290,7 +322,7 @@ class PcieContentionDetector:
             f"links at {ratio:.0%} of capacity during the optimizer step, which took "
             f"{inflation:.1f}x the run's healthy {duration_text(baseline)} in {len(steps)} "
             f"of {measured} steps{share}; everyone waits for them at the next step"
-            + ("; host memory ran low / swapped" if pressure else "")
+            + ("; host memory ran low or swapped actively" if pressure else "")
         )
         severity: Severity = (
             "critical" if inflation >= _CRITICAL_INFLATION and pressure else "warning"

@@ -241,7 +241,9 @@ torchrun agent's SIGTERM / ChildFailedError lines. truth.json gets a "framework"
     "--timestamps/--no-timestamps",
     default=False,
     show_default=True,
-    help="NCCL 2.26+ '[%F %T.%6f] ' prefix on INFO and WARN lines (needs --era 2.26|2.27).",
+    help=(
+        "NCCL 2.26+ '[%F %T.%6f] ' prefix on INFO and WARN lines (needs --era 2.26|2.26.5|2.27)."
+    ),
 )
 @click.option(
     "--layout",

@@ -66,8 +66,9 @@ class SynthSpec:
             layer (forward), one AllGather + ReduceScatter per layer (backward, reverse
             order), then one AllReduce of the grad norm (count 1, fp32).
         era: NCCL release whose line formats are written: "2.7" (2.7.8), "2.18" (2.18.3),
-            "2.21" (2.21.5), "2.26" (2.26.2) or "2.27" (2.27.3). "2.26" prints its
-            sub-second timestamp digits wrong, as 2.26.x does (see ``_subsec_226``).
+            "2.21" (2.21.5), "2.26" (2.26.2), "2.26.5" or "2.27" (2.27.3). "2.26" prints
+            its sub-second timestamp digits wrong, as 2.26.2 does (see ``_subsec_226``);
+            "2.26.5" writes the same lines with them right (fixed in 2.26.3).
         timestamps: Prefix INFO and WARN lines with ``[%F %T.%6f] `` as NCCL does with
             ``NCCL_DEBUG_TIMESTAMP_LEVELS=INFO,WARN`` and
             ``NCCL_DEBUG_TIMESTAMP_FORMAT="[%F %T.%6f] "``. Needs an era >= 2.26 (raises
