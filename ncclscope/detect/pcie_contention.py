@@ -176,11 +176,11 @@ def _swap_rate(window: pl.DataFrame, metric: str) -> float | None:
     rows = window.filter(pl.col("metric") == metric).sort("ts")
     if len(rows) < 2:
         return None
-    span = (rows["ts"][-1] - rows["ts"][0]).total_seconds()
-    if span <= 0:
+    first, last = rows["ts"][0], rows["ts"][-1]
+    if not isinstance(first, datetime) or not isinstance(last, datetime) or last <= first:
         return None
     grew = rows["value"].diff().drop_nulls()
-    return float(grew.filter(grew > 0).sum()) / span
+    return float(grew.filter(grew > 0).sum()) / (last - first).total_seconds()
 
 
 def _host_memory(ctx: Context, host: str, steps: pl.DataFrame) -> dict[str, Any]:
