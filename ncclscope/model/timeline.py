@@ -340,7 +340,13 @@ def gpu_samples(analysis: Analysis) -> pl.DataFrame:
     parts = pl.col("labels").str.split(",")
     wide = (
         tel.filter(
-            ~pl.col("metric").is_in(["ncclscope_gpu_info", "ncclscope_gpu_xid_errors_total"])
+            ~pl.col("metric").is_in(
+                [
+                    "ncclscope_gpu_info",
+                    "ncclscope_gpu_xid_errors_total",
+                    "ncclscope_gpu_pcie_uplink_info",
+                ]
+            )
         )
         .with_columns(
             parts.list.get(0, null_on_oob=True).alias("gpu"),
