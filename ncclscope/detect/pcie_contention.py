@@ -33,8 +33,8 @@ measured steps (and at least ``MIN_STEPS``) were.  Mild contention, below that b
 saturated links and phases >= ``MILD_INFLATION`` x a healthy baseline measured on
 unsaturated phases, on ``MILD_SHARE`` of a rank's steps (and ``MIN_STEPS``): an ``info``
 finding with its GPU-seconds.  One finding per host, with its GPUs, the link that
-saturated (the GPU's own, or the shared uplink and the GPUs behind it), the inflation, the GPU-seconds
-lost (per contended step, the longest excess among the host's ranks, times the world
+saturated (the GPU's own, or the shared uplink and the GPUs behind it), the inflation,
+the GPU-seconds lost (per contended step, the longest excess among the host's ranks, times the world
 size: everyone waits) and the host's memory pressure: available memory under
 ``_LOW_MEMORY`` of the total, or swapping in or out (the swap counters' rates), not swap
 merely in use.
