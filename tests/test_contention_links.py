@@ -247,3 +247,37 @@ def test_226_timing_gate(tmp_path: Path, era: str, version: str, usable: bool) -
     assert timing_usable(Context(diag.analysis)) is usable
     gap = [f for f in diag.findings if f.kind == "config" and "sub-second" in f.message]
     assert bool(gap) is not usable
+
+
+def _again(diag: Diagnosis, tel: pl.DataFrame, tmp: Path) -> list[Any]:
+    return _contention(run_analysis([diag.analysis.paths[0]], workdir=tmp, telemetry=tel))
+
+
+def test_uplink_capacity_from_generation_and_width(
+    runs: dict[str, tuple[Diagnosis, dict[str, Any]]], tmp_path: Path
+) -> None:
+    diag, truth = runs["uplink2"]
+    tel = diag.analysis.telemetry.filter(
+        pl.col("metric") != "ncclscope_pcie_uplink_max_bytes_per_second"
+    )
+    (f,) = _again(diag, tel, tmp_path)
+    assert f.ranks == truth["contention"][0]["ranks"]
+    assert f.evidence["shared_links"][0]["link"] == truth["contention"][0]["uplink"]
+
+
+def test_gpus_sampled_at_different_instants_are_binned(
+    runs: dict[str, tuple[Diagnosis, dict[str, Any]]], tmp_path: Path
+) -> None:
+    diag, truth = runs["uplink4"]
+    # each GPU's samples a few milliseconds apart from the others' (not one NVML pass)
+    gpu = pl.col("labels").str.split(",").list.get(0, null_on_oob=True)
+    skew = pl.duration(milliseconds=gpu.cast(pl.Int64, strict=False).fill_null(0) * 3)
+    tel = diag.analysis.telemetry.with_columns(
+        pl.when(pl.col("metric").str.starts_with("ncclscope_gpu_"))
+        .then(pl.col("ts") + skew)
+        .otherwise(pl.col("ts"))
+        .alias("ts")
+    ).sort("ts")
+    (f,) = _again(diag, tel, tmp_path)
+    assert f.ranks == truth["contention"][0]["ranks"]
+    assert f.evidence["saturated_link"] == "uplink"

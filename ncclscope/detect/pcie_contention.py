@@ -84,6 +84,8 @@ MIN_STEPS = 2
 MILD_INFLATION = 1.07
 #: ... on this share of a rank's measured steps (most of them: steady, not noise).
 MILD_SHARE = 0.5
+#: Raw signalling rate per lane (GT/s) by PCIe generation (``agent.nvml.PCIE_LANE_GT_PER_S``).
+_LANE_GT_PER_S = {1.0: 2.5, 2.0: 5.0, 3.0: 8.0, 4.0: 16.0, 5.0: 32.0, 6.0: 64.0}
 #: Samples a phase needs to have its link load measured.
 _MIN_SAMPLES = 1
 #: Host memory available below this share of the total is pressure.
@@ -251,16 +253,19 @@ def uplinks(ctx: Context) -> pl.DataFrame:
             .agg(pl.col("value").max().alias(name))
         )
 
-    out = per_gpu.join(
-        per_link("ncclscope_pcie_uplink_max_bytes_per_second", "capacity"),
-        on=["host", "uplink"],
-        how="inner",
-    )
+    out = per_gpu
     for metric, name in (
+        ("ncclscope_pcie_uplink_max_bytes_per_second", "capacity"),
         ("ncclscope_pcie_uplink_generation", "generation"),
         ("ncclscope_pcie_uplink_width", "width"),
     ):
         out = out.join(per_link(metric, name), on=["host", "uplink"], how="left")
+    # without the capacity row: from the generation and width, as the agent computes it
+    gt = pl.col("generation").replace_strict(_LANE_GT_PER_S, default=None, return_dtype=pl.Float64)
+    encoding = pl.when(pl.col("generation") <= 2).then(0.8).otherwise(128 / 130)
+    out = out.with_columns(
+        pl.coalesce("capacity", gt * 1e9 * pl.col("width") * encoding / 8).alias("capacity")
+    ).filter(pl.col("capacity").is_not_null())
     gpus = per_gpu.group_by("host", "uplink").agg(pl.col("gpu").sort().alias("gpus"))
     return out.filter(pl.col("capacity") > 0).join(gpus, on=["host", "uplink"], how="left")
 
