@@ -570,6 +570,11 @@ _BENCH_DEFAULTS: dict[str, Json] = {
     "memory_growth": [],
     "memory_growth_bytes_per_step": 1 << 30,
     "gpu_cache_ratio": None,
+    "gpus_per_switch": 1,
+    "contention_switch": None,
+    "contention_memory_pressure": True,
+    "idle_swap_bytes": 0,
+    "telemetry_domain": "",
 }
 
 
