@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ncclscope.agent.nvml import NvmlCollector  # noqa: E402
-from ncclscope.agent.topology import (  # noqa: E402
+from ncclscope.agent.nvml import NvmlCollector
+from ncclscope.agent.topology import (
     collector_topology,
     nvml_switch_groups,
     read_sysfs_paths,
