@@ -185,3 +185,25 @@ def test_agent_exports_and_records_the_uplinks(tmp_path: Path) -> None:
         "0000:82:00.0",
     ]
     assert set(tel["host"]) == {"node-7.cluster.internal"}
+
+
+def test_a_vm_with_a_flat_pci_tree_has_no_topology(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # As seen on an H200 VM: /sys/devices/pci0000:00/0000:00:06.0 (no root port above the
+    # GPU); NVML's NearestGpus raises InvalidArgument at every level, CommonAncestor
+    # NotSupported.
+    fake = FakeNvml([FakeGpu(pci_bus_id="00000000:00:06.0")], virtual_machine=True)
+    gpu = tmp_path / "devices/pci0000:00/0000:00:06.0"
+    gpu.mkdir(parents=True)
+    (gpu / "current_link_speed").write_text("32.0 GT/s PCIe\n")
+    (gpu / "current_link_width").write_text("16\n")
+    (tmp_path / "bus/pci/devices").mkdir(parents=True)
+    (tmp_path / "bus/pci/devices/0000:00:06.0").symlink_to(gpu)
+    c = NvmlCollector(fake)  # type: ignore[arg-type]
+    assert c.start() is None
+    with caplog.at_level(logging.INFO):
+        assert collector_topology(c, sysfs_root=tmp_path).empty
+    assert "Invalid Argument" in caplog.text
+    with pytest.raises(NVMLError_NotSupported):
+        fake.nvmlDeviceGetTopologyCommonAncestor(FakeHandle(0), FakeHandle(0))

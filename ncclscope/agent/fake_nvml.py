@@ -374,6 +374,10 @@ class FakeNvml(ModuleType):
             ``NVMLError_NoPermission``.
         missing: functions the *driver* lacks (raise ``NVMLError_FunctionNotFound``).
         absent: functions the *binding* lacks (no such attribute on the module).
+        virtual_machine: the GPUs are passed through to a VM (a flat PCI tree): the
+            topology calls fail as they did on an H200 VM (checked 2026-11-26):
+            ``nvmlDeviceGetTopologyNearestGpus`` raises ``InvalidArgument`` at every level,
+            ``nvmlDeviceGetTopologyCommonAncestor`` raises ``NotSupported``.
 
     Attributes:
         calls: ``(function name, device index or None) -> number of calls``, counting
@@ -425,8 +429,10 @@ class FakeNvml(ModuleType):
         init_error: type[_BaseError] | None = None,
         missing: Iterable[str] = (),
         absent: Iterable[str] = (),
+        virtual_machine: bool = False,
     ) -> None:
         super().__init__("pynvml", "Fake pynvml (ncclscope.agent.fake_nvml).")
+        self.virtual_machine = virtual_machine
         self.gpus: list[FakeGpu] = []
         for i, gpu in enumerate(devices):
             bus = _BUSES[i] if i < len(_BUSES) else f"{(0x100 - len(devices) + i) % 0x100:02X}"
@@ -653,6 +659,8 @@ class FakeNvml(ModuleType):
         for a bad handle."""
         gpu1, _ = self._device("nvmlDeviceGetTopologyCommonAncestor", device1)
         gpu2, _ = self._device("nvmlDeviceGetTopologyCommonAncestor", device2)
+        if self.virtual_machine:
+            raise NVMLError_NotSupported
         if device1.index == device2.index:
             return NVML_TOPOLOGY_INTERNAL
         if gpu1.pcie_switch is not None and gpu1.pcie_switch == gpu2.pcie_switch:
@@ -664,7 +672,7 @@ class FakeNvml(ModuleType):
         ``InvalidArgument`` for a level outside ``nvmlGpuTopologyLevel_t``,
         ``NotSupported`` where the device or OS cannot tell."""
         self._device("nvmlDeviceGetTopologyNearestGpus", device)
-        if level not in _TOPOLOGY_LEVELS:
+        if level not in _TOPOLOGY_LEVELS or self.virtual_machine:
             raise NVMLError_InvalidArgument
         out = []
         for i in range(len(self.gpus)):
