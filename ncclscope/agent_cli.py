@@ -64,14 +64,15 @@ def _follower(patterns: list[str], *, from_start: bool) -> LineSource:
     return Follower(patterns, from_start=from_start)
 
 
-def _nvml(fake_gpus: int) -> Any:
-    """NVML's collector, or one over ``fake_gpus`` simulated GPUs."""
+def _nvml(fake_gpus: int, per_switch: int = 1) -> Any:
+    """NVML's collector, or one over ``fake_gpus`` simulated GPUs (``per_switch`` of them
+    behind each PCIe switch)."""
     from ncclscope.agent.nvml import NvmlCollector
 
     if fake_gpus:
         from ncclscope.agent.fake_nvml import FakeNvml
 
-        return NvmlCollector(FakeNvml.with_devices(fake_gpus))
+        return NvmlCollector(FakeNvml.with_devices(fake_gpus, gpus_per_switch=per_switch))
     return NvmlCollector()
 
 
@@ -152,6 +153,22 @@ def _agent_options(fn: _F) -> _F:
     help="Write telemetry part files here (read them with analyze --telemetry).",
 )
 @click.option("--from-start", is_flag=True, help="Read followed logs from their start.")
+@click.option(
+    "--sysfs-root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("/sys"),
+    show_default=True,
+    help="Where the host's sysfs is mounted (in a container, e.g. /host/sys): the GPUs' PCIe "
+    "paths and switch uplinks are read there once at start; 'none' skips it (NVML's "
+    "topology calls still group GPUs behind a switch).",
+)
+@click.option(
+    "--fake-gpus-per-switch",
+    type=click.IntRange(1, 64),
+    default=1,
+    hidden=True,
+    help="With --fake-gpus: that many simulated GPUs behind each PCIe switch.",
+)
 @_agent_options
 def agent(
     follow: tuple[str, ...],
@@ -165,6 +182,8 @@ def agent(
     pids: tuple[int, ...],
     match: str | None,
     from_start: bool,
+    sysfs_root: Path,
+    fake_gpus_per_switch: int,
     fake_gpus: int,
 ) -> None:
     """Run beside a training job: sample GPUs and the host, follow its logs, export.
@@ -192,9 +211,10 @@ def agent(
         pids=list(pids),
         match=match,
         from_start=from_start,
+        sysfs_root=None if str(sysfs_root).lower() == "none" else sysfs_root,
     )
     stop = _stop_on_signals()
-    nvml = _nvml(fake_gpus)
+    nvml = _nvml(fake_gpus, fake_gpus_per_switch)
     a = Agent(
         config,
         nvml=nvml,

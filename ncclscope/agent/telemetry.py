@@ -109,7 +109,10 @@ def summary_lines(frame: pl.DataFrame) -> list[str]:
     first, last = frame["ts"].min(), frame["ts"].max()
     out = ["TELEMETRY", f"  {first!s} .. {last!s}"]
     per = (
-        frame.filter(pl.col("metric").str.starts_with("ncclscope_gpu_"))
+        frame.filter(
+            pl.col("metric").str.starts_with("ncclscope_gpu_")
+            & (pl.col("metric") != "ncclscope_gpu_pcie_uplink_info")  # labels: GPU + uplink
+        )
         .group_by("host", "labels", "metric")
         .agg(pl.col("value").max())
     )
