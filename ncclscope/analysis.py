@@ -37,6 +37,8 @@ from ncclscope.model.collectives import (
 )
 from ncclscope.model.flight import join_flight, read_flight
 from ncclscope.model.identity import Identity, resolve_identity
+from ncclscope.model.inspector import join_inspector
+from ncclscope.model.tools import read_tools
 from ncclscope.parsers.frameworks import FrameworkTables, mtime_years, read_frameworks
 from ncclscope.parsers.nccl import errors as nccl_errors
 from ncclscope.parsers.nccl.records import (
@@ -60,7 +62,7 @@ from ncclscope.schema import (
     TELEMETRY_SCHEMA,
     validate,
 )
-from ncclscope.sources import Input, Problem, expand_inputs
+from ncclscope.sources import LOG_KINDS, Input, Problem, expand_inputs
 
 __all__ = ["Analysis", "Built", "Diagnosis", "Gap", "Progress", "build", "run_analysis"]
 
@@ -124,8 +126,9 @@ def build(
     inputs, problems = expand_inputs(
         names, workdir=workdir / "inputs", stdin=stdin, on_copy=lambda _n, b: report("read", b, 0)
     )
-    dumps = [(i.display, i.path, i.kind) for i in inputs if i.kind != "log"]
-    inputs = [inp for inp in inputs if inp.kind == "log"]
+    dumps = [(i.display, i.path, i.kind) for i in inputs if i.kind.startswith("flight_")]
+    tool_inputs = [i for i in inputs if not i.kind.startswith("flight_") and i.kind != "log"]
+    inputs = [inp for inp in inputs if inp.kind in LOG_KINDS]
     paths = [inp.display for inp in inputs]
     targets = _targets(inputs)
     store = workdir / "store"
@@ -175,11 +178,24 @@ def build(
     hosts = sorted(set(last.identity.members["host"].to_list()) | records.hosts)
     flight, dump_problems = read_flight(dumps, first_file_id=len(paths))
     flight = join_flight(flight, last.communicators, last.collectives)
+    # nccl-tests output is a log too (its file_id is the log's); the others follow the dumps.
+    log_ids = {inp.display: k for k, inp in enumerate(inputs)}
+    extra = [i for i in tool_inputs if i.kind not in LOG_KINDS]
+    first_tool = len(paths) + len(dumps)
+    tools, tool_problems = read_tools(
+        [
+            (log_ids[i.display], i.display, i.path, i.kind)
+            for i in tool_inputs
+            if i.kind in LOG_KINDS
+        ]
+        + [(first_tool + k, i.display, i.path, i.kind) for k, i in enumerate(extra)]
+    )
+    tools = join_inspector(tools, last.collectives)
     analysis = Analysis(
-        paths=paths + [display for display, _path, _kind in dumps],
+        paths=paths + [display for display, _path, _kind in dumps] + [i.display for i in extra],
         inputs=account,
         notes=_notes(inputs, records, frameworks),
-        problems=problems + dump_problems,
+        problems=problems + dump_problems + tool_problems,
         nccl_versions=sorted({v.version for *_, v in records.versions}, key=_version_key),
         cuda_versions=sorted({v.cuda for *_, v in records.versions}, key=_version_key),
         hosts=hosts,
@@ -203,6 +219,7 @@ def build(
         workdir=workdir,
         sources=inputs,
         flight=flight,
+        tools=tools,
         telemetry=(
             validate(telemetry, TELEMETRY_SCHEMA, "telemetry")
             if telemetry is not None
