@@ -165,7 +165,7 @@ def test_a_broken_ras_json_is_a_problem_not_a_crash(text: str) -> None:
 def test_a_broken_ras_text_is_contained() -> None:
     text = (FIX / "ras/ras_2_26_mismatch_dead.txt").read_text()
     lines = text.splitlines()
-    damaged = "\n".join(lines[:16] + ["    0   x  y  RUNNING"] + lines[16:30])
+    damaged = "\n".join([*lines[:16], "    0   x  y  RUNNING", *lines[16:30]])
     read = parse_ras_text(damaged, "x")
     assert read.skipped["communicator table row not understood"] == 1
     assert read.report.height == 1

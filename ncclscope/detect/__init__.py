@@ -12,6 +12,7 @@ from __future__ import annotations
 # in which order they run.
 from ncclscope.detect import (
     config,
+    exec_straggler,
     hang,
     nccl_errors,
     oom_risk,
@@ -25,7 +26,17 @@ from ncclscope.detect.context import Context
 
 __all__ = ["DETECTORS", "RUN_ORDER", "Context", "Finding", "run_context"]
 
-_MODULES = (config, hang, nccl_errors, oom_risk, pcie_contention, straggler, timeout, zero_stage)
+_MODULES = (
+    config,
+    exec_straggler,
+    hang,
+    nccl_errors,
+    oom_risk,
+    pcie_contention,
+    straggler,
+    timeout,
+    zero_stage,
+)
 
 #: The order detectors run in, by name.  Findings are sorted by severity and cost; ties
 #: keep this order, so it shows in the reports.
@@ -36,6 +47,7 @@ RUN_ORDER = (
     "pcie_contention",
     "oom_risk",
     "straggler",
+    "exec_straggler",
     "timeout_countdown",
     "timeout",
     "zero_stage",
