@@ -199,3 +199,38 @@ def test_all_three_beside_a_log_in_one_directory(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["analyze", str(tmp_path), "--no-progress"])
     assert "NCCL TOOLS" in result.output
     assert "RAS report (json), NCCL 2.28.9" in result.output
+
+
+def _ras_json(comm: str, missing_rank: int, dead: bool) -> str:
+    flag = "true" if dead else "false"
+    rank = (
+        f'{{"rank": {missing_rank}, "host": "10.0.0.9", "pid": 999, "cuda_dev": 1, '
+        f'"nvml_dev": 1, "status": {{"unresponsive": true, "considered_dead": {flag}}}}}'
+    )
+    return (
+        '{"nccl_version": "2.28.9", "cuda_runtime_version": 12090, "cuda_driver_version": 12090,'
+        ' "timestamp": "2026-03-02 11:04:31", "communicators_count": 1, "communicators": [{'
+        f'"hash": "{comm}", "size": 4, "ranks_count": 0, "missing_ranks_count": 1,'
+        f' "ranks": [], "missing_ranks": [{rank}]}}], "ras": {{"timeouts_count": 0}}}}'
+    )
+
+
+def test_ras_dead_rank_is_evidence_for_the_logs_hang(tmp_path: Path) -> None:
+    (tmp_path / "train.log").write_bytes((FIX / "missing-rank-hang/train.log").read_bytes())
+    (tmp_path / "ras.json").write_text(_ras_json("0x2b8e41f07c95d3a6", 2, dead=True))
+    doc = _analyze(str(tmp_path))
+    hangs = [f for f in doc["findings"] if f["kind"] == "hang"]
+    assert len(hangs) == 1
+    ras = hangs[0]["evidence"]["ras"]
+    assert ras["ts"] == "2026-03-02T11:04:31+00:00"
+    assert [(s["comm_rank"], s["rank"], s["state"]) for s in ras["stopped"]] == [(2, 2, "dead")]
+
+
+def test_ras_alone_makes_hang_and_mismatch_findings() -> None:
+    doc = _analyze(str(FIX / "ras"))
+    kinds = sorted((f["kind"], f["hang_class"]) for f in doc["findings"] if f["kind"] != "config")
+    assert kinds == [("hang", "dead_process"), ("hang", "dead_process"),
+                     ("mismatch", "mismatch"), ("mismatch", "mismatch")]  # fmt: skip
+    texts = " ".join(f["message"] for f in doc["findings"])
+    assert "operation 1521 (AllGather)" in texts
+    assert "rank 6 of 3c9e0b2d4e6f5a10" in texts
