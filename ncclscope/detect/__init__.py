@@ -11,6 +11,7 @@ from __future__ import annotations
 # Importing a detector's module registers it (``base.register``); ``RUN_ORDER`` says
 # in which order they run.
 from ncclscope.detect import (
+    collective_cost,
     config,
     exec_straggler,
     hang,
@@ -27,6 +28,7 @@ from ncclscope.detect.context import Context
 __all__ = ["DETECTORS", "RUN_ORDER", "Context", "Finding", "run_context"]
 
 _MODULES = (
+    collective_cost,
     config,
     exec_straggler,
     hang,
@@ -48,6 +50,7 @@ RUN_ORDER = (
     "oom_risk",
     "straggler",
     "exec_straggler",
+    "collective_cost",
     "timeout_countdown",
     "timeout",
     "zero_stage",
