@@ -69,3 +69,17 @@ def test_zero_stage_advice_uses_the_measured_bandwidth(tmp_path: Path) -> None:
     assert "NCCL Inspector all-gather busbw" in fact.source
     # Waits for late ranks are included, so the figure is at most the bus rate.
     assert 0 < fact.value <= 7e9 * 1.1
+
+
+def test_the_html_report_plots_bandwidth_against_the_baseline(tmp_path: Path) -> None:
+    write_job(InspectorJob(nranks=4, ranks_per_host=2, seed=6), tmp_path / "in")
+    (tmp_path / "in" / "ag.txt").write_bytes((FIX / "nccl-tests/all_gather_2_13.txt").read_bytes())
+    html = tmp_path / "r.html"
+    out = CliRunner().invoke(
+        cli, ["analyze", str(tmp_path / "in"), "--html", str(html), "--no-progress"]
+    )
+    assert out.exit_code == 0, out.output
+    text = html.read_text()
+    assert 'id="plot-bandwidth"' in text
+    assert "baseline all_gather" in text
+    assert "AllGather: network (shortest execution)" in text
