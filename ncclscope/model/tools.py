@@ -11,7 +11,7 @@ from pathlib import Path
 
 import polars as pl
 
-from ncclscope.parsers.tools.inspector import read_inspector
+from ncclscope.parsers.tools.inspector import read_inspector_files
 from ncclscope.parsers.tools.nccl_tests import parse_nccl_tests
 from ncclscope.parsers.tools.ras import RasRead, parse_ras_json, parse_ras_text
 from ncclscope.schema import (
@@ -79,12 +79,15 @@ def read_tools(
     def add(name: str, frame: pl.DataFrame, fid: int) -> None:
         parts.setdefault(name, []).append(_with_id(frame, fid))
 
+    inspector = read_inspector_files(
+        [(fid, path, display) for fid, display, path, kind in tools if kind == "inspector"]
+    )
     for fid, display, path, kind in tools:
         reasons: Counter[str] = Counter()
         n = 0
         if kind == "inspector":
-            read = read_inspector(path, display)
-            add("inspector", read.rows, fid)
+            read = inspector[fid]
+            parts.setdefault("inspector", []).append(read.rows)
             reasons = read.skipped
             versions.update(read.versions)
             n = read.rows.height

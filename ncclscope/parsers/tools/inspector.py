@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,13 @@ import polars as pl
 
 from ncclscope.schema import INSPECTOR_SCHEMA, validate
 
-__all__ = ["InspectorRead", "normalise_hash", "read_inspector", "read_inspector_text"]
+__all__ = [
+    "InspectorRead",
+    "normalise_hash",
+    "read_inspector",
+    "read_inspector_files",
+    "read_inspector_text",
+]
 
 _INT = r"\s*:\s*(-?\d+)"
 _NUM = r"\s*:\s*(-?[0-9.]+(?:[eE][-+]?\d+)?|nan|inf|-nan|-inf)"
@@ -65,6 +72,41 @@ OPS = frozenset(
     {"AllGather", "AllReduce", "Broadcast", "Reduce", "ReduceScatter", "Send", "Recv",
      "SendRecv", "AllToAll", "Gather", "Scatter"}
 )  # fmt: skip
+#: The record's objects as the writer nests them, for polars' JSON-lines reader (keys
+#: it does not list, such as ``git_rev`` or the verbose ``event_trace_*``, are ignored).
+_NDJSON = {
+    "header": pl.Struct(
+        {"id": pl.String, "comm_name": pl.String, "rank": pl.Int64, "n_ranks": pl.Int64,
+         "nnodes": pl.Int64}
+    ),
+    "metadata": pl.Struct(
+        {"inspector_output_format_version": pl.String, "dump_timestamp_us": pl.Int64,
+         "hostname": pl.String, "pid": pl.Int64}
+    ),
+    "coll_perf": pl.Struct(
+        {"coll": pl.String, "coll_sn": pl.Int64, "coll_msg_size_bytes": pl.Int64,
+         "coll_exec_time_us": pl.Float64, "coll_timing_source": pl.String,
+         "coll_algobw_gbs": pl.Float64, "coll_busbw_gbs": pl.Float64}
+    ),
+}  # fmt: skip
+_FROM_NDJSON = {
+    "comm_hash": ("header", "id"),
+    "comm_name": ("header", "comm_name"),
+    "comm_rank": ("header", "rank"),
+    "nranks": ("header", "n_ranks"),
+    "nnodes": ("header", "nnodes"),
+    "format_version": ("metadata", "inspector_output_format_version"),
+    "dump_us": ("metadata", "dump_timestamp_us"),
+    "host": ("metadata", "hostname"),
+    "pid": ("metadata", "pid"),
+    "op": ("coll_perf", "coll"),
+    "sn": ("coll_perf", "coll_sn"),
+    "msg_size_bytes": ("coll_perf", "coll_msg_size_bytes"),
+    "exec_us": ("coll_perf", "coll_exec_time_us"),
+    "timing_source": ("coll_perf", "coll_timing_source"),
+    "algo_gbs": ("coll_perf", "coll_algobw_gbs"),
+    "bus_gbs": ("coll_perf", "coll_busbw_gbs"),
+}
 
 
 @dataclass
@@ -91,37 +133,144 @@ def normalise_hash(value: pl.Expr) -> pl.Expr:
 
 
 def read_inspector(path: Path, display: str) -> InspectorRead:
-    """Read one Inspector output file; never raises on its content."""
+    """Read one Inspector output file; never raises on its content.
+
+    A whole file of well-formed records goes through polars' JSON-lines reader in one
+    call; a file with a damaged line is read line by line (per-field regexes), so that
+    every good record is kept and every bad line counted with its reason.
+    """
     try:
-        text = path.read_bytes().decode("utf-8", errors="replace")
-    except OSError as err:
+        raw = pl.read_csv(
+            path,
+            has_header=False,
+            quote_char=None,
+            separator="\x1f",
+            schema={"line": pl.String},
+            truncate_ragged_lines=True,
+            encoding="utf8-lossy",
+        ).with_row_index("line_no", offset=1)
+    except (OSError, pl.exceptions.PolarsError) as err:
         out = InspectorRead(display)
-        out.skipped[f"cannot read: {err.strerror or err}"] += 1
+        out.skipped[f"cannot read: {err}"] += 1
         return out
-    return read_inspector_text(text, display)
+    raw = raw.filter(pl.col("line").is_not_null() & (pl.col("line").str.strip_chars() != ""))
+    try:
+        doc = pl.read_ndjson(path, schema=_NDJSON)
+    except (OSError, pl.exceptions.PolarsError):
+        doc = None
+    if doc is None or doc.height != raw.height:
+        return _read(raw, display)
+    fields = doc.select(
+        pl.col(obj).struct.field(key).cast(_FIELDS[name][1], strict=False).alias(name)
+        for name, (obj, key) in _FROM_NDJSON.items()
+    )
+    return _finish(InspectorRead(display, lines=raw.height), raw.hstack(fields))
+
+
+def _fields(doc: pl.DataFrame) -> pl.DataFrame:
+    return doc.select(
+        pl.col(obj).struct.field(key).cast(_FIELDS[name][1], strict=False).alias(name)
+        for name, (obj, key) in _FROM_NDJSON.items()
+    )
+
+
+def _plain_lines(path: Path) -> int | None:
+    """Lines of a file with no blank line and no carriage return (what the JSON-lines
+    reader's row count must equal), else None: such a file is read on its own."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    if not data.strip() or b"\n\n" in data or b"\r" in data or data.startswith(b"\n"):
+        return None
+    return data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
+
+
+def read_inspector_files(files: Sequence[tuple[int, Path, str]]) -> dict[int, InspectorRead]:
+    """Read many Inspector files (``file_id``, path, display name): well-formed ones in
+    one call of polars' JSON-lines reader (per-file costs add up: the plugin writes one
+    file per process), any other with :func:`read_inspector`.  ``rows.file_id`` is set."""
+    out: dict[int, InspectorRead] = {}
+    counts = {fid: _plain_lines(path) for fid, path, _d in files}
+    batch = [(fid, path, d) for fid, path, d in files if counts[fid] is not None]
+    if len(batch) > 1:
+        out.update(_batch(batch, counts))
+    for fid, path, display in files:
+        if fid not in out:
+            read = read_inspector(path, display)
+            read.rows = read.rows.with_columns(pl.lit(fid, pl.UInt32).alias("file_id"))
+            out[fid] = read
+    return out
+
+
+def _batch(
+    batch: list[tuple[int, Path, str]], counts: dict[int, int | None]
+) -> dict[int, InspectorRead]:
+    ids = {str(path): fid for fid, path, _d in batch}
+    try:
+        doc = pl.scan_ndjson(
+            [path for _f, path, _d in batch], schema=_NDJSON, include_file_paths="src"
+        ).collect()
+    except (OSError, pl.exceptions.PolarsError):
+        return {}
+    per_file = doc.group_by("src").len()
+    if any(counts[ids.get(src, -1)] != n for src, n in per_file.iter_rows()) or len(
+        per_file
+    ) != len(batch):
+        return {}
+    parsed = _fields(doc).with_columns(
+        doc["src"].replace_strict(ids, return_dtype=pl.UInt32).alias("fid"),
+        (pl.int_range(pl.len()).over(doc["src"]) + 1).cast(pl.UInt32).alias("line_no"),
+    )
+    if not parsed.filter(~_valid()).is_empty():
+        return {}  # a record out of range: read each file on its own to say which
+    rows = _rows(parsed, pl.col("fid"))
+    out = {}
+    by_file = rows.partition_by("file_id", as_dict=True)
+    for fid, _path, display in batch:
+        part = by_file.get((fid,), rows.clear())
+        n = counts[fid] or 0
+        versions = sorted(v for v in part["format_version"].drop_nulls().unique())
+        out[fid] = InspectorRead(display, lines=n, rows=part, versions=versions)
+    return out
 
 
 def read_inspector_text(text: str, display: str) -> InspectorRead:
-    """Read Inspector records from ``text`` (one JSON object a line)."""
-    out = InspectorRead(display)
+    """Read Inspector records from ``text`` (one JSON object a line), line by line."""
     raw = pl.DataFrame({"line": text.split("\n")}).with_row_index("line_no", offset=1)
-    raw = raw.filter(pl.col("line").str.strip_chars() != "")
-    out.lines = raw.height
-    line = pl.col("line")
+    raw = raw.filter(pl.col("line").is_not_null() & (pl.col("line").str.strip_chars() != ""))
+    return _read(raw, display)
+
+
+def _read(raw: pl.DataFrame, display: str) -> InspectorRead:
     parsed = raw.with_columns(
-        line.str.extract(rx, 1).cast(dtype, strict=False).alias(name)
+        pl.col("line").str.extract(rx, 1).cast(dtype, strict=False).alias(name)
         for name, (rx, dtype, _req) in _FIELDS.items()
     )
+    return _finish(InspectorRead(display, lines=raw.height), parsed)
+
+
+def _valid() -> pl.Expr:
     ok = pl.all_horizontal(pl.col(c).is_not_null() for c in _REQUIRED) & pl.col("op").is_in(
         list(OPS)
     )
-    ok = ok & (pl.col("sn") >= 0) & (pl.col("msg_size_bytes") >= 0) & (pl.col("exec_us") >= 0)
-    good = parsed.filter(ok)
-    for bad in parsed.filter(~ok)["line"].to_list():
+    return ok & (pl.col("sn") >= 0) & (pl.col("msg_size_bytes") >= 0) & (pl.col("exec_us") >= 0)
+
+
+def _finish(out: InspectorRead, parsed: pl.DataFrame) -> InspectorRead:
+    """Keep the records with every required field valid; count the others by reason."""
+    good = parsed.filter(_valid())
+    for bad in parsed.filter(~_valid())["line"].to_list():
         out.skipped[_why(bad)] += 1
     out.versions = sorted(v for v in good["format_version"].drop_nulls().unique())
+    out.rows = _rows(good, pl.lit(0, pl.UInt32))
+    return out
+
+
+def _rows(good: pl.DataFrame, file_id: pl.Expr) -> pl.DataFrame:
+    """The valid records as INSPECTOR_SCHEMA rows."""
     rows = good.select(
-        pl.lit(0, pl.UInt32).alias("file_id"),
+        file_id.cast(pl.UInt32).alias("file_id"),
         pl.col("line_no").cast(pl.UInt32),
         "host",
         "pid",
@@ -142,8 +291,7 @@ def read_inspector_text(text: str, display: str) -> InspectorRead:
         .alias("dump_ts"),
         "format_version",
     )
-    out.rows = validate(rows, INSPECTOR_SCHEMA, "inspector")
-    return out
+    return validate(rows, INSPECTOR_SCHEMA, "inspector")
 
 
 def _why(line: str) -> str:
