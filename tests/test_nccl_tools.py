@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from ncclscope.cli import cli
 from ncclscope.parsers.tools import sniff_tool
-from ncclscope.parsers.tools.inspector import read_inspector_text
+from ncclscope.parsers.tools.inspector import read_inspector_files, read_inspector_text
 from ncclscope.parsers.tools.nccl_tests import parse_nccl_tests
 from ncclscope.parsers.tools.ras import parse_ras_json, parse_ras_text
 from ncclscope.synth.inspector import InspectorJob, coll_log, inspector_files
@@ -234,3 +234,26 @@ def test_ras_alone_makes_hang_and_mismatch_findings() -> None:
     texts = " ".join(f["message"] for f in doc["findings"])
     assert "operation 1521 (AllGather)" in texts
     assert "rank 6 of 3c9e0b2d4e6f5a10" in texts
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        RECORD[:120],
+        RECORD.replace('"coll_sn":3', '"coll_sn":-3'),
+        RECORD.replace('"rank":1', '"rank":"one"'),
+        "",
+    ],
+)
+def test_many_files_at_once_keep_every_good_record(tmp_path: Path, bad: str) -> None:
+    good = [tmp_path / f"h-pid{k}.log" for k in range(3)]
+    for p in good:
+        p.write_text((RECORD + "\n") * 4)
+    damaged = tmp_path / "h-pid9.log"
+    damaged.write_text(RECORD + "\n" + bad + "\n" + RECORD + "\n")
+    files = [(k, p, p.name) for k, p in enumerate([*good, damaged])]
+    reads = read_inspector_files(files)
+    assert [reads[k].rows.height for k in range(4)] == [4, 4, 4, 2]
+    assert [reads[k].rows["file_id"].unique().to_list() for k in range(3)] == [[0], [1], [2]]
+    assert reads[3].rows["line_no"].to_list() == [1, 3]
+    assert sum(reads[3].skipped.values()) == (1 if bad else 0)
