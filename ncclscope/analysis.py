@@ -229,7 +229,8 @@ def build(
     analysis = replace(analysis, gaps=_gaps(analysis, records))
     report("build", 1, 1)
     sizes = _launcher_world_sizes(hints) if hints is not None else []
-    analysis, views = _views(analysis, builds, starts, sizes)
+    boot = _bootstrap_world_sizes(hints) if hints is not None else []
+    analysis, views = _views(analysis, builds, starts, sizes, boot)
     return Built(analysis, views, scan.text_store if scan is not None else None)
 
 
@@ -399,6 +400,7 @@ def _views(
     builds: list[tuple[_Built, LineRecords, pl.DataFrame, FrameworkTables]],
     starts: pl.DataFrame | None,
     launcher_sizes: list[int],
+    boot_sizes: list[int],
 ) -> tuple[Analysis, list[tuple[Analysis, Attempt]]]:
     """Each attempt's own tables (the job's, with that attempt's identity, collectives,
     errors and framework tables) and its description; and the job's tables with the
@@ -417,7 +419,7 @@ def _views(
             frameworks=fw,
             followed_by=_next_reasons(starts, k) if k < len(builds) - 1 else None,
         )
-        world_size, source = _world_size(view, launcher_sizes)
+        world_size, source = _world_size(view, launcher_sizes, boot_sizes)
         view = replace(view, world_size=world_size, world_size_source=source)
         view = replace(view, ranks_without_logs=_ranks_without_logs(view))
         out.append((view, _describe_attempt(k, view, starts)))
@@ -440,8 +442,20 @@ _WORLD_SIZE_RE = (
 )
 
 
-#: Literal pieces of the lines ``_WORLD_SIZE_RE`` reads.
-_WORLD_HINTS = ("WORLD_SIZE", "world_sizes=", "options: size: ")
+#: NCCL's bootstrap root, when a rank checks in twice (a restarted process):
+#: ``NCCL WARN Bootstrap Root : rank 3 of 16 ranks has already checked in``.
+_BOOTSTRAP_RE = r"rank \d{1,7} of (\d{1,7}) ranks has already checked in"
+
+#: Literal pieces of the lines ``_WORLD_SIZE_RE`` and ``_BOOTSTRAP_RE`` read.
+_WORLD_HINTS = ("WORLD_SIZE", "world_sizes=", "options: size: ", "ranks has already checked in")
+
+
+def _bootstrap_world_sizes(hints: pl.DataFrame) -> list[int]:
+    """The job sizes NCCL's bootstrap root states in its ``already checked in`` WARN."""
+    sizes = hints.select(
+        pl.col("text").str.extract(_BOOTSTRAP_RE, 1).cast(pl.Int64, strict=False).alias("n")
+    ).drop_nulls()
+    return sorted({int(n) for n in sizes["n"] if n > 0})
 
 
 def _launcher_world_sizes(hints: pl.DataFrame) -> list[int]:
@@ -456,14 +470,18 @@ def _launcher_world_sizes(hints: pl.DataFrame) -> list[int]:
     return sorted({int(n) for n in sizes["n"] if n > 0})
 
 
-def _world_size(view: Analysis, launcher_sizes: list[int]) -> tuple[int | None, str | None]:
-    """NCCL's count first (Init lines, else COLL lines' ``nranks``), then what the
-    launcher, PyTorch or DeepSpeed lines state."""
+def _world_size(
+    view: Analysis, launcher_sizes: list[int], boot_sizes: list[int]
+) -> tuple[int | None, str | None]:
+    """NCCL's count first (Init lines, else COLL lines' ``nranks``, else the bootstrap
+    root's WARN), then what the launcher, PyTorch or DeepSpeed lines state."""
     ident = view.identity
     if ident.world_size is not None:
         world = ident.members.filter(pl.col("comm_key") == ident.world_key)
         inited = world["complete"].any() or world["bus_id"].is_not_null().any()
         return ident.world_size, "init" if inited else "coll"
+    if boot_sizes:
+        return max(boot_sizes), "bootstrap"
     stated = [
         *launcher_sizes,
         *([view.frameworks.world_size] if view.frameworks.world_size else []),

@@ -257,3 +257,14 @@ def test_many_files_at_once_keep_every_good_record(tmp_path: Path, bad: str) -> 
     assert [reads[k].rows["file_id"].unique().to_list() for k in range(3)] == [[0], [1], [2]]
     assert reads[3].rows["line_no"].to_list() == [1, 3]
     assert sum(reads[3].skipped.values()) == (1 if bad else 0)
+
+
+def test_the_bootstrap_roots_warn_gives_the_job_size(tmp_path: Path) -> None:
+    log = tmp_path / "boot.log"
+    log.write_text(
+        "node-a:4101:4101 [0] NCCL INFO NCCL version 2.21.5+cuda12.4\n"
+        "node-a:4101:4190 [0] NCCL WARN Bootstrap Root : rank 3 of 16 ranks has already "
+        "checked in\n"
+    )
+    job = _analyze(str(log))["job"]
+    assert (job["world_size"], job["world_size_source"]) == (16, "bootstrap")
