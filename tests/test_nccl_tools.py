@@ -268,3 +268,10 @@ def test_the_bootstrap_roots_warn_gives_the_job_size(tmp_path: Path) -> None:
     )
     job = _analyze(str(log))["job"]
     assert (job["world_size"], job["world_size_source"]) == (16, "bootstrap")
+
+
+def test_ncclscopes_own_json_report_is_not_taken_for_a_tool(tmp_path: Path) -> None:
+    doc = json.dumps(_analyze(str(FIX / "ras")), indent=2).encode()
+    assert b'"nccl_version"' in doc
+    assert b'"communicators"' in doc
+    assert sniff_tool(doc[:8192]) is None

@@ -37,8 +37,8 @@ from plotly.subplots import make_subplots
 
 from ncclscope import __version__
 from ncclscope.detect.base import Finding, ranks_text
-from ncclscope.detect.collective_cost import cost_by_size
 from ncclscope.detect.context import Context
+from ncclscope.export.html_bandwidth import BANDWIDTH_INTRO, NO_BANDWIDTH, bandwidth_figure
 from ncclscope.model.timeline import find_period
 from ncclscope.schema import REPORT_STEPS_SCHEMA, TS
 
@@ -923,68 +923,14 @@ window.addEventListener("error", function (e) {
 """
 
 
-_NO_BANDWIDTH = (
-    "No NCCL Inspector records and no nccl-tests output among the inputs: bus bandwidth per "
-    "message size is not measured (COLL lines time no collective). Run the job with "
-    "<code>NCCL_PROFILER_PLUGIN=libnccl-profiler-inspector.so NCCL_INSPECTOR_ENABLE=1</code> "
-    "(NCCL &ge; 2.28) and give its <code>NCCL_INSPECTOR_DUMP_DIR</code> beside the logs; "
-    "give an <code>all_gather_perf</code> run's output for the fabric's baseline."
-)
-
-
 def _bandwidth(d: _Data) -> _Section:
-    """Bus bandwidth by message size: the job (Inspector) against the baseline
-    (nccl-tests), log-log."""
+    """Bus bandwidth by message size, the job against the baseline (``html_bandwidth``)."""
     title = "Bus bandwidth by message size"
-    tools = d.analysis.tools
-    cost = cost_by_size(tools.inspector)
-    runs = tools.nccl_tests
-    if cost.is_empty() and runs.is_empty():
-        return _Section("bandwidth", title, _note(_NO_BANDWIDTH))
-    fig = go.Figure()
-    gbs = 1e9
-    if not cost.is_empty():
-        for (op,), part in cost.partition_by("op", as_dict=True, maintain_order=True).items():
-            x = part["bucket_bytes"].to_list()
-            for col, name, dash in (
-                ("bus_bw_bytes_per_s", "as the ranks saw it", "solid"),
-                ("net_bus_bw_bytes_per_s", "network (shortest execution)", "dot"),
-            ):
-                fig.add_trace(
-                    go.Scatter(
-                        x=x,
-                        y=[None if v is None else v / gbs for v in part[col].to_list()],
-                        mode="lines+markers",
-                        line={"dash": dash},
-                        name=_esc(f"{op}: {name}"),
-                        hovertemplate="%{x:.3s}B: %{y:.2f} GB/s<extra></extra>",
-                    )
-                )
-    paths = {fid: path for fid, path, _kind, _n in tools.files}
-    for (fid, run), part in runs.partition_by(
-        "file_id", "run", as_dict=True, maintain_order=True
-    ).items():
-        test = part["test"][0] or "nccl-tests"
-        fig.add_trace(
-            go.Scatter(
-                x=part["size_bytes"].to_list(),
-                y=[None if v is None else v / gbs for v in part["oop_bus_bw_bytes_per_s"]],
-                mode="lines+markers",
-                line={"dash": "dash"},
-                name=_esc(f"baseline {test} ({paths.get(int(str(fid)), '')} #{run})"),
-                hovertemplate="%{x:.3s}B: %{y:.2f} GB/s<extra></extra>",
-            )
-        )
-    fig.update_layout(height=420)
-    fig.update_xaxes(title="message size (bytes; whole buffer, as nccl-tests counts)", type="log")
-    fig.update_yaxes(title="bus bandwidth (GB/s)")
-    intro = (
-        "NCCL Inspector's bus bandwidth per power-of-two message size: the median over records "
-        "(as the ranks saw it, waits for late ranks included) and the network's (per "
-        "collective, its shortest execution: the rank that waited for nobody), against "
-        "nccl-tests' out-of-place bus bandwidth where its output is among the inputs."
-    )
-    return _Section("bandwidth", title, f"<p>{_esc(intro)}</p>" + _plot(fig, "plot-bandwidth"))
+    fig = bandwidth_figure(d.analysis.tools)
+    if fig is None:
+        return _Section("bandwidth", title, _note(NO_BANDWIDTH))
+    body = f"<p>{_esc(BANDWIDTH_INTRO)}</p>" + _plot(fig, "plot-bandwidth")
+    return _Section("bandwidth", title, body)
 
 
 def render_html(diagnosis: Diagnosis) -> str:

@@ -6,11 +6,17 @@ a bad record or line is counted with its reason and skipped, never raised.
 
 from __future__ import annotations
 
+import re
+
 __all__ = ["TOOL_KINDS", "sniff_tool"]
 
 #: Input kinds (``sources.Input.kind``) of the tools' outputs.  ``nccl_tests`` is also
 #: scanned as a log: nccl-tests run with ``NCCL_DEBUG=INFO`` prints NCCL's lines too.
 TOOL_KINDS = ("inspector", "ras_text", "ras_json", "nccl_tests")
+
+
+_FIRST_KEY_INSPECTOR = re.compile(rb'\{\s*"header"\s*:\s*\{')
+_FIRST_KEY_RAS = re.compile(rb'\{\s*"nccl_version"\s*:')
 
 
 def sniff_tool(head: bytes) -> str | None:
@@ -27,9 +33,11 @@ def sniff_tool(head: bytes) -> str | None:
     """
     text = head.lstrip(b" \t\r\n\xef\xbb\xbf")
     if text[:1] == b"{":
-        if b'"coll_perf"' in text and b'"header"' in text:
+        # The writers' first keys: Inspector's ``header``, RAS's ``nccl_version``; a JSON
+        # document that merely mentions them (ncclscope's own report) is not taken.
+        if _FIRST_KEY_INSPECTOR.match(text) and b'"coll_perf"' in text:
             return "inspector"
-        if b'"communicators' in text and b'"nccl_version"' in text:
+        if _FIRST_KEY_RAS.match(text) and b'"communicators' in text:
             return "ras_json"
         return None
     if b"Job summary\n====" in text or b"Job summary\r\n====" in text:
