@@ -37,6 +37,8 @@ from ncclscope.model.collectives import (
 )
 from ncclscope.model.flight import join_flight, read_flight
 from ncclscope.model.identity import Identity, resolve_identity
+from ncclscope.model.inspector import join_inspector
+from ncclscope.model.tools import read_tools
 from ncclscope.parsers.frameworks import FrameworkTables, mtime_years, read_frameworks
 from ncclscope.parsers.nccl import errors as nccl_errors
 from ncclscope.parsers.nccl.records import (
@@ -60,7 +62,7 @@ from ncclscope.schema import (
     TELEMETRY_SCHEMA,
     validate,
 )
-from ncclscope.sources import Input, Problem, expand_inputs
+from ncclscope.sources import LOG_KINDS, Input, Problem, expand_inputs
 
 __all__ = ["Analysis", "Built", "Diagnosis", "Gap", "Progress", "build", "run_analysis"]
 
@@ -124,8 +126,9 @@ def build(
     inputs, problems = expand_inputs(
         names, workdir=workdir / "inputs", stdin=stdin, on_copy=lambda _n, b: report("read", b, 0)
     )
-    dumps = [(i.display, i.path, i.kind) for i in inputs if i.kind != "log"]
-    inputs = [inp for inp in inputs if inp.kind == "log"]
+    dumps = [(i.display, i.path, i.kind) for i in inputs if i.kind.startswith("flight_")]
+    tool_inputs = [i for i in inputs if not i.kind.startswith("flight_") and i.kind != "log"]
+    inputs = [inp for inp in inputs if inp.kind in LOG_KINDS]
     paths = [inp.display for inp in inputs]
     targets = _targets(inputs)
     store = workdir / "store"
@@ -175,11 +178,24 @@ def build(
     hosts = sorted(set(last.identity.members["host"].to_list()) | records.hosts)
     flight, dump_problems = read_flight(dumps, first_file_id=len(paths))
     flight = join_flight(flight, last.communicators, last.collectives)
+    # nccl-tests output is a log too (its file_id is the log's); the others follow the dumps.
+    log_ids = {inp.display: k for k, inp in enumerate(inputs)}
+    extra = [i for i in tool_inputs if i.kind not in LOG_KINDS]
+    first_tool = len(paths) + len(dumps)
+    tools, tool_problems = read_tools(
+        [
+            (log_ids[i.display], i.display, i.path, i.kind)
+            for i in tool_inputs
+            if i.kind in LOG_KINDS
+        ]
+        + [(first_tool + k, i.display, i.path, i.kind) for k, i in enumerate(extra)]
+    )
+    tools = join_inspector(tools, last.collectives)
     analysis = Analysis(
-        paths=paths + [display for display, _path, _kind in dumps],
+        paths=paths + [display for display, _path, _kind in dumps] + [i.display for i in extra],
         inputs=account,
         notes=_notes(inputs, records, frameworks),
-        problems=problems + dump_problems,
+        problems=problems + dump_problems + tool_problems,
         nccl_versions=sorted({v.version for *_, v in records.versions}, key=_version_key),
         cuda_versions=sorted({v.cuda for *_, v in records.versions}, key=_version_key),
         hosts=hosts,
@@ -203,6 +219,7 @@ def build(
         workdir=workdir,
         sources=inputs,
         flight=flight,
+        tools=tools,
         telemetry=(
             validate(telemetry, TELEMETRY_SCHEMA, "telemetry")
             if telemetry is not None
@@ -212,7 +229,8 @@ def build(
     analysis = replace(analysis, gaps=_gaps(analysis, records))
     report("build", 1, 1)
     sizes = _launcher_world_sizes(hints) if hints is not None else []
-    analysis, views = _views(analysis, builds, starts, sizes)
+    boot = _bootstrap_world_sizes(hints) if hints is not None else []
+    analysis, views = _views(analysis, builds, starts, sizes, boot)
     return Built(analysis, views, scan.text_store if scan is not None else None)
 
 
@@ -382,6 +400,7 @@ def _views(
     builds: list[tuple[_Built, LineRecords, pl.DataFrame, FrameworkTables]],
     starts: pl.DataFrame | None,
     launcher_sizes: list[int],
+    boot_sizes: list[int],
 ) -> tuple[Analysis, list[tuple[Analysis, Attempt]]]:
     """Each attempt's own tables (the job's, with that attempt's identity, collectives,
     errors and framework tables) and its description; and the job's tables with the
@@ -400,7 +419,7 @@ def _views(
             frameworks=fw,
             followed_by=_next_reasons(starts, k) if k < len(builds) - 1 else None,
         )
-        world_size, source = _world_size(view, launcher_sizes)
+        world_size, source = _world_size(view, launcher_sizes, boot_sizes)
         view = replace(view, world_size=world_size, world_size_source=source)
         view = replace(view, ranks_without_logs=_ranks_without_logs(view))
         out.append((view, _describe_attempt(k, view, starts)))
@@ -423,8 +442,20 @@ _WORLD_SIZE_RE = (
 )
 
 
-#: Literal pieces of the lines ``_WORLD_SIZE_RE`` reads.
-_WORLD_HINTS = ("WORLD_SIZE", "world_sizes=", "options: size: ")
+#: NCCL's bootstrap root, when a rank checks in twice (a restarted process):
+#: ``NCCL WARN Bootstrap Root : rank 3 of 16 ranks has already checked in``.
+_BOOTSTRAP_RE = r"rank \d{1,7} of (\d{1,7}) ranks has already checked in"
+
+#: Literal pieces of the lines ``_WORLD_SIZE_RE`` and ``_BOOTSTRAP_RE`` read.
+_WORLD_HINTS = ("WORLD_SIZE", "world_sizes=", "options: size: ", "ranks has already checked in")
+
+
+def _bootstrap_world_sizes(hints: pl.DataFrame) -> list[int]:
+    """The job sizes NCCL's bootstrap root states in its ``already checked in`` WARN."""
+    sizes = hints.select(
+        pl.col("text").str.extract(_BOOTSTRAP_RE, 1).cast(pl.Int64, strict=False).alias("n")
+    ).drop_nulls()
+    return sorted({int(n) for n in sizes["n"] if n > 0})
 
 
 def _launcher_world_sizes(hints: pl.DataFrame) -> list[int]:
@@ -439,14 +470,18 @@ def _launcher_world_sizes(hints: pl.DataFrame) -> list[int]:
     return sorted({int(n) for n in sizes["n"] if n > 0})
 
 
-def _world_size(view: Analysis, launcher_sizes: list[int]) -> tuple[int | None, str | None]:
-    """NCCL's count first (Init lines, else COLL lines' ``nranks``), then what the
-    launcher, PyTorch or DeepSpeed lines state."""
+def _world_size(
+    view: Analysis, launcher_sizes: list[int], boot_sizes: list[int]
+) -> tuple[int | None, str | None]:
+    """NCCL's count first (Init lines, else COLL lines' ``nranks``, else the bootstrap
+    root's WARN), then what the launcher, PyTorch or DeepSpeed lines state."""
     ident = view.identity
     if ident.world_size is not None:
         world = ident.members.filter(pl.col("comm_key") == ident.world_key)
         inited = world["complete"].any() or world["bus_id"].is_not_null().any()
         return ident.world_size, "init" if inited else "coll"
+    if boot_sizes:
+        return max(boot_sizes), "bootstrap"
     stated = [
         *launcher_sizes,
         *([view.frameworks.world_size] if view.frameworks.world_size else []),

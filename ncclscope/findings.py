@@ -39,6 +39,7 @@ Kind = Literal[
     "zero_stage",
     "pcie_contention",
     "oom_risk",
+    "collective_cost",
 ]
 KINDS: tuple[Kind, ...] = get_args(Kind)
 HangClass = Literal["missing_rank", "mismatch", "dead_process", "nccl_error", "unknown"]

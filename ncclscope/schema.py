@@ -31,13 +31,20 @@ __all__ = [
     "FLIGHT_PG_STATUS_SCHEMA",
     "FLIGHT_SCHEMA",
     "INPUTS_SCHEMA",
+    "INSPECTOR_JOIN_SCHEMA",
+    "INSPECTOR_SCHEMA",
     "INSTANCES_SCHEMA",
     "LATENESS_SCHEMA",
     "LINE_KIND",
     "MEMBERS_SCHEMA",
     "MEMORY_SCHEMA",
+    "NCCL_TESTS_RUNS_SCHEMA",
+    "NCCL_TESTS_SCHEMA",
     "PROGRESS_SCHEMA",
     "RANKS_SCHEMA",
+    "RAS_COMMS_SCHEMA",
+    "RAS_RANKS_SCHEMA",
+    "RAS_REPORTS_SCHEMA",
     "REPORT_STEPS_SCHEMA",
     "STEPS_SCHEMA",
     "TELEMETRY_SCHEMA",
@@ -617,6 +624,141 @@ REPORT_STEPS_SCHEMA = _schema(
         "end": TS,
         "duration_s": pl.Float64,
         "source": pl.String,  # deepspeed_timers | collectives
+    }
+)
+
+
+#: One row per NCCL Inspector record (``<host>-pid<pid>.log``, one JSON object a line):
+#: a completed collective of one rank of one communicator.
+INSPECTOR_SCHEMA = _schema(
+    {
+        "file_id": pl.UInt32,
+        "line_no": pl.UInt32,
+        "host": pl.String,  # metadata.hostname
+        "pid": pl.Int32,
+        "comm_hash": pl.String,  # header.id, lower-case hex without 0x or leading zeros
+        "comm_name": pl.String,  # header.comm_name (2.30+), null when absent or "unknown"
+        "comm_rank": pl.Int32,  # header.rank: the rank in that communicator
+        "nranks": pl.Int32,
+        "nnodes": pl.Int32,
+        "op": pl.String,  # AllGather, AllReduce, ReduceScatter, ... (NCCL's spelling)
+        "sn": pl.Int64,  # coll_sn: per communicator and op, from 0
+        "msg_size_bytes": pl.Int64,  # per-rank buffer: type size x count
+        "exec_time_s": pl.Float64,  # coll_exec_time_us / 1e6
+        "timing_source": pl.String,  # kernel_gpu | kernel_cpu | collective_cpu
+        "algo_bw_bytes_per_s": pl.Float64,
+        "bus_bw_bytes_per_s": pl.Float64,
+        "dump_ts": TS,  # metadata.dump_timestamp_us
+        "format_version": pl.String,  # metadata.inspector_output_format_version
+    }
+)
+
+#: Per Inspector record joined to the logs: the COLL line with the same communicator,
+#: rank, op and occurrence (the sn-th call of that op on that communicator).
+INSPECTOR_JOIN_SCHEMA = _schema(
+    {
+        "comm_key": pl.String,
+        "comm_rank": pl.Int32,
+        "rank": pl.Int32,  # global rank where the logs say
+        "op": pl.String,
+        "sn": pl.Int64,
+        "seq": pl.Int64,  # the COLL line's position in its communicator
+        "size_bytes": pl.Int64,  # from the COLL line
+        "msg_size_bytes": pl.Int64,  # from Inspector
+        "exec_time_s": pl.Float64,
+        "bus_bw_bytes_per_s": pl.Float64,
+        "agree": pl.Boolean,  # the COLL line's size is Inspector's (count x type size)
+    }
+)
+
+#: One row per nccl-tests run (one ``*_perf`` output): its header.
+NCCL_TESTS_RUNS_SCHEMA = _schema(
+    {
+        "file_id": pl.UInt32,
+        "run": pl.Int32,  # order of the run in its file, from 0
+        "test": pl.String,  # all_reduce | all_gather | reduce_scatter | ... (from the table)
+        "version": pl.String,  # "# nccl-tests version 2.13.8 ..." where printed
+        "nccl_version": pl.String,  # "nccl-headers=..."/"# NCCL version" where printed
+        "n_threads": pl.Int32,
+        "n_gpus": pl.Int32,  # GPUs per thread (-g)
+        "iters": pl.Int32,
+        "warmup_iters": pl.Int32,
+        "ranks": pl.Int32,  # "# Using devices" rows
+        "hosts": pl.List(pl.String),
+        "avg_bus_bw_bytes_per_s": pl.Float64,  # "# Avg bus bandwidth" line
+        "rows": pl.Int32,
+        "wrong": pl.Int64,  # rows with #wrong > 0 (old versions: an error above 0)
+    }
+)
+
+#: One row per line of an nccl-tests table: one message size.
+NCCL_TESTS_SCHEMA = _schema(
+    {
+        "file_id": pl.UInt32,
+        "run": pl.Int32,
+        "line_no": pl.UInt32,
+        "test": pl.String,
+        "size_bytes": pl.Int64,
+        "count": pl.Int64,
+        "dtype": pl.String,
+        "redop": pl.String,  # null where the table has no redop column
+        "root": pl.Int32,  # null where the table has no root column (-1 printed: none)
+        "oop_time_s": pl.Float64,
+        "oop_algo_bw_bytes_per_s": pl.Float64,
+        "oop_bus_bw_bytes_per_s": pl.Float64,
+        "oop_wrong": pl.Float64,  # #wrong, or the max error of old versions; null for N/A
+        "ip_time_s": pl.Float64,
+        "ip_algo_bw_bytes_per_s": pl.Float64,
+        "ip_bus_bw_bytes_per_s": pl.Float64,
+        "ip_wrong": pl.Float64,
+    }
+)
+
+#: One row per RAS report (``ncclras``, text or ``-f json``).
+RAS_REPORTS_SCHEMA = _schema(
+    {
+        "file_id": pl.UInt32,
+        "format": pl.String,  # text | json
+        "nccl_version": pl.String,
+        "cuda_runtime_version": pl.Int32,
+        "cuda_driver_version": pl.Int32,
+        "ts": TS,  # the JSON's timestamp (local time read as UTC); null in text
+        "nodes": pl.Int32,  # job summary
+        "processes": pl.Int32,
+        "gpus": pl.Int32,
+        "communicators": pl.Int32,
+        "missing_processes": pl.Int32,  # INCOMPLETE: processes that did not answer
+        "dead_processes": pl.Int32,  # DEAD: unreachable via the RAS network
+        "timeouts": pl.Int32,
+    }
+)
+
+#: One row per communicator (JSON) or group of communicators (text) of a RAS report.
+RAS_COMMS_SCHEMA = _schema(
+    {
+        "file_id": pl.UInt32,
+        "group": pl.Int32,  # text: the "Group #"; json: position
+        "comm_hash": pl.String,  # lower-case hex without 0x; null for a text group row
+        "comms": pl.Int32,  # communicators in the group (1 in json)
+        "nranks": pl.Int32,
+        "nodes": pl.Int32,
+        "status": pl.String,  # RUNNING | INIT | FINALIZE | ABORT | NOCOMM (worst)
+        "errors": pl.String,  # OK | MISMATCH | INCOMPLETE | ERROR, joined by ","
+        "op_counts": pl.String,  # "AllReduce=10 640/641" style summary of differing counts
+    }
+)
+
+#: One row per rank or process a RAS report names: missing, dead, mismatched, errored.
+RAS_RANKS_SCHEMA = _schema(
+    {
+        "file_id": pl.UInt32,
+        "comm_hash": pl.String,  # null for job-level (missing/dead process) rows
+        "comm_rank": pl.Int32,
+        "pid": pl.Int32,
+        "host": pl.String,
+        "gpu": pl.String,
+        "state": pl.String,  # missing | dead | unresponsive | mismatch | status | error
+        "detail": pl.String,  # e.g. "launched up to operation 640 (AllGather)"
     }
 )
 

@@ -19,9 +19,21 @@ from typing import BinaryIO
 import polars as pl
 
 from ncclscope.errors import InputError
+from ncclscope.parsers.tools import sniff_tool
 from ncclscope.parsers.torch.flight import SNIFF_BYTES, sniff_dump
 
-__all__ = ["QUOTE_CHARS", "Input", "Problem", "expand_inputs", "read_lines", "sniff_binary"]
+__all__ = [
+    "LOG_KINDS",
+    "QUOTE_CHARS",
+    "Input",
+    "Problem",
+    "expand_inputs",
+    "read_lines",
+    "sniff_binary",
+]
+
+#: Input kinds scanned as logs (nccl-tests output holds NCCL's lines too).
+LOG_KINDS = ("log", "nccl_tests")
 
 _CHUNK = 4 << 20
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -84,7 +96,9 @@ class Input:
     #: the copy is line k-1 of the input.
     shifted: bool = False
     #: ``log`` (text to scan), or a PyTorch Flight Recorder dump found by its content:
-    #: ``flight_pickle`` / ``flight_json`` (read by ``parsers.torch.flight``, not scanned)
+    #: ``flight_pickle`` / ``flight_json`` (read by ``parsers.torch.flight``, not scanned),
+    #: or an NCCL tool's output (``parsers.tools.TOOL_KINDS``): ``inspector``,
+    #: ``ras_text``, ``ras_json`` (read, not scanned) or ``nccl_tests`` (read and scanned)
     kind: str = "log"
 
 
@@ -187,7 +201,7 @@ def _walk(root: Path) -> Iterable[Path]:
             except OSError:
                 continue
             # Flight Recorder dumps are binary (pickle) or .json: known by content first.
-            if sniff_dump(head) is not None:
+            if sniff_dump(head) is not None or sniff_tool(head) is not None:
                 yield candidate
                 continue
             suffixes = candidate.suffixes
@@ -239,7 +253,7 @@ _OTHER_MAGIC = (b"\x78\x01", b"\x78\x5e", b"\x78\x9c", b"\x78\xda", b"\x28\xb5\x
 def _shield(inp: Input, workdir: Path) -> Input:
     """A text file that merely starts with compression magic (junk left by a crash) is
     copied behind one empty line, so the reader sees text; line numbers shift by one."""
-    if inp.kind != "log":
+    if inp.kind not in LOG_KINDS:
         return inp
     with inp.path.open("rb") as fh:
         head = fh.read(4)
@@ -272,6 +286,10 @@ def _finish(display: str, path: Path, notes: list[str]) -> Input:
         kind = sniff_dump(fh.read(SNIFF_BYTES))
     if kind is not None:
         return Input(display, path, size, tuple(notes), kind=kind)
+    with path.open("rb") as fh:
+        tool = sniff_tool(fh.read(SNIFF_BYTES))
+    if tool is not None and tool != "nccl_tests":
+        return Input(display, path, size, tuple(notes), kind=tool)
     partial = False
     if size:
         with path.open("rb") as fh:
@@ -281,7 +299,7 @@ def _finish(display: str, path: Path, notes: list[str]) -> Input:
             notes.append("the last line has no newline (was the file still being written?)")
     else:
         notes.append("empty file")
-    return Input(display, path, size, tuple(notes), partial)
+    return Input(display, path, size, tuple(notes), partial, kind=tool or "log")
 
 
 def _fresh(workdir: Path, stem: str) -> Path:

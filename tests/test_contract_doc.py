@@ -43,6 +43,7 @@ OPEN_MAPS = frozenset(
         "collectives.by_op",
         "timers",
         "flight_recorder.dumps[].skipped_by_reason",
+        "nccl_tools.files[].skipped_by_reason",
         "findings[].evidence.flight_recorder.last_enqueued",
     }
 )

@@ -11,7 +11,9 @@ from __future__ import annotations
 # Importing a detector's module registers it (``base.register``); ``RUN_ORDER`` says
 # in which order they run.
 from ncclscope.detect import (
+    collective_cost,
     config,
+    exec_straggler,
     hang,
     nccl_errors,
     oom_risk,
@@ -25,7 +27,18 @@ from ncclscope.detect.context import Context
 
 __all__ = ["DETECTORS", "RUN_ORDER", "Context", "Finding", "run_context"]
 
-_MODULES = (config, hang, nccl_errors, oom_risk, pcie_contention, straggler, timeout, zero_stage)
+_MODULES = (
+    collective_cost,
+    config,
+    exec_straggler,
+    hang,
+    nccl_errors,
+    oom_risk,
+    pcie_contention,
+    straggler,
+    timeout,
+    zero_stage,
+)
 
 #: The order detectors run in, by name.  Findings are sorted by severity and cost; ties
 #: keep this order, so it shows in the reports.
@@ -36,6 +49,8 @@ RUN_ORDER = (
     "pcie_contention",
     "oom_risk",
     "straggler",
+    "exec_straggler",
+    "collective_cost",
     "timeout_countdown",
     "timeout",
     "zero_stage",

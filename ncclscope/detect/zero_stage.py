@@ -54,8 +54,9 @@ Inputs and where they come from, best first:
   after init (``see_memory_usage`` "After initializing ZeRO optimizer") stand beside the
   estimate as its check;
 * step and optimizer time: rank 0's DeepSpeed timers ``fwd`` + ``bwd`` + ``step``;
-* bus bandwidth: DeepSpeed's comms logger (all-gather busbw), else a nominal figure for
-  the slowest transport the job used (assumed, and said so).
+* bus bandwidth: DeepSpeed's comms logger (all-gather busbw), else NCCL Inspector's
+  all-gather records (``coll_busbw_gbs``, the larger half of the messages), else a nominal
+  figure for the slowest transport the job used (assumed, and said so).
 """
 
 from __future__ import annotations
@@ -594,6 +595,8 @@ def gather_inputs(ctx: Context) -> Inputs | None:
             float(med) if isinstance(med, int | float) else 0.0,
             f"DeepSpeed comms logger all-gather busbw ({len(comms)} rows)",
         )
+    elif (measured := _inspector_bus_bw(ctx)) is not None:
+        inp.bus_bw = measured
     else:
         transport = _slowest_transport(a.transports, multi_node=len(a.hosts) > 1)
         if transport is not None:
@@ -611,6 +614,21 @@ def gather_inputs(ctx: Context) -> Inputs | None:
         else Fact(NOMINAL_PCIE_BW, "assumed (PCIe Gen4 x16)")
     )
     return inp
+
+
+def _inspector_bus_bw(ctx: Context) -> Fact | None:
+    """NCCL Inspector's all-gather bus bandwidth: the median over the larger half of the
+    messages (small ones are latency bound), waits for late ranks included."""
+    ag = ctx.analysis.tools.inspector.filter(
+        (pl.col("op") == "AllGather") & pl.col("bus_bw_bytes_per_s").is_not_null()
+    )
+    if ag.is_empty():
+        return None
+    bw = ag.sort("msg_size_bytes")["bus_bw_bytes_per_s"].tail(max(1, len(ag) // 2))
+    med = bw.median()
+    if not isinstance(med, int | float) or med <= 0:
+        return None
+    return Fact(float(med), f"NCCL Inspector all-gather busbw ({len(ag)} records)")
 
 
 def _int(text: str | None) -> int | None:

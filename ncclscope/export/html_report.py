@@ -38,6 +38,7 @@ from plotly.subplots import make_subplots
 from ncclscope import __version__
 from ncclscope.detect.base import Finding, ranks_text
 from ncclscope.detect.context import Context
+from ncclscope.export.html_bandwidth import BANDWIDTH_INTRO, NO_BANDWIDTH, bandwidth_figure
 from ncclscope.hosts import with_log_hosts
 from ncclscope.model.timeline import find_period
 from ncclscope.schema import REPORT_STEPS_SCHEMA, TS
@@ -923,11 +924,28 @@ window.addEventListener("error", function (e) {
 """
 
 
+def _bandwidth(d: _Data) -> _Section:
+    """Bus bandwidth by message size, the job against the baseline (``html_bandwidth``)."""
+    title = "Bus bandwidth by message size"
+    fig = bandwidth_figure(d.analysis.tools)
+    if fig is None:
+        return _Section("bandwidth", title, _note(NO_BANDWIDTH))
+    body = f"<p>{_esc(BANDWIDTH_INTRO)}</p>" + _plot(fig, "plot-bandwidth")
+    return _Section("bandwidth", title, body)
+
+
 def render_html(diagnosis: Diagnosis) -> str:
     """The whole report as one HTML document (plotly.js embedded)."""
     d = _data(diagnosis)
     analysis = diagnosis.analysis
-    sections = [_findings(d), _timeline(d), _heatmap(d), _phases(d), _telemetry(d)]
+    sections = [
+        _findings(d),
+        _timeline(d),
+        _heatmap(d),
+        _phases(d),
+        _bandwidth(d),
+        _telemetry(d),
+    ]
     nav = "".join(f'<a href="#{s.anchor}">{_esc(s.title)}</a>' for s in sections)
     body = "".join(
         f'<section id="{s.anchor}"><h2>{_esc(s.title)}</h2>{s.body}</section>' for s in sections

@@ -41,6 +41,97 @@ def to_json_dict(diagnosis: Diagnosis) -> dict[str, Any]:
         "findings": _findings(diagnosis),
         "attempts": _attempts(diagnosis),
         "flight_recorder": _flight(analysis),
+        "nccl_tools": _tools(analysis),
+    }
+
+
+def _clean(value: Any) -> Any:
+    """A float that is not finite is null in JSON; datetimes are ISO strings."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return value
+
+
+def _records(frame: pl.DataFrame, drop: tuple[str, ...] = ("file_id",)) -> list[dict[str, Any]]:
+    cols = [c for c in frame.columns if c not in drop]
+    return [{k: _clean(r[k]) for k in cols} for r in frame.iter_rows(named=True)]
+
+
+def _tools(analysis: Analysis) -> dict[str, Any]:
+    """What came from NCCL's own tools among the inputs (not from the logs): Inspector
+    records, nccl-tests runs, RAS reports; per file, what was read and skipped."""
+    t = analysis.tools
+    paths = {fid: path for fid, path, _kind, _n in t.files}
+    files = [
+        {
+            "path": path,
+            "kind": kind,
+            "records": n,
+            "skipped": sum(t.skipped.get(path, {}).values()),
+            "skipped_by_reason": t.skipped.get(path, {}),
+            "notes": t.notes.get(path, []),
+        }
+        for _fid, path, kind, n in sorted(t.files, key=lambda f: f[1])
+    ]
+    ins = t.inspector
+    comms = (
+        ins.group_by("comm_hash")
+        .agg(
+            pl.col("comm_name").drop_nulls().first(),
+            pl.col("nranks").max(),
+            pl.col("comm_rank").n_unique().alias("ranks_with_records"),
+            pl.len().alias("records"),
+        )
+        .sort("comm_hash")
+    )
+    by_op = (
+        ins.group_by("op")
+        .agg(
+            pl.len().alias("records"),
+            pl.col("exec_time_s").median().alias("median_exec_time_s"),
+            pl.col("bus_bw_bytes_per_s").median().alias("median_bus_bw_bytes_per_s"),
+        )
+        .sort("op")
+    )
+    joined = t.inspector_joined
+    runs = []
+    for r in t.nccl_tests_runs.sort("file_id", "run").iter_rows(named=True):
+        rows = t.nccl_tests.filter(
+            (pl.col("file_id") == r["file_id"]) & (pl.col("run") == r["run"])
+        )
+        runs.append(
+            {
+                "path": paths.get(r["file_id"]),
+                **{k: _clean(v) for k, v in r.items() if k not in ("file_id",)},
+                "table": _records(rows.sort("line_no"), ("file_id", "run", "test")),
+            }
+        )
+    reports = []
+    for r in t.ras_reports.sort("file_id").iter_rows(named=True):
+        fid = r["file_id"]
+        reports.append(
+            {
+                "path": paths.get(fid),
+                **{k: _clean(v) for k, v in r.items() if k != "file_id"},
+                "comms": _records(t.ras_comms.filter(pl.col("file_id") == fid)),
+                "ranks": _records(t.ras_ranks.filter(pl.col("file_id") == fid)),
+            }
+        )
+    return {
+        "files": files,
+        "inspector": {
+            "records": ins.height,
+            "versions": t.inspector_versions,
+            "hosts": sorted(h for h in ins["host"].drop_nulls().unique()),
+            "communicators": _records(comms, ()),
+            "by_op": _records(by_op, ()),
+            "joined": joined.height,
+            "joined_size_agrees": int(joined["agree"].sum()),
+        },
+        "nccl_tests": {"runs": runs},
+        "ras": {"reports": reports},
     }
 
 

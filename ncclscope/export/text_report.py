@@ -26,6 +26,7 @@ def render_text(diagnosis: Diagnosis, *, doc: dict[str, Any] | None = None) -> s
     _findings(out, doc)
     _job(out, doc)
     _flight(out, doc)
+    _tools(out, doc)
     _framework(out, doc)
     _timeouts(out, doc)
     _failures(out, doc)
@@ -47,6 +48,9 @@ def _header(out: list[str], doc: dict[str, Any]) -> None:
     dumps = doc["flight_recorder"]["dumps"]
     if dumps:
         head += f"; {len(dumps)} Flight Recorder dump{'s' if len(dumps) > 1 else ''}"
+    tools = [f for f in doc["nccl_tools"]["files"] if f["kind"] != "nccl_tests"]
+    if tools:
+        head += f"; {len(tools)} NCCL tool output{'s' if len(tools) > 1 else ''}"
     out.append(head)
     out.append("")
 
@@ -346,8 +350,78 @@ def _flight(out: list[str], doc: dict[str, Any]) -> None:
     out.append("")
 
 
+def _gbs(value: float | None) -> str:
+    return "-" if value is None else f"{value / 1e9:.1f} GB/s"
+
+
+def _tools(out: list[str], doc: dict[str, Any]) -> None:
+    """What NCCL's own tools wrote (Inspector, nccl-tests, RAS), apart from the logs."""
+    t = doc["nccl_tools"]
+    if not t["files"]:
+        return
+    out.append("NCCL TOOLS (from Inspector, nccl-tests and RAS outputs, not the logs)")
+    ins = t["inspector"]
+    n_ins = sum(1 for f in t["files"] if f["kind"] == "inspector")
+    if n_ins:
+        ops = ", ".join(
+            f"{o['op']} {o['records']:,} (median {_secs(o['median_exec_time_s'])}, "
+            f"bus {_gbs(o['median_bus_bw_bytes_per_s'])})"
+            for o in ins["by_op"]
+        )
+        out.append(
+            f"  Inspector: {ins['records']:,} records from {n_ins} file"
+            f"{'s' if n_ins != 1 else ''} ({len(ins['hosts'])} host"
+            f"{'s' if len(ins['hosts']) != 1 else ''}, {len(ins['communicators'])} "
+            f"communicator{'s' if len(ins['communicators']) != 1 else ''}, format "
+            f"{', '.join(ins['versions']) or '-'}); joined to COLL lines: {ins['joined']:,}"
+            f" ({ins['joined_size_agrees']:,} with the same size)"
+        )
+        if ops:
+            out.append(f"    {ops}")
+    for run in t["nccl_tests"]["runs"]:
+        table = run["table"]
+        peak = max((r["oop_bus_bw_bytes_per_s"] or 0.0 for r in table), default=0.0)
+        version = f"nccl-tests {run['version']}" if run["version"] else "nccl-tests"
+        out.append(
+            f"  {run['path']}: {version} {run['test'] or 'unknown test'}, "
+            f"{run['ranks'] or '?'} ranks on {len(run['hosts'])} host"
+            f"{'s' if len(run['hosts']) != 1 else ''}, {run['rows']} sizes"
+            f" ({human_bytes(table[0]['size_bytes']) if table else '-'}"
+            f"-{human_bytes(table[-1]['size_bytes']) if table else '-'}), peak bus "
+            f"{_gbs(peak)}, avg bus {_gbs(run['avg_bus_bw_bytes_per_s'])}"
+            + (f"; {run['wrong']} sizes with wrong results" if run["wrong"] else "")
+        )
+    for rep in t["ras"]["reports"]:
+        errs = sorted({c["errors"] for c in rep["comms"] if c["errors"] != "OK"})
+        out.append(
+            f"  {rep['path']}: RAS report ({rep['format']}), NCCL {rep['nccl_version'] or '?'}"
+            f", {rep['nodes'] or '?'} nodes, {rep['processes'] or '?'} processes, "
+            f"{rep['communicators']} communicators; errors: {', '.join(errs) or 'none'}"
+            + (f"; {rep['dead_processes']} dead" if rep["dead_processes"] else "")
+            + (f"; {rep['missing_processes']} missing" if rep["missing_processes"] else "")
+        )
+        for r in rep["ranks"]:
+            where = f"rank {r['comm_rank']}" if r["comm_rank"] is not None else "process"
+            comm = f" of {r['comm_hash']}" if r["comm_hash"] else ""
+            out.append(
+                f"    {r['state']}: {where}{comm}, pid {r['pid']} on {r['host']}"
+                + (f", {r['detail']}" if r["detail"] else "")
+            )
+    out.append("")
+
+
+def _secs(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1e6:,.0f} us"
+
+
 def _inputs(out: list[str], doc: dict[str, Any]) -> None:
     notes = [f"  {inp['path']}: {note}" for inp in doc["inputs"] for note in inp["notes"]]
+    for f in doc["nccl_tools"]["files"]:
+        notes += [f"  {f['path']}: {note}" for note in f["notes"]]
+        notes += [
+            f"  {f['path']}: {n:,} skipped: {reason}"
+            for reason, n in f["skipped_by_reason"].items()
+        ]
     for d in doc["flight_recorder"]["dumps"]:
         notes += [f"  {d['path']}: {note}" for note in d["notes"]]
         notes += [

@@ -19,6 +19,7 @@ from ncclscope.model.attempts import Attempt
 from ncclscope.model.collectives import CollSummary
 from ncclscope.model.flight import FlightTables
 from ncclscope.model.identity import Identity
+from ncclscope.model.tools import ToolTables
 from ncclscope.parsers.frameworks import FrameworkTables
 from ncclscope.schema import TELEMETRY_SCHEMA
 from ncclscope.sources import Input, Problem
@@ -93,6 +94,10 @@ class Analysis:
     #: per dump, entry, process group and group status, and the join to the COLL lines;
     #: empty tables without dumps.  Their file_ids follow the logs' in ``paths``.
     flight: FlightTables = field(default_factory=FlightTables)
+    #: NCCL's own tools among the inputs (``ncclscope.model.tools``): Inspector records
+    #: (and their join to the COLL lines), RAS reports, nccl-tests runs; empty without
+    #: them.  nccl-tests output is also a log; the others' file_ids follow the dumps'.
+    tools: ToolTables = field(default_factory=ToolTables)
 
 
 @dataclass

@@ -1,0 +1,317 @@
+"""NCCL Inspector records: one JSON object per line, per completed collective per rank.
+
+The plugin (``ext-profiler/inspector`` in NCCL 2.28.3-2.29, ``plugins/profiler/inspector``
+from 2.29.7) writes one file per process, ``<hostname>-pid<pid>.log``, under
+``NCCL_INSPECTOR_DUMP_DIR``.  A record as ``inspectorCommInfoDump`` writes it (output
+format ``v4.0``; doubles printed with ``%lf``)::
+
+    {"header":{"id":"5a1f3c9e0b2d4e6f","rank":3,"n_ranks":8,"nnodes":2},
+     "metadata":{"inspector_output_format_version":"v4.0","git_rev":"...",
+                 "rec_mechanism":"nccl_profiler_interface",
+                 "dump_timestamp_us":1764124401000123,"hostname":"gpu-a","pid":4242},
+     "coll_perf":{"coll":"AllGather","coll_sn":17,"coll_msg_size_bytes":4194304,
+                  "coll_exec_time_us":812,"coll_timing_source":"kernel_gpu",
+                  "coll_algobw_gbs":41.325911,"coll_busbw_gbs":36.160172}}
+
+(on one line).  2.30 adds ``header.comm_name``; with ``NCCL_INSPECTOR_DUMP_VERBOSE=1``
+``coll_perf`` also holds ``event_trace_sn``/``event_trace_ts``, ignored here.
+``header.id`` is the communicator's hash (``commId`` in NCCL's Init lines);
+``coll_sn`` counts per communicator and per op, from 0.
+
+Reading is vectorised: each field is pulled out of the line column with one regex, so
+key order and spacing do not matter; the few lines where a required field is missing
+are parsed again with ``json`` to say why they are skipped.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from ncclscope.schema import INSPECTOR_SCHEMA, validate
+
+__all__ = [
+    "InspectorRead",
+    "normalise_hash",
+    "read_inspector",
+    "read_inspector_files",
+    "read_inspector_text",
+]
+
+_INT = r"\s*:\s*(-?\d+)"
+_NUM = r"\s*:\s*(-?[0-9.]+(?:[eE][-+]?\d+)?|nan|inf|-nan|-inf)"
+_STR = r'\s*:\s*"([^"\\]*)"'
+#: field -> (regex, dtype, required)
+_FIELDS: dict[str, tuple[str, Any, bool]] = {
+    "comm_hash": (r'"id"' + _STR, pl.String, True),
+    "comm_name": (r'"comm_name"' + _STR, pl.String, False),
+    "comm_rank": (r'"rank"' + _INT, pl.Int32, True),
+    "nranks": (r'"n_ranks"' + _INT, pl.Int32, False),
+    "nnodes": (r'"nnodes"' + _INT, pl.Int32, False),
+    "format_version": (r'"inspector_output_format_version"' + _STR, pl.String, False),
+    "dump_us": (r'"dump_timestamp_us"' + _INT, pl.Int64, False),
+    "host": (r'"hostname"' + _STR, pl.String, False),
+    "pid": (r'"pid"' + _INT, pl.Int32, False),
+    "op": (r'"coll"' + _STR, pl.String, True),
+    "sn": (r'"coll_sn"' + _INT, pl.Int64, True),
+    "msg_size_bytes": (r'"coll_msg_size_bytes"' + _INT, pl.Int64, True),
+    "exec_us": (r'"coll_exec_time_us"' + _NUM, pl.Float64, True),
+    "timing_source": (r'"coll_timing_source"' + _STR, pl.String, False),
+    "algo_gbs": (r'"coll_algobw_gbs"' + _NUM, pl.Float64, False),
+    "bus_gbs": (r'"coll_busbw_gbs"' + _NUM, pl.Float64, False),
+}
+_REQUIRED = [k for k, (_r, _t, req) in _FIELDS.items() if req]
+#: The plugin's op names (``ncclFuncToString``); anything else is skipped.
+OPS = frozenset(
+    {"AllGather", "AllReduce", "Broadcast", "Reduce", "ReduceScatter", "Send", "Recv",
+     "SendRecv", "AllToAll", "Gather", "Scatter"}
+)  # fmt: skip
+#: The record's objects as the writer nests them, for polars' JSON-lines reader (keys
+#: it does not list, such as ``git_rev`` or the verbose ``event_trace_*``, are ignored).
+_NDJSON = {
+    "header": pl.Struct(
+        {"id": pl.String, "comm_name": pl.String, "rank": pl.Int64, "n_ranks": pl.Int64,
+         "nnodes": pl.Int64}
+    ),
+    "metadata": pl.Struct(
+        {"inspector_output_format_version": pl.String, "dump_timestamp_us": pl.Int64,
+         "hostname": pl.String, "pid": pl.Int64}
+    ),
+    "coll_perf": pl.Struct(
+        {"coll": pl.String, "coll_sn": pl.Int64, "coll_msg_size_bytes": pl.Int64,
+         "coll_exec_time_us": pl.Float64, "coll_timing_source": pl.String,
+         "coll_algobw_gbs": pl.Float64, "coll_busbw_gbs": pl.Float64}
+    ),
+}  # fmt: skip
+_FROM_NDJSON = {
+    "comm_hash": ("header", "id"),
+    "comm_name": ("header", "comm_name"),
+    "comm_rank": ("header", "rank"),
+    "nranks": ("header", "n_ranks"),
+    "nnodes": ("header", "nnodes"),
+    "format_version": ("metadata", "inspector_output_format_version"),
+    "dump_us": ("metadata", "dump_timestamp_us"),
+    "host": ("metadata", "hostname"),
+    "pid": ("metadata", "pid"),
+    "op": ("coll_perf", "coll"),
+    "sn": ("coll_perf", "coll_sn"),
+    "msg_size_bytes": ("coll_perf", "coll_msg_size_bytes"),
+    "exec_us": ("coll_perf", "coll_exec_time_us"),
+    "timing_source": ("coll_perf", "coll_timing_source"),
+    "algo_gbs": ("coll_perf", "coll_algobw_gbs"),
+    "bus_gbs": ("coll_perf", "coll_busbw_gbs"),
+}
+
+
+@dataclass
+class InspectorRead:
+    """One Inspector file as read: ``rows`` (INSPECTOR_SCHEMA, ``file_id`` 0 until the
+    caller sets it), lines skipped by reason, and the format versions seen."""
+
+    path: str
+    lines: int = 0
+    rows: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=INSPECTOR_SCHEMA))
+    skipped: Counter[str] = field(default_factory=Counter)
+    versions: list[str] = field(default_factory=list)
+
+
+def normalise_hash(value: pl.Expr) -> pl.Expr:
+    """A communicator hash as both sides write it (``0x00ab..``, ``AB..``) -> ``ab..``."""
+    return (
+        value.str.to_lowercase()
+        .str.strip_chars()
+        .str.strip_prefix("0x")
+        .str.strip_chars_start("0")
+        .replace("", "0")
+    )
+
+
+def read_inspector(path: Path, display: str) -> InspectorRead:
+    """Read one Inspector output file; never raises on its content.
+
+    A whole file of well-formed records goes through polars' JSON-lines reader in one
+    call; a file with a damaged line is read line by line (per-field regexes), so that
+    every good record is kept and every bad line counted with its reason.
+    """
+    try:
+        raw = pl.read_csv(
+            path,
+            has_header=False,
+            quote_char=None,
+            separator="\x1f",
+            schema={"line": pl.String},
+            truncate_ragged_lines=True,
+            encoding="utf8-lossy",
+        ).with_row_index("line_no", offset=1)
+    except (OSError, pl.exceptions.PolarsError) as err:
+        out = InspectorRead(display)
+        out.skipped[f"cannot read: {err}"] += 1
+        return out
+    raw = raw.filter(pl.col("line").is_not_null() & (pl.col("line").str.strip_chars() != ""))
+    try:
+        doc = pl.read_ndjson(path, schema=_NDJSON)
+    except (OSError, pl.exceptions.PolarsError):
+        doc = None
+    if doc is None or doc.height != raw.height:
+        return _read(raw, display)
+    fields = doc.select(
+        pl.col(obj).struct.field(key).cast(_FIELDS[name][1], strict=False).alias(name)
+        for name, (obj, key) in _FROM_NDJSON.items()
+    )
+    return _finish(InspectorRead(display, lines=raw.height), raw.hstack(fields))
+
+
+def _fields(doc: pl.DataFrame) -> pl.DataFrame:
+    return doc.select(
+        pl.col(obj).struct.field(key).cast(_FIELDS[name][1], strict=False).alias(name)
+        for name, (obj, key) in _FROM_NDJSON.items()
+    )
+
+
+def _plain_lines(path: Path) -> int | None:
+    """Lines of a file with no blank line and no carriage return (what the JSON-lines
+    reader's row count must equal), else None: such a file is read on its own."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    if not data.strip() or b"\n\n" in data or b"\r" in data or data.startswith(b"\n"):
+        return None
+    return data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
+
+
+def read_inspector_files(files: Sequence[tuple[int, Path, str]]) -> dict[int, InspectorRead]:
+    """Read many Inspector files (``file_id``, path, display name): well-formed ones in
+    one call of polars' JSON-lines reader (per-file costs add up: the plugin writes one
+    file per process), any other with :func:`read_inspector`.  ``rows.file_id`` is set."""
+    out: dict[int, InspectorRead] = {}
+    counts = {fid: _plain_lines(path) for fid, path, _d in files}
+    batch = [(fid, path, d) for fid, path, d in files if counts[fid] is not None]
+    if len(batch) > 1:
+        out.update(_batch(batch, counts))
+    for fid, path, display in files:
+        if fid not in out:
+            read = read_inspector(path, display)
+            read.rows = read.rows.with_columns(pl.lit(fid, pl.UInt32).alias("file_id"))
+            out[fid] = read
+    return out
+
+
+def _batch(
+    batch: list[tuple[int, Path, str]], counts: dict[int, int | None]
+) -> dict[int, InspectorRead]:
+    ids = {str(path): fid for fid, path, _d in batch}
+    try:
+        doc = pl.scan_ndjson(
+            [path for _f, path, _d in batch], schema=_NDJSON, include_file_paths="src"
+        ).collect()
+    except (OSError, pl.exceptions.PolarsError):
+        return {}
+    per_file = doc.group_by("src").len()
+    if any(counts[ids.get(src, -1)] != n for src, n in per_file.iter_rows()) or len(
+        per_file
+    ) != len(batch):
+        return {}
+    parsed = _fields(doc).with_columns(
+        doc["src"].replace_strict(ids, return_dtype=pl.UInt32).alias("fid"),
+        (pl.int_range(pl.len()).over(doc["src"]) + 1).cast(pl.UInt32).alias("line_no"),
+    )
+    if not parsed.filter(~_valid()).is_empty():
+        return {}  # a record out of range: read each file on its own to say which
+    rows = _rows(parsed, pl.col("fid"))
+    out = {}
+    by_file = rows.partition_by("file_id", as_dict=True)
+    for fid, _path, display in batch:
+        part = by_file.get((fid,), rows.clear())
+        n = counts[fid] or 0
+        versions = sorted(v for v in part["format_version"].drop_nulls().unique())
+        out[fid] = InspectorRead(display, lines=n, rows=part, versions=versions)
+    return out
+
+
+def read_inspector_text(text: str, display: str) -> InspectorRead:
+    """Read Inspector records from ``text`` (one JSON object a line), line by line."""
+    raw = pl.DataFrame({"line": text.split("\n")}).with_row_index("line_no", offset=1)
+    raw = raw.filter(pl.col("line").is_not_null() & (pl.col("line").str.strip_chars() != ""))
+    return _read(raw, display)
+
+
+def _read(raw: pl.DataFrame, display: str) -> InspectorRead:
+    parsed = raw.with_columns(
+        pl.col("line").str.extract(rx, 1).cast(dtype, strict=False).alias(name)
+        for name, (rx, dtype, _req) in _FIELDS.items()
+    )
+    return _finish(InspectorRead(display, lines=raw.height), parsed)
+
+
+def _valid() -> pl.Expr:
+    ok = pl.all_horizontal(pl.col(c).is_not_null() for c in _REQUIRED) & pl.col("op").is_in(
+        list(OPS)
+    )
+    return ok & (pl.col("sn") >= 0) & (pl.col("msg_size_bytes") >= 0) & (pl.col("exec_us") >= 0)
+
+
+def _finish(out: InspectorRead, parsed: pl.DataFrame) -> InspectorRead:
+    """Keep the records with every required field valid; count the others by reason."""
+    good = parsed.filter(_valid())
+    for bad in parsed.filter(~_valid())["line"].to_list():
+        out.skipped[_why(bad)] += 1
+    out.versions = sorted(v for v in good["format_version"].drop_nulls().unique())
+    out.rows = _rows(good, pl.lit(0, pl.UInt32))
+    return out
+
+
+def _rows(good: pl.DataFrame, file_id: pl.Expr) -> pl.DataFrame:
+    """The valid records as INSPECTOR_SCHEMA rows."""
+    rows = good.select(
+        file_id.cast(pl.UInt32).alias("file_id"),
+        pl.col("line_no").cast(pl.UInt32),
+        "host",
+        "pid",
+        normalise_hash(pl.col("comm_hash")).alias("comm_hash"),
+        pl.when(pl.col("comm_name") != "unknown").then(pl.col("comm_name")).alias("comm_name"),
+        "comm_rank",
+        "nranks",
+        "nnodes",
+        "op",
+        "sn",
+        "msg_size_bytes",
+        (pl.col("exec_us") / 1e6).alias("exec_time_s"),
+        "timing_source",
+        (pl.col("algo_gbs") * 1e9).alias("algo_bw_bytes_per_s"),
+        (pl.col("bus_gbs") * 1e9).alias("bus_bw_bytes_per_s"),
+        pl.from_epoch(pl.col("dump_us"), time_unit="us")
+        .dt.replace_time_zone("UTC")
+        .alias("dump_ts"),
+        "format_version",
+    )
+    return validate(rows, INSPECTOR_SCHEMA, "inspector")
+
+
+def _why(line: str) -> str:
+    """Why a line is not a record: the reason counted for it."""
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return "not JSON (cut or damaged line)"
+    if not isinstance(obj, dict):
+        return "not a JSON object"
+    perf = obj.get("coll_perf")
+    header = obj.get("header")
+    if not isinstance(header, dict) or not isinstance(perf, dict):
+        return "no header or coll_perf object"
+    if perf.get("coll") not in OPS:
+        return f"unknown collective {str(perf.get('coll'))[:40]!r}"
+    for key in ("coll_sn", "coll_msg_size_bytes", "coll_exec_time_us"):
+        value = perf.get(key)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+            return f"coll_perf.{key} missing or not a number >= 0"
+    if not isinstance(header.get("id"), str) or not isinstance(header.get("rank"), int):
+        return "header.id or header.rank missing"
+    return "a field is not of its type"

@@ -1,0 +1,375 @@
+"""NCCL RAS reports: what ``ncclras`` (or ``echo status | nc localhost 28028``) prints.
+
+RAS (2.24+) gathers every process's view of its communicators over its own network.
+The text report (``src/ras/client_support.cc``; trimmed, 2.26 layout)::
+
+    NCCL version 2.26.2 compiled with CUDA 12.6
+    CUDA runtime version 12060, driver version 12060
+
+    Job summary
+    ===========
+
+      Nodes  Processes         GPUs  Processes     GPUs
+    (total)   per node  per process    (total)  (total)
+          4          8            1         32       32
+
+    Communicators... (0.00s)
+    =============
+
+    Group     Comms     Nodes     Ranks     Ranks     Ranks    Status  Errors
+        #  in group  per comm  per node  per comm  in group
+        0         1         4         8        32        32   RUNNING  MISMATCH
+
+    Errors
+    ======
+
+    DEAD
+      1 job process is considered dead (unreachable via the RAS network)
+      Process 4321 on node 10.0.0.7 managing GPU 3
+
+    Warnings
+    ========
+
+    #0-0 (fa93daea854b060b) MISMATCH
+      Communicator ranks have different AllGather operation counts
+      30 ranks have launched up to operation 640
+      2 ranks have launched up to operation 641
+      Rank 12 -- GPU 4 managed by process 323032 on node 10.137.190.124
+
+Per-op counts (``different AllGather operation counts``) are 2.26+; before that one
+count per communicator (``different collective operation counts``).  ``-f json``
+(2.28.7+) prints ``{"nccl_version", "timestamp", "communicators": [{"hash", "size",
+"ranks": [{"rank", "host", "pid", "status": {...}, "collective_counts": {...}}],
+"missing_ranks": [{"rank", ..., "status": {"unresponsive", "considered_dead"}}]}]}``;
+2.28.9 omits the comma before a missing rank's ``status``, which is repaired here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import polars as pl
+
+from ncclscope.schema import RAS_COMMS_SCHEMA, RAS_RANKS_SCHEMA, RAS_REPORTS_SCHEMA, validate
+
+__all__ = ["RasRead", "parse_ras_json", "parse_ras_text"]
+
+_VERSION = re.compile(r"NCCL version (\S+)")
+_CUDA = re.compile(r"CUDA runtime version (\d+), driver version (\d+)")
+_NUMS = re.compile(r"^\s*\d+(?:\s+\d+){2,4}\s*$")
+_GROUP = re.compile(
+    r"^\s*(\d+)\s+(\d+)\s+(\d+)\s+(\d+(?:-\d+)?)\s+(\d+)\s+(\d+)\s+([A-Z]+)\s+([A-Z,]+)\s*$"
+)
+_COMM_HEAD = re.compile(r"^#(\d+)-(\d+) \(([0-9a-fA-F]+)\) ([A-Z]+)\s*$")
+_PROCESS = re.compile(r"^\s*Process (\d+) on node (\S+) managing GPUs? (.+?)\s*$")
+_RANK = re.compile(
+    r"^\s*Rank (\d+)(?: has (launched up to operation \d+|not launched any operations"
+    r"|status [A-Z]+))? -- (?:GPU (.+?) managed by process (\d+) on node (\S+)"
+    r"|\[process information not found\])\s*$"
+)
+_MISSING_PROCS = re.compile(r"Missing communicator data from (\d+) job process")
+_DEAD_PROCS = re.compile(r"(\d+) job process(?:es)? (?:are|is) considered dead")
+_TIMEOUTS = re.compile(r"Encountered (\d+) communication timeout")
+_DIFFERENT = re.compile(r"Communicator ranks have different (\w+) operation counts")
+_STATUS_ORDER = ("NOCOMM", "INIT", "RUNNING", "FINALIZE", "ABORT")
+_IN_PROGRESS = 7  # ncclInProgress: not an error
+
+
+@dataclass
+class RasRead:
+    """One RAS report as read (``file_id`` 0 until the caller sets it)."""
+
+    path: str
+    report: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=RAS_REPORTS_SCHEMA))
+    comms: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=RAS_COMMS_SCHEMA))
+    ranks: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=RAS_RANKS_SCHEMA))
+    skipped: Counter[str] = field(default_factory=Counter)
+    notes: list[str] = field(default_factory=list)
+    problem: str | None = None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _hash(value: Any) -> str | None:
+    if not isinstance(value, str):
+        return None
+    h = value.strip().lower().removeprefix("0x").lstrip("0")
+    return h or "0"
+
+
+def parse_ras_text(text: str, display: str) -> RasRead:
+    """Read a text report; never raises on its content."""
+    out = RasRead(display)
+    head: dict[str, Any] = {"missing": 0, "dead": 0, "timeouts": 0}
+    comms: list[tuple[Any, ...]] = []
+    ranks: list[tuple[Any, ...]] = []
+    section = ""
+    comm: str | None = None
+    comm_state = ""
+    op: str | None = None
+    summary_next = False
+    for raw in text.splitlines():
+        line = raw.rstrip()
+        stripped = line.strip()
+        if not stripped or set(stripped) == {"="}:
+            continue
+        if (m := _VERSION.match(stripped)) and "nccl_version" not in head:
+            head["nccl_version"] = m.group(1)
+            continue
+        if m := _CUDA.match(stripped):
+            head["cuda_runtime"], head["cuda_driver"] = int(m.group(1)), int(m.group(2))
+            continue
+        if stripped in ("Job summary", "Errors", "Warnings") or stripped.startswith(
+            "Communicators..."
+        ):
+            section, comm = stripped.split(".")[0], None
+            continue
+        if section == "Job summary":
+            if stripped.startswith("(total)"):
+                summary_next = True
+                continue
+            if summary_next and _NUMS.match(stripped):
+                nums = [int(x) for x in stripped.split()]
+                if len(nums) == 5:
+                    head["nodes"], head["processes"], head["gpus"] = nums[0], nums[3], nums[4]
+                elif len(nums) == 3:
+                    head["nodes"], head["processes"], head["gpus"] = nums
+                summary_next = False
+            continue
+        if section == "Communicators":
+            if m := _GROUP.match(line):
+                g = m.groups()
+                comms.append(
+                    (0, int(g[0]), None, int(g[1]), int(g[4]), int(g[2]), g[6], g[7], None)
+                )
+            elif not stripped.startswith(("Group", "#", "No communicator")):
+                out.skipped["communicator table row not understood"] += 1
+            continue
+        if m := _COMM_HEAD.match(stripped):
+            comm, comm_state, op = _hash(m.group(3)), m.group(4), None
+            continue
+        if m := _MISSING_PROCS.search(stripped):
+            head["missing"] = int(m.group(1))
+            comm_state = "missing"
+            comm = None
+            continue
+        if m := _DEAD_PROCS.search(stripped):
+            head["dead"] = int(m.group(1))
+            comm_state = "dead"
+            comm = None
+            continue
+        if m := _TIMEOUTS.search(stripped):
+            head["timeouts"] = int(m.group(1))
+            continue
+        if stripped in ("INCOMPLETE", "DEAD", "TIMEOUT"):
+            continue
+        if m := _DIFFERENT.search(stripped):
+            op = m.group(1)
+            continue
+        if m := _PROCESS.match(line):
+            ranks.append((0, None, None, int(m.group(1)), m.group(2), m.group(3), comm_state, None))
+            continue
+        if m := _RANK.match(line):
+            state = {"INCOMPLETE": "missing", "MISMATCH": "mismatch", "ERROR": "error"}.get(
+                comm_state, comm_state.lower() or "named"
+            )
+            what = m.group(2)
+            detail = (
+                f"{what} ({op})" if what and op and what.startswith(("launched", "not")) else what
+            )
+            if what and what.startswith("status"):
+                state = "status"
+            pid = int(m.group(4)) if m.group(4) else None
+            ranks.append((0, comm, int(m.group(1)), pid, m.group(5), m.group(3), state, detail))
+            continue
+        if section in ("Errors", "Warnings") and not stripped.startswith(
+            ("Communicator ranks", "Missing communicator", "Initialization error",
+             "Asynchronous error", "[could not", "The outlier")
+        ) and not re.match(r"^\d+ ranks have", stripped):  # fmt: skip
+            out.skipped["report line not understood"] += 1
+    if "nccl_version" not in head and not comms:
+        out.problem = "no NCCL version line and no communicator table: not a RAS report"
+        return out
+    _finish(out, "text", head, None, comms, ranks)
+    return out
+
+
+def _finish(
+    out: RasRead,
+    fmt: str,
+    head: dict[str, Any],
+    ts: datetime | None,
+    comms: list[tuple[Any, ...]],
+    ranks: list[tuple[Any, ...]],
+) -> None:
+    n_comms = sum(c[3] or 0 for c in comms)
+    out.report = validate(
+        pl.DataFrame(
+            [(0, fmt, head.get("nccl_version"), head.get("cuda_runtime"), head.get("cuda_driver"),
+              ts, head.get("nodes"), head.get("processes"), head.get("gpus"), n_comms,
+              head.get("missing", 0), head.get("dead", 0), head.get("timeouts", 0))],
+            schema=RAS_REPORTS_SCHEMA,
+            orient="row",
+        ),
+        RAS_REPORTS_SCHEMA,
+        "ras_reports",
+    )  # fmt: skip
+    out.comms = validate(
+        pl.DataFrame(comms, schema=RAS_COMMS_SCHEMA, orient="row"), RAS_COMMS_SCHEMA, "ras_comms"
+    )
+    out.ranks = validate(
+        pl.DataFrame(ranks, schema=RAS_RANKS_SCHEMA, orient="row"), RAS_RANKS_SCHEMA, "ras_ranks"
+    )
+
+
+_MISSING_COMMA = re.compile(r'([\d"\]}el])(\s*\n\s*")')
+
+
+def parse_ras_json(text: str, display: str) -> RasRead:
+    """Read a ``-f json`` report; never raises on its content."""
+    out = RasRead(display)
+    try:
+        top = json.loads(text)
+    except ValueError:
+        try:
+            top = json.loads(_MISSING_COMMA.sub(r"\1,\2", text))
+        except ValueError as err:
+            out.problem = f"not valid JSON ({err})"
+            return out
+        out.notes.append("a missing comma was put back (NCCL 2.28.9's writer drops one)")
+    if not isinstance(top, dict):
+        out.problem = "not a RAS report: the top level is not an object"
+        return out
+    version = top.get("nccl_version")
+    head: dict[str, Any] = {
+        "nccl_version": version if isinstance(version, str) else None,
+        "cuda_runtime": _int(top.get("cuda_runtime_version")),
+        "cuda_driver": _int(top.get("cuda_driver_version")),
+        "missing": 0,
+        "dead": 0,
+        "timeouts": _int(_dict(top.get("ras")).get("timeouts_count")) or 0,
+    }  # fmt: skip
+    ts = None
+    if isinstance(top.get("timestamp"), str):
+        try:
+            ts = datetime.strptime(top["timestamp"], "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC)
+        except ValueError:
+            out.skipped["timestamp not understood"] += 1
+    comms: list[tuple[Any, ...]] = []
+    ranks: list[tuple[Any, ...]] = []
+    raw_comms = top.get("communicators")
+    if not isinstance(raw_comms, list):
+        raw_comms = []
+        out.skipped["no communicators list"] += 1
+    hosts: set[str] = set()
+    pids: set[tuple[str, int]] = set()
+    for k, c in enumerate(raw_comms):
+        if not isinstance(c, dict) or _hash(c.get("hash")) is None:
+            out.skipped["communicator without a hash"] += 1
+            continue
+        _json_comm(k, c, comms, ranks, out, hosts, pids)
+    head["nodes"] = len(hosts) or None
+    head["processes"] = len(pids) or None
+    head["missing"] = sum(1 for r in ranks if r[6] in ("unresponsive", "missing"))
+    head["dead"] = sum(1 for r in ranks if r[6] == "dead")
+    _finish(out, "json", head, ts, comms, ranks)
+    return out
+
+
+def _json_comm(
+    k: int,
+    c: dict[str, Any],
+    comms: list[tuple[Any, ...]],
+    ranks: list[tuple[Any, ...]],
+    out: RasRead,
+    hosts: set[str],
+    pids: set[tuple[str, int]],
+) -> None:
+    h = _hash(c.get("hash"))
+    members = [
+        r for r in _list(c.get("ranks")) if isinstance(r, dict) and _int(r.get("rank")) is not None
+    ]
+    bad = len(_list(c.get("ranks"))) - len(members)
+    if bad:
+        out.skipped["rank entry not understood"] += bad
+    statuses: set[str] = set()
+    errors: set[str] = set()
+    counts: dict[str, dict[int, int]] = {}
+    for r in members:
+        st = _dict(r.get("status"))
+        if st.get("abort_flag"):
+            statuses.add("ABORT")
+        elif st.get("finalize_called") or st.get("destroy_flag"):
+            statuses.add("FINALIZE")
+        elif st.get("init_state", 0) == 0:
+            statuses.add("RUNNING")
+        else:
+            statuses.add("INIT")
+        for key in ("init_state", "async_error"):
+            code = _int(st.get(key))
+            if code not in (None, 0, _IN_PROGRESS):
+                errors.add("ERROR")
+                ranks.append((0, h, r["rank"], _int(r.get("pid")), r.get("host"),
+                              _gpu(r), "error", f"{key} {code}"))  # fmt: skip
+        for op, n in _dict(r.get("collective_counts")).items():
+            if _int(n) is not None:
+                counts.setdefault(op, {})[r["rank"]] = n
+        if isinstance(r.get("host"), str):
+            hosts.add(r["host"])
+            if _int(r.get("pid")) is not None:
+                pids.add((r["host"], r["pid"]))
+    details = []
+    for op, per_rank in sorted(counts.items()):
+        values = Counter(per_rank.values())
+        if len(values) < 2:
+            continue
+        errors.add("MISMATCH")
+        usual = values.most_common(1)[0][0]
+        details.append(f"{op} " + "/".join(str(v) for v in sorted(values)))
+        for rank, n in sorted(per_rank.items()):
+            if n != usual:
+                r = next(x for x in members if x["rank"] == rank)
+                what = f"launched up to operation {n} ({op}; most ranks {usual})"
+                ranks.append((0, h, rank, _int(r.get("pid")), r.get("host"), _gpu(r), "mismatch",
+                              what))  # fmt: skip
+    if len(statuses) > 1:
+        errors.add("MISMATCH")
+    for m in _list(c.get("missing_ranks")):
+        if not isinstance(m, dict) or _int(m.get("rank")) is None:
+            out.skipped["missing rank entry not understood"] += 1
+            continue
+        st = _dict(m.get("status"))
+        state = (
+            "dead"
+            if st.get("considered_dead")
+            else "unresponsive"
+            if st.get("unresponsive")
+            else "missing"
+        )
+        errors.add("INCOMPLETE")
+        ranks.append((0, h, m["rank"], _int(m.get("pid")), m.get("host"), _gpu(m), state, None))
+    status = max(statuses, key=_STATUS_ORDER.index) if statuses else "NOCOMM"
+    error = ",".join(e for e in ("INCOMPLETE", "ERROR", "MISMATCH") if e in errors) or "OK"
+    node_set = {r.get("host") for r in members if isinstance(r.get("host"), str)}
+    comms.append((0, k, h, 1, _int(c.get("size")), len(node_set) or None, status, error,
+                  "; ".join(details) or None))  # fmt: skip
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _gpu(r: dict[str, Any]) -> str | None:
+    dev = _int(r.get("cuda_dev"))
+    return None if dev is None else str(dev)
