@@ -334,7 +334,7 @@ def _one_shard(args: tuple[int, int, int, int, float, str, str]) -> dict[str, An
             inp = make_input(rng, table)
             folder = Path(tmp) / f"{k:06d}"
             _write(inp, folder)
-            code, failure, why, tb = worker.run(folder, timeout)
+            _code, failure, why, tb = worker.run(folder, timeout)
             if failure is not None:
                 kinds[failure] += 1
                 kept = Path(keep) / f"{k:06d}"
