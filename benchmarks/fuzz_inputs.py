@@ -58,6 +58,8 @@ HUGE = (
     "nan",
 )
 PREFIXES = ("[default{r}]:", "[rank{r}]:", "{r}: ", "node-9: ", "[1,{r}]<stdout>:", "\x1b[32m")
+#: Address space of the analysing worker (bytes).
+MEMORY_LIMIT = 6 << 30
 DIGITS = re.compile(rb"-?[0-9a-fA-F]*[0-9][0-9a-fA-F]*")
 
 
@@ -254,9 +256,14 @@ def _check(stdout: str) -> str | None:
 
 def _worker(conn: Any) -> None:
     """Runs ``analyze`` on each folder it is sent; answers (exit code, failure or None)."""
+    import resource
     import traceback
 
     from click.testing import CliRunner
+
+    # A blow-up (a damaged size enumerated rank by rank) is a MemoryError here, counted
+    # as a traceback, not the machine's memory.
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
 
     from ncclscope.cli import cli
 

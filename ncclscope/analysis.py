@@ -35,7 +35,7 @@ from ncclscope.model.collectives import (
     repair_spliced_hosts,
     summarise,
 )
-from ncclscope.model.identity import Identity, resolve_identity
+from ncclscope.model.identity import Identity, listable_size, resolve_identity
 from ncclscope.parsers.frameworks import FrameworkTables, mtime_years, read_frameworks
 from ncclscope.parsers.nccl import errors as nccl_errors
 from ncclscope.parsers.nccl.records import (
@@ -455,8 +455,9 @@ def _ranks_without_logs(view: Analysis) -> list[int] | None:
     rank 0 while the other ranks' lines carry no rank.  None when that cannot be told
     (no line names the rank that wrote it)."""
     world = view.world_size
-    if world is None:
-        return None
+    if not listable_size(world):
+        return None  # none stated, or a damaged number: nothing to list
+    assert world is not None
     ident = view.identity
     members = ident.members.filter(pl.col("comm_key") == (ident.world_key or ""))
     if members["comm_rank"].null_count():

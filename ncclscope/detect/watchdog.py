@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
+from ncclscope.model.identity import listable_size
+
 if TYPE_CHECKING:
     from ncclscope.detect.context import Context
 
@@ -371,9 +373,10 @@ def pg_timeouts(ctx: Context) -> list[PgTimeout]:
                 enqueued.setdefault(int(rank), enq)
         members: list[int] | None = None
         if default and (world or size):
-            members = list(range(int(world or size or 0)))
+            n = int(world or size or 0)
+            members = list(range(n)) if listable_size(n) else None
         elif size:
-            members = list(range(size))
+            members = list(range(size)) if listable_size(size) else None
         out.append(
             PgTimeout(
                 pg=pg_s,
