@@ -685,7 +685,7 @@ def _notes(
 
 
 def _version_key(v: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in v.split(".") if x.isdigit())
+    return tuple(int(x) for x in v.split(".") if x.isdecimal())
 
 
 def _account(inputs: list[Input], per_file: dict[int, int], records: LineRecords) -> pl.DataFrame:

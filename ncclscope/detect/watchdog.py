@@ -23,6 +23,7 @@ of reports (a log cut inside it loses reporters, which must not make them culpri
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cache
@@ -403,7 +404,7 @@ def _enqueued(message: str | None) -> int | None:
     if not message or "last_enqueued=" not in message:
         return None
     value = message.rsplit("last_enqueued=", 1)[1].split()[0]
-    return int(value) if value.lstrip("-").isdigit() else None
+    return int(value) if re.fullmatch(r"-?\d+", value) else None
 
 
 def _intact(ctx: Context, rows: pl.DataFrame) -> bool:

@@ -121,15 +121,17 @@ def _as_int(value: object) -> int | None:
     if isinstance(value, int):
         return value if -_I64 <= value <= _I64 else None
     if isinstance(value, float):
-        return int(value) if math.isfinite(value) and value.is_integer() else None
+        if math.isfinite(value) and value.is_integer():
+            return _as_int(int(value))  # 1e300: no Int64 column holds it
+        return None
     if not isinstance(value, str):
         return None
     text = value.strip().replace(",", "").replace("_", "")
     if _INT_RE.fullmatch(text):
-        return int(text)
+        return _as_int(int(text))
     enum_value = _ENUM_INT_RE.search(text)  # <ZeroStageEnum.weights: 3>
     if enum_value:
-        return int(enum_value["v"])
+        return _as_int(int(enum_value["v"]))
     if len(text) > 40:
         return None
     try:
