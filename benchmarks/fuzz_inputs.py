@@ -51,6 +51,16 @@ HUGE = (
     "340282366920938463463374607431768211456",
     "9" * 60,
     "-1",
+    # legal for their column, absurd as data
+    "0",
+    "2147483647",
+    "9223372036854775807",
+    "7fffffffffffffff",
+    "1e308",
+    # digits int() cannot read, or reads but a regex or polars does not
+    "1\u00b2",
+    "\uff15",
+    "\u0661\u0662",
     "-99999999999999999999",
     "ffffffffffffffffffffffff",
     "0x",

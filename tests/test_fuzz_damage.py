@@ -150,6 +150,16 @@ HUGE = (
     "2147483648",
     "-99999999999999999999",
     "-1",
+    # legal for their column, absurd as data
+    "0",
+    "2147483647",
+    "9223372036854775807",
+    "7fffffffffffffff",
+    "1e308",
+    # digits int() cannot read, or reads but a regex or polars does not
+    "1\u00b2",
+    "\uff15",
+    "\u0661\u0662",
     "9" * 40,
     "ffffffffffffffffffffffff",
 )

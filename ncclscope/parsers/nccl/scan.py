@@ -217,6 +217,9 @@ def _default_ts(date_token: pl.Expr, time_token: pl.Expr) -> pl.Expr:
     return pl.when(clock.str.contains(_CLOCK_TOKEN)).then(total).cast(TS)
 
 
+#: The largest ``[nranks=N]`` token an Int32 column holds.
+_NRANKS_MAX = f"[nranks={2**31 - 1}]"
+
 #: The COLL store's columns after ``file_id`` and ``i``: what the field reader writes.
 _FIELD_NAMES = tuple(list(COLL_STORE_SCHEMA)[2:])
 
@@ -278,8 +281,12 @@ def _fields(batch: _Batch, offsets: Sequence[int]) -> pl.LazyFrame:
         dtype = f(14).cast(pl.Int16, strict=False)
         redop = f(16).cast(pl.Int16, strict=False)
         root = f(18).cast(pl.Int32, strict=False)
-        # A damaged field (or one too large for its column): the line goes to the
-        # reference parser instead, which counts it as malformed.
+        # A damaged field (one too large for its column, or with a sign the format
+        # never prints: ``%lx``, ``%zi`` of a size, ``%d`` of an enum): the line goes to
+        # the reference parser instead, which counts it as malformed.  ``[nranks=N]`` is
+        # kept as printed: compared as text, with N of 10 digits at most, it is at most
+        # ``_NRANKS_MAX`` exactly when N fits its Int32 column (no cast per line).
+        nranks = f(21)
         ok = (
             valid.fill_null(value=False)
             & opcount.is_not_null()
@@ -287,6 +294,14 @@ def _fields(batch: _Batch, offsets: Sequence[int]) -> pl.LazyFrame:
             & dtype.is_not_null()
             & redop.is_not_null()
             & root.is_not_null()
+            & (opcount >= 0)
+            & (count >= 0)
+            & (dtype >= 0)
+            & (redop >= 0)
+            & (
+                (nranks.str.len_bytes() < len(_NRANKS_MAX))
+                | ((nranks.str.len_bytes() == len(_NRANKS_MAX)) & (nranks <= _NRANKS_MAX))
+            ).fill_null(value=False)
         )
         ts = _default_ts(c(h - 2), c(h - 1)) if h >= 2 else pl.lit(None, dtype=TS)
         fields = {
