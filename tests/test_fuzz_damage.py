@@ -429,6 +429,33 @@ def test_odd_but_legal_values_are_data(
     assert_accounting(got.account)
 
 
+_ODD_WATCHDOG = (
+    "[rank{g}]:[E ProcessGroupNCCL.cpp:475] [Rank {r}] Watchdog caught collective operation "
+    "timeout: WorkNCCL(SeqNum={seq}, OpType=ALLREDUCE, NumelIn={n}, NumelOut={n}, "
+    "Timeout(ms)={ms}) ran for {ran} milliseconds before timing out."
+)
+
+
+@fuzz(25)
+@given(
+    seq=st.sampled_from((-1, 0, 2**63 - 1, -(2**63))),
+    rank=st.sampled_from((0, 7, 2**31 - 1)),
+    n=st.sampled_from((0, -1, 2**63 - 1)),
+    ms=st.sampled_from((0, 1, 2**63 - 1)),
+    ran=st.sampled_from((0, 2**63 - 1)),
+)
+def test_odd_watchdog_values_are_data(seq: int, rank: int, n: int, ms: int, ran: int) -> None:
+    """A negative or huge sequence number, a rank beyond the world, a zero timeout, sizes
+    at the top of their column: a timeout report, never a traceback or a NaN."""
+    lines = [
+        _ODD_COMM.format(pid=11, rank=0, nranks=2),
+        _ODD_COMM.format(pid=12, rank=1, nranks=2),
+        *(_ODD_WATCHDOG.format(g=g, r=g, seq=seq, n=n, ms=ms, ran=ran) for g in (rank, 1)),
+    ]
+    got = analyse("".join(line + "\n" for line in lines).encode())
+    assert_accounting(got.account)
+
+
 def test_fixture_damage_script_runs(tmp_path: Path) -> None:
     """``benchmarks/fuzz_inputs.py`` (the long profile over the fixtures), a few inputs."""
     import subprocess
