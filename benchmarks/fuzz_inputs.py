@@ -4,13 +4,17 @@
 Per input: one fixture's log (or its telemetry) is damaged one to three ways drawn from
 ``DAMAGES`` (a flipped byte, a number that overflows, a line spliced from two, lines
 dropped / doubled / shuffled, a cut mid-line, a truncated gzip, UTF-16, CRLF, launcher
-prefixes, binary junk, a giant line) and ``ncclscope analyze FILE --format json`` runs
-on it in a worker process (click's CliRunner).  Counted:
+prefixes, binary junk, a giant line), or (40% of inputs) one to five of its lines are
+damaged in place, and ``ncclscope analyze FILE --format json`` runs on it in a worker
+process (click's CliRunner, under a memory limit).  Counted:
 
 * **traceback**: any exception out of the command (``SystemExit`` is an exit status);
 * **hang**: no answer within ``--timeout`` s (the worker is killed and restarted);
 * **invalid JSON**: stdout is not one JSON document with the ``schema`` key, or holds
-  NaN/Infinity.
+  NaN/Infinity;
+* **lost**: an input with k lines damaged in place parsed fewer than the clean log's
+  parsed lines less k (an undamaged line no longer parsed); the undamaged lines of those
+  inputs and the lost ones are reported as ``undamaged_lines`` / ``undamaged_lost``.
 
 Each failure's input is kept under ``--keep`` (default ``fuzz-failures/``) with the
 traceback, so it can be replayed: ``ncclscope analyze fuzz-failures/000123/*``.
@@ -34,6 +38,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,6 +87,10 @@ class Input:
     data: bytes
     telemetry: list[tuple[str, bytes]]
     damages: list[str]
+    #: the fixture log it came from, and how many of its lines were damaged in place
+    #: (the others untouched, the line count kept); 0: damaged as a whole
+    source: Path | None = None
+    in_place: int = 0
 
 
 def _lines(data: bytes) -> list[bytes]:
@@ -221,11 +230,39 @@ def fixtures(root: Path) -> list[tuple[str, list[Path], list[Path]]]:
     return out
 
 
+#: Damages of one line that keep it one line (for the in-place inputs).
+LINE_DAMAGES = ("overflow", "overflow", "flip_byte", "splice", "binary", "cut", "utf16", "giant")
+
+
+def _one_line(rng: random.Random, how: str, line: bytes, other: bytes) -> bytes:
+    if how == "splice":
+        out = line[: rng.randint(0, len(line))] + other[rng.randint(0, len(other)) :]
+    elif how == "binary":
+        out = bytes(rng.randrange(256) for _ in range(rng.randint(1, 200)))
+    elif how == "cut":
+        out = line[: rng.randint(0, len(line))]
+    elif how == "giant":
+        out = line * rng.randint(50, 3000)
+    else:
+        out = DAMAGES[how](rng, line)
+    return out.replace(b"\n", b" ").replace(b"\r", b" ")
+
+
 def make_input(rng: random.Random, table: list[tuple[str, list[Path], list[Path]]]) -> Input:
     name, logs, tel = rng.choice(table)
     log = rng.choice(logs)
     data = log.read_bytes()
     damages: list[str] = []
+    file_name = log.name if log.suffix == ".log" else log.name + ".log"
+    if rng.random() < 0.4:
+        # k lines damaged in place: every other line must still be parsed
+        lines = data.split(b"\n")
+        k = rng.randint(1, min(5, len(lines)))
+        for at in rng.sample(range(len(lines) - (lines[-1] == b"")), k):
+            how = rng.choice(LINE_DAMAGES)
+            lines[at] = _one_line(rng, how, lines[at], rng.choice(lines))
+            damages.append(f"line:{how}")
+        return Input(name, file_name, b"\n".join(lines), [], damages, log, k)
     telemetry: list[tuple[str, bytes]] = []
     if tel and rng.random() < 0.15:
         # a telemetry part damaged (a cut or a flipped byte), the log kept
@@ -240,7 +277,6 @@ def make_input(rng: random.Random, table: list[tuple[str, list[Path], list[Path]
     for how in rng.choices(names, weights, k=rng.randint(1, 3)):
         data = DAMAGES[how](rng, data)
         damages.append(how)
-    file_name = log.name if log.suffix == ".log" else log.name + ".log"
     if rng.random() < 0.05:
         packed = gzip.compress(data, mtime=0)
         data = packed[: rng.randint(10, max(10, len(packed) - 1))]
@@ -294,7 +330,12 @@ def _worker(conn: Any) -> None:
             conn.send((result.exit_code, "traceback", f"{type(exc).__name__}: {exc}", tb))
             continue
         why = _check(result.stdout)
-        conn.send((result.exit_code, "invalid_json" if why else None, why, ""))
+        if why:
+            conn.send((result.exit_code, "invalid_json", why, ""))
+            continue
+        inputs = json.loads(result.stdout)["inputs"]
+        counts = (inputs[0]["lines"], inputs[0]["parsed"]) if len(inputs) == 1 else None
+        conn.send((result.exit_code, None, counts, ""))
 
 
 class Worker:
@@ -311,7 +352,7 @@ class Worker:
         self.proc = ctx.Process(target=_worker, args=(child,), daemon=True)
         self.proc.start()
 
-    def run(self, folder: Path, timeout: float) -> tuple[int, str | None, str | None, str]:
+    def run(self, folder: Path, timeout: float) -> tuple[int, str | None, Any, str]:
         self.conn.send(str(folder))
         if self.conn.poll(timeout):
             try:
@@ -345,6 +386,8 @@ def _one_shard(args: tuple[int, int, int, int, float, str, str]) -> dict[str, An
     worker = Worker()
     failures: list[dict[str, Any]] = []
     kinds: Counter[str] = Counter()
+    clean: dict[Path, tuple[int, int]] = {}
+    undamaged = lost = 0
     with tempfile.TemporaryDirectory(prefix="ncclscope-fuzz-") as tmp:
         for k in range(shard, count, shards):
             rng = random.Random(f"{seed}:{k}")
@@ -352,6 +395,19 @@ def _one_shard(args: tuple[int, int, int, int, float, str, str]) -> dict[str, An
             folder = Path(tmp) / f"{k:06d}"
             _write(inp, folder)
             _code, failure, why, tb = worker.run(folder, timeout)
+            if failure is None and inp.source is not None and why is not None:
+                if inp.source not in clean:
+                    original = Path(tmp) / "clean"
+                    _write(Input("", inp.name, inp.source.read_bytes(), [], []), original)
+                    clean[inp.source] = worker.run(original, timeout)[2]
+                    shutil.rmtree(original)
+                (lines, parsed), (_, clean_parsed) = why, clean[inp.source]
+                undamaged += lines - inp.in_place
+                # the damaged lines may each cost their own parse, no other line may
+                missing = max(0, clean_parsed - inp.in_place - parsed)
+                lost += missing
+                if missing:
+                    failure, why = "lost", f"{missing} undamaged line(s) no longer parsed"
             if failure is not None:
                 kinds[failure] += 1
                 kept = Path(keep) / f"{k:06d}"
@@ -365,7 +421,7 @@ def _one_shard(args: tuple[int, int, int, int, float, str, str]) -> dict[str, An
                 )
             shutil.rmtree(folder)
     worker.stop()
-    return {"failures": failures, "kinds": dict(kinds)}
+    return {"failures": failures, "kinds": dict(kinds), "undamaged": undamaged, "lost": lost}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -386,8 +442,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.workers == 1:
         shards = [_one_shard(jobs[0])]
     else:
-        with mp.get_context("spawn").Pool(args.workers) as pool:
-            shards = pool.map(_one_shard, jobs)
+        # not a multiprocessing.Pool: its daemonic processes cannot start the workers
+        with ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn")) as pool:
+            shards = list(pool.map(_one_shard, jobs))
     failures = sorted((f for s in shards for f in s["failures"]), key=lambda f: f["input"])
     kinds: Counter[str] = Counter()
     for s in shards:
@@ -400,6 +457,10 @@ def main(argv: list[str] | None = None) -> int:
         "tracebacks": kinds["traceback"],
         "hangs": kinds["hang"],
         "invalid_json": kinds["invalid_json"],
+        # inputs with lines damaged in place: the other lines, and how many of them were
+        # no longer parsed (the parsed count fell by more than the damaged lines)
+        "undamaged_lines": sum(s["undamaged"] for s in shards),
+        "undamaged_lost": sum(s["lost"] for s in shards),
         "seconds": round(time.monotonic() - began, 1),
         "classes": dict(classes.most_common()),
         "first": failures[:20],

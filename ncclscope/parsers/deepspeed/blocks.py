@@ -103,16 +103,26 @@ def feed_json(p: _Parser, block: _Block, line: _Line) -> _Verdict:
             "reduce_bucket_size": 5.000000e+08,
         }
     """
-    if line.prefix != block.prefix or line.header:
-        return p.miss(block)
     body = line.body
-    if not (body[:1].isspace() or body.startswith(("}", "]"))):
-        return p.miss(block)  # not JSON printed with an indent: another process's line
+    indented = body[:1].isspace() or body.startswith(("}", "]"))
+    if line.prefix != block.prefix or line.header or not indented:
+        if block.balanced:
+            # The object (a damaged line inside) balanced earlier: it ended there.
+            p.finish_json(block)
+            p.block = None
+            return _Verdict.ENDED
+        if line.prefix == block.prefix and not line.header:
+            # Not JSON, no header, where the object goes on: a damaged line of it (an
+            # opening brace it held is lost, so the braces may balance too early).
+            block.damaged = True
+        return p.miss(block)  # else not JSON printed with an indent: another process's
     block.parts.append(body)
     block.chars += len(body)
     block.depth += _depth(body)
     block.misses = 0
-    if block.depth <= 0:
+    if block.depth <= 0 and block.damaged:
+        block.balanced = True  # maybe early: more of the object may follow
+    elif block.depth <= 0:
         p.finish_json(block)
         p.block = None
     elif block.chars > _MAX_JSON_CHARS:
