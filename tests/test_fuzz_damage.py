@@ -403,6 +403,21 @@ _ODD_COLL = (
 )
 
 
+@pytest.fixture
+def _memory_guard() -> Any:
+    """A blow-up (a damaged size enumerated rank by rank) fails the test, not the machine."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = 8 << 30
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    yield
+    resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+@pytest.mark.usefixtures("_memory_guard")
 @fuzz(25)
 @given(
     pid=st.sampled_from((0, 1, 2**31 - 1)),
@@ -482,3 +497,61 @@ def _cleanup_bases() -> Any:
     yield
     if _bases_dir.cache_info().currsize:
         shutil.rmtree(_bases_dir(), ignore_errors=True)
+
+
+# --------------------------------------------------------------------------------------
+# multi-line records: a damaged line inside costs only itself
+
+_RUN1 = REPO / "fixtures" / "zero2-timers-eras" / "run1-ds0.9.5.log"
+_RUN2 = REPO / "fixtures" / "zero2-timers-eras" / "run2-ds0.14.4.log"
+
+
+def _with(path: Path, line_no: int, text: bytes) -> bytes:
+    lines = path.read_bytes().split(b"\n")
+    assert lines[line_no - 1]  # a line of the record, not a blank one
+    lines[line_no - 1] = text
+    return b"\n".join(lines)
+
+
+@pytest.mark.parametrize(
+    ("path", "line_no", "text"),
+    [
+        # the user config's '"bf16": {' as UTF-16: its brace is lost, the braces balance early
+        (_RUN2, 120, '    "bf16": {'.encode("utf-16")),
+        # a line of the user config cut to its indent (blank: not delivered to the parser)
+        (_RUN2, 133, b"   "),
+        # binary junk in place of a line of the user config
+        (_RUN2, 125, b"\x16\x97\x86\x9f\x15\x03\xf0\xaf"),
+        # the dump's first line damaged: its multi-line first value is still read
+        (_RUN1, 57, b"[2023-06-12 10:01:25,993] [INFO] [config.py:956:print] DeexSpeedEngine conf"),
+    ],
+)
+def test_a_damaged_line_of_a_deepspeed_dump_costs_only_itself(
+    path: Path, line_no: int, text: bytes
+) -> None:
+    clean = analyse(path.read_bytes())
+    got = analyse(_with(path, line_no, text))
+    assert_accounting(got.account)
+    assert got.account["parsed"] == clean.account["parsed"] - 1
+    assert got.doc["job"]["zero"] == clean.doc["job"]["zero"]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        # a pid with a digit int() cannot read (a flipped byte made it '²')
+        "node-a:1\u00b2:1 [0] NCCL INFO AllGather: opCount 0 sendbuff 0x1000 recvbuff 0x1000 "
+        "count 0 datatype 0 op 0 root 0 comm 0x1000 [nranks=1] stream 0x1000",
+        # the same in an init line's key value
+        "node-a:1:1 [0] NCCL INFO comm 0x55 rank 0 nranks 2 cudaDev \u00b2 busId 1000 "
+        "commId 0xab - Init COMPLETE",
+        # and in a watchdog's last enqueued work
+        "[rank0]:[E ProcessGroupNCCL.cpp:1] [PG 0 Rank 0] Exception (either an error or "
+        "timeout) detected by watchdog at work: 12, last enqueued NCCL work: 1\u00b2, last "
+        "completed NCCL work: 11.",
+    ],
+)
+def test_digits_int_cannot_read_are_damage_not_a_traceback(line: str) -> None:
+    got = analyse((line + "\n").encode())
+    assert_accounting(got.account)
+    assert got.account["lines"] == 1
