@@ -38,7 +38,7 @@ def decode_proc(token: str) -> tuple[str, int, int] | None:
     return host, int(pid), int(tid)
 
 
-def bad_tokens(tokens: list[str]) -> list[str]:
+def bad_tokens(tokens: list[str | None]) -> list[str]:
     """The tokens whose host holds characters no host name has (junk glued in front),
-    or whose pid or tid no Int32 column holds."""
-    return [t for t in tokens if decode_proc(t) is None]
+    or whose pid or tid no Int32 column holds (a missing token is none of them)."""
+    return [t for t in tokens if t is not None and decode_proc(t) is None]

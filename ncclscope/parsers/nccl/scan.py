@@ -289,6 +289,7 @@ def _fields(batch: _Batch, offsets: Sequence[int]) -> pl.LazyFrame:
         nranks = f(21)
         ok = (
             valid.fill_null(value=False)
+            & f(0).is_not_null()  # a line that starts with a space has no header token
             & opcount.is_not_null()
             & count.is_not_null()
             & dtype.is_not_null()
