@@ -111,9 +111,10 @@ def feed_json(p: _Parser, block: _Block, line: _Line) -> _Verdict:
             p.finish_json(block)
             p.block = None
             return _Verdict.ENDED
-        if line.prefix == block.prefix and not line.header:
-            # Not JSON, no header, where the object goes on: a damaged line of it (an
-            # opening brace it held is lost, so the braces may balance too early).
+        if not line.header:
+            # Not JSON (or its launcher tag damaged), no header, where the object goes
+            # on: maybe a damaged line of it (an opening brace it held is lost, so the
+            # braces may balance too early).
             block.damaged = True
         return p.miss(block)  # else not JSON printed with an indent: another process's
     block.parts.append(body)
