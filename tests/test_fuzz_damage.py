@@ -524,6 +524,10 @@ def _with(path: Path, line_no: int, text: bytes) -> bytes:
         (_RUN2, 125, b"\x16\x97\x86\x9f\x15\x03\xf0\xaf"),
         # the dump's first line damaged: its multi-line first value is still read
         (_RUN1, 57, b"[2023-06-12 10:01:25,993] [INFO] [config.py:956:print] DeexSpeedEngine conf"),
+        # the line that opens the user config ('json = {') damaged
+        (_RUN1, 107, b'[2023-06-12 10:01:25,996] [INFO] [configer": {'),
+        # a key line whose value goes on over the next lines, its header damaged
+        (_RUN1, 58, b"[2023-"),
     ],
 )
 def test_a_damaged_line_of_a_deepspeed_dump_costs_only_itself(

@@ -10,6 +10,7 @@ Sample::
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -52,6 +53,10 @@ BLOCK_LINES: int = 400
 # -- block feeders -----------------------------------------------------------------------
 
 
+#: A member line of an indented JSON object: ``    "train_batch_size": 64,``.
+_JSON_MEMBER_RE = re.compile(r'^\s+"[^"]{1,200}"\s*:')
+
+
 def feed_config(p: _Parser, block: _Block, line: _Line) -> _Verdict:
     """The engine configuration dump: key lines, multi-line values, then ``json = {``.
 
@@ -78,6 +83,14 @@ def feed_config(p: _Parser, block: _Block, line: _Line) -> _Verdict:
             p.store_config(block.key, "\n".join(block.parts))
         block.key, block.parts = None, []
     if not line.header:
+        if line.prefix == block.prefix and _JSON_MEMBER_RE.match(line.body):
+            # A member of a JSON object whose first line (``json = {`` or a key line
+            # ending in ``{``) was damaged: the object is read without it, and not
+            # stored (whose object it was went with that line).
+            p.start_json(block, line.line_no, "{")
+            block.damaged = True
+            block.keep = False
+            return feed_json(p, block, line)
         return p.miss(block)
     m = JSON_START_RE.match(line.msg)
     if m is not None:
