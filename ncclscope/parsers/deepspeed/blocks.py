@@ -36,6 +36,7 @@ from ncclscope.parsers.deepspeed.records import (
 from ncclscope.parsers.deepspeed.zero import (
     _MAX_JSON_CHARS,
     _depth,
+    _loads,
 )
 
 __all__ = [
@@ -134,6 +135,11 @@ def feed_json(p: _Parser, block: _Block, line: _Line) -> _Verdict:
     block.chars += len(body)
     block.depth += _depth(body)
     block.misses = 0
+    whole = block.depth <= 0 and isinstance(_loads("\n".join(block.parts)), dict)
+    if block.depth <= 0 and not block.damaged and not whole:
+        # The braces balance but the object does not parse: a line of it was damaged
+        # (``"bf16"`` that lost its ``: {``), so they may balance too early.
+        block.damaged = True
     if block.depth <= 0 and block.damaged:
         block.balanced = True  # maybe early: more of the object may follow
     elif block.depth <= 0:

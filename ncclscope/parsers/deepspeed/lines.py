@@ -367,7 +367,7 @@ class _Parser:
     def finish_json(self, block: _Block) -> None:
         data = _loads("\n".join(block.parts))
         if not isinstance(data, dict) and block.damaged:
-            data = loads_lines(block.parts)  # one line lost: read the others one by one
+            data = loads_lines(block.parts) or None  # a line lost: read the others alone
         if not isinstance(data, dict):
             self.count(_Outcome.MALFORMED, block.start, 1)
             return

@@ -449,6 +449,7 @@ def loads_lines(lines: Sequence[str]) -> dict[str, object]:
                 top[m["key"]] = child
             stack.append(child)
             continue
-        if top is not None:
-            top[m["key"]] = _loads(value) if value else None
+        parsed = _loads(value)
+        if top is not None and (parsed is not None or value == "null"):
+            top[m["key"]] = parsed  # a value that does not parse is passed over too
     return root

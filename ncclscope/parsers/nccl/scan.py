@@ -372,6 +372,16 @@ def _text_columns(line: pl.Expr, keep: pl.Expr) -> list[pl.Expr]:
     ]
 
 
+#: The line reader: one column, the whole line.  A line holding the separator byte (binary
+#: junk) has more: the rest is cut off, never an error (on the first line polars raises
+#: unless told to ignore them, and the whole file would be lost).
+_LINE_READER: dict[str, Any] = {
+    "separator": "\x1f",
+    "schema": {"line": pl.String},
+    "extra_columns": "ignore",
+}
+
+
 def _query(batch: _Batch, offsets: Sequence[int]) -> pl.LazyFrame:
     """Both readers side by side, one row per line: the line reader numbers the lines
     and keeps the text of every line the field reader did not take.
@@ -382,7 +392,7 @@ def _query(batch: _Batch, offsets: Sequence[int]) -> pl.LazyFrame:
     horizontal concat of two scans of the same files; ``scan_inputs`` checks it.
     """
     line = pl.col("line")
-    lines = batch.read(numbered=True, separator="\x1f", schema={"line": pl.String}).with_columns(
+    lines = batch.read(numbered=True, **_LINE_READER).with_columns(
         line.str.contains("opCount", literal=True).fill_null(value=False).alias("has_op")
     )
     if offsets:
@@ -410,7 +420,7 @@ def _reread(batch: _Batch, rows: list[int]) -> pl.DataFrame:
     """Text-store rows for the lines ``rows`` (their ``g``), read again from the files."""
     return (
         batch.file_ids(
-            batch.read(numbered=True, separator="\x1f", schema={"line": pl.String}).filter(
+            batch.read(numbered=True, **_LINE_READER).filter(
                 pl.col("g").is_in(pl.Series(rows, dtype=pl.UInt32).implode())
             )
         )
