@@ -111,12 +111,11 @@ def _agent(args: list[str]) -> subprocess.Popen[bytes]:
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def idle(seconds: float) -> None:
-    sleepers = [subprocess.Popen(["sleep", str(seconds + 30)]) for _ in range(16)]
+def _idle_once(seconds: float, extra: list[str], pids: list[str]) -> tuple[float, int]:
+    """One agent, idle for ``seconds`` after start-up: its CPU share of one core and peak RSS."""
+    agent = _agent(["--fake-gpus", "8", "--interval", "1", *extra, *pids])
+    proc = psutil.Process(agent.pid)
     try:
-        pids = [a for p in sleepers for a in ("--pid", str(p.pid))]
-        agent = _agent(["--fake-gpus", "8", "--interval", "1", *pids])
-        proc = psutil.Process(agent.pid)
         time.sleep(5)  # start-up (imports) is not the steady state
         cpu0, t0 = proc.cpu_times(), time.monotonic()
         peak = 0
@@ -124,14 +123,60 @@ def idle(seconds: float) -> None:
             time.sleep(1)
             peak = max(peak, proc.memory_info().rss)
         cpu1, t1 = proc.cpu_times(), time.monotonic()
-        used = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
-        print(f"idle: {used / (t1 - t0):.2%} of one core over {t1 - t0:.0f} s, "
-              f"peak RSS {peak / 1e6:.0f} MB (8 fake GPUs, 16 processes, 1 s)")  # fmt: skip
+    finally:
         agent.terminate()
         agent.wait(10)
+    used = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
+    return used / (t1 - t0), peak
+
+
+def idle(seconds: float, *, topology: bool = False, rounds: int = 1) -> None:
+    """The agent idle; with ``topology``, also before (no topology: direct-attached fake
+    GPUs, sysfs not read) against after (8 fake GPUs, 4 per switch, a sysfs tree of that
+    shape read at start, the uplinks exported and recorded with --out), alternating in
+    the same run."""
+    sleepers = [subprocess.Popen(["sleep", str((seconds + 30) * 2 * rounds)]) for _ in range(16)]
+    try:
+        pids = [a for p in sleepers for a in ("--pid", str(p.pid))]
+        if not topology:
+            share, peak = _idle_once(seconds, [], pids)
+            print(f"idle: {share:.2%} of one core over {seconds:.0f} s, "
+                  f"peak RSS {peak / 1e6:.0f} MB (8 fake GPUs, 16 processes, 1 s)")  # fmt: skip
+            return
+        from ncclscope.agent.fake_nvml import FakeNvml
+        from ncclscope.agent.fake_sysfs import write_pci_tree
+
+        with tempfile.TemporaryDirectory() as tmp:
+            buses = [g.pci_bus_id for g in FakeNvml.with_devices(8).gpus]
+            write_pci_tree(Path(tmp) / "sys", [str(b) for b in buses], gpus_per_switch=4)
+            runs = {
+                "before (no topology)": ["--sysfs-root", "none", "--out", f"{tmp}/before"],
+                "after (4 GPUs/switch, sysfs + NVML topology, recorded)": [
+                    "--sysfs-root", f"{tmp}/sys", "--fake-gpus-per-switch", "4",
+                    "--out", f"{tmp}/after",
+                ],
+            }  # fmt: skip
+            got: dict[str, list[float]] = {k: [] for k in runs}
+            for _ in range(rounds):
+                for name, extra in runs.items():
+                    share, peak = _idle_once(seconds, extra, pids)
+                    got[name].append(share)
+                    print(f"  {name}: {share:.2%} of one core, peak RSS {peak / 1e6:.0f} MB")
+            for name, shares in got.items():
+                print(f"idle {name}: median {statistics.median(shares):.2%} of one core "
+                      f"over {rounds} x {seconds:.0f} s")  # fmt: skip
+            rows = _recorded_uplinks(Path(tmp) / "after")
+            print(f"uplink rows recorded in the after run's telemetry: {rows}")
     finally:
         for p in sleepers:
             p.kill()
+
+
+def _recorded_uplinks(folder: Path) -> int:
+    from ncclscope.agent.telemetry import read_telemetry
+
+    tel = read_telemetry([folder])
+    return int((tel["metric"] == "ncclscope_gpu_pcie_uplink_info").sum()) if len(tel) else 0
 
 
 def soak(minutes_total: float) -> None:
@@ -204,11 +249,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("mode", choices=["render", "idle", "soak"])
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--minutes", type=float, default=30)
+    parser.add_argument(
+        "--topology",
+        action="store_true",
+        help="idle: the agent without and with PCIe topology recorded, alternating",
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="idle --topology: runs of each")
     args = parser.parse_args(argv)
     if args.mode == "render":
         bench_render()
     elif args.mode == "idle":
-        idle(args.seconds)
+        idle(args.seconds, topology=args.topology, rounds=args.rounds)
     else:
         soak(args.minutes)
     return 0

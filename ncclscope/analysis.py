@@ -35,6 +35,7 @@ from ncclscope.model.collectives import (
     repair_spliced_hosts,
     summarise,
 )
+from ncclscope.model.flight import join_flight, read_flight
 from ncclscope.model.identity import Identity, listable_size, resolve_identity
 from ncclscope.parsers.frameworks import FrameworkTables, mtime_years, read_frameworks
 from ncclscope.parsers.nccl import errors as nccl_errors
@@ -123,6 +124,8 @@ def build(
     inputs, problems = expand_inputs(
         names, workdir=workdir / "inputs", stdin=stdin, on_copy=lambda _n, b: report("read", b, 0)
     )
+    dumps = [(i.display, i.path, i.kind) for i in inputs if i.kind != "log"]
+    inputs = [inp for inp in inputs if inp.kind == "log"]
     paths = [inp.display for inp in inputs]
     targets = _targets(inputs)
     store = workdir / "store"
@@ -170,11 +173,13 @@ def build(
     last, _rec, last_stats, _fw = builds[-1]
     account = _account(inputs, n_lines, records)
     hosts = sorted(set(last.identity.members["host"].to_list()) | records.hosts)
+    flight, dump_problems = read_flight(dumps, first_file_id=len(paths))
+    flight = join_flight(flight, last.communicators, last.collectives)
     analysis = Analysis(
-        paths=paths,
+        paths=paths + [display for display, _path, _kind in dumps],
         inputs=account,
         notes=_notes(inputs, records, frameworks),
-        problems=problems,
+        problems=problems + dump_problems,
         nccl_versions=sorted({v.version for *_, v in records.versions}, key=_version_key),
         cuda_versions=sorted({v.cuda for *_, v in records.versions}, key=_version_key),
         hosts=hosts,
@@ -197,6 +202,7 @@ def build(
         frameworks=frameworks,
         workdir=workdir,
         sources=inputs,
+        flight=flight,
         telemetry=(
             validate(telemetry, TELEMETRY_SCHEMA, "telemetry")
             if telemetry is not None

@@ -74,6 +74,11 @@ CATALOG: tuple[Metric, ...] = (
     _m("gpu", "gpu_power_limit_watts", "gauge", "watts", "GPU enforced power limit.", *_GPU),
     _m("gpu", "gpu_ecc_uncorrected_errors_total", "counter", "", "Uncorrected ECC errors since the driver loaded (volatile).", *_GPU),
     _m("gpu", "gpu_xid_errors_total", "counter", "", "XID critical errors the driver reported (NVML events), by XID.", *_GPU, "xid"),
+    _m("gpu", "gpu_pcie_uplink_info", "info", "", "A PCIe link above the GPU other than its own (a PCIe switch's uplink, named by the switch's upstream port's bus id), read once at start; a direct-attached GPU names its own link.", *_GPU, "uplink"),
+    _m("gpu", "pcie_uplink_generation", "gauge", "", "PCIe generation an uplink runs at (sysfs current_link_speed; assumed from its GPUs where NVML alone grouped them).", "uplink"),
+    _m("gpu", "pcie_uplink_width", "gauge", "", "Lanes of an uplink (sysfs current_link_width).", "uplink"),
+    _m("gpu", "pcie_uplink_max_bytes_per_second", "gauge", "bytes_per_second", "One direction's capacity of an uplink at its generation and width: the GPUs behind it share it.", "uplink"),
+    _m("gpu", "pcie_uplink_gpus", "gauge", "", "GPUs behind an uplink (those NVML follows).", "uplink"),
     _m("gpu", "gpu_process_memory_used_bytes", "gauge", "bytes", "GPU memory used by a process.", *_GPU, "pid"),
     # --- host (psutil)
     _m("host", "host_memory_total_bytes", "gauge", "bytes", "Host memory in all."),

@@ -76,11 +76,12 @@ class _Progress:
 
 class _LazyGroup(click.Group):
     """Subcommands imported when used: ``synth`` pulls in the generator (~45 ms) and
-    ``agent``/``replay`` prometheus_client, which ``analyze`` should not pay for."""
+    ``agent``/``replay``/``run`` prometheus_client, which ``analyze`` should not pay for."""
 
     lazy: ClassVar[dict[str, str]] = {
         "agent": "ncclscope.agent_cli:agent",
         "replay": "ncclscope.agent_cli:replay",
+        "run": "ncclscope.agent_cli:run",
         "synth": "ncclscope.synth.cli:synth",
     }
 

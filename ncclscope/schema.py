@@ -24,6 +24,12 @@ __all__ = [
     "COUNTDOWN_SCHEMA",
     "ERRORS_SCHEMA",
     "FAILURES_SCHEMA",
+    "FLIGHT_DUMPS_SCHEMA",
+    "FLIGHT_GROUPS_SCHEMA",
+    "FLIGHT_JOIN_SCHEMA",
+    "FLIGHT_PG_COMMS_SCHEMA",
+    "FLIGHT_PG_STATUS_SCHEMA",
+    "FLIGHT_SCHEMA",
     "INPUTS_SCHEMA",
     "INSTANCES_SCHEMA",
     "LATENESS_SCHEMA",
@@ -352,6 +358,139 @@ COMMS_SCHEMA = _schema(
         "busbw_bytes_per_s": pl.Float64,
         "ts": TS,
         "ts_source": pl.String,
+    }
+)
+
+
+# --- PyTorch Flight Recorder dumps (issue #15).  ``file_id`` indexes ``Analysis.paths``:
+# the dumps come after the logs there, and have no lines (``Analysis.sources`` holds only
+# the logs).  ``rank`` is the global rank of the process that wrote the dump.
+
+#: One row per dump file read (or refused): what it held and what was skipped.
+FLIGHT_DUMPS_SCHEMA = _schema(
+    {
+        "file_id": pl.UInt32,
+        "path": pl.String,
+        "size_bytes": pl.Int64,
+        "format": pl.String,  # pickle | json
+        "version": pl.String,  # the dump's "version" as written ("2.10"), null if absent
+        "layout": pl.String,  # 1.x | 2.x | unknown: which keys were read
+        "rank": pl.Int32,
+        "rank_source": pl.String,  # file_name | p2p (own side of a send/recv) | none
+        "comm_lib_version": pl.String,  # comm_lib_version / nccl_version where written
+        "entries": pl.Int64,  # entries in the dump
+        "read": pl.Int64,  # entries read into FLIGHT_SCHEMA
+        "skipped": pl.Int64,  # entries skipped (a field missing, ill-typed or out of range)
+        "groups": pl.Int64,  # process groups in pg_config
+        "problem": pl.String,  # why nothing was read (refused, truncated), else null
+    }
+)
+
+#: One row per Flight Recorder entry: a collective or point-to-point call as PyTorch
+#: enqueued it, with its state at the time of the dump.
+FLIGHT_SCHEMA = _schema(
+    {
+        "file_id": pl.UInt32,
+        "rank": pl.Int32,  # global rank of the dump's process, null when unknown
+        "record_id": pl.Int64,  # position in the recorder's ring (per process)
+        "pg_id": pl.Int64,
+        "pg_name": pl.String,  # the process group's name ("0", "1", or a hash)
+        "pg_desc": pl.String,  # default_pg, undefined, a user's description
+        "collective_seq_id": pl.Int64,  # per (process group, rank): collectives from 1
+        "p2p_seq_id": pl.Int64,  # per (process group, rank): point-to-point calls
+        "op_id": pl.Int64,  # logical ops (one per op inside a coalesced group)
+        "profiling_name": pl.String,  # as written: "nccl:all_reduce", "nccl:send 0->1"
+        "backend": pl.String,  # nccl | gloo | xccl | ... (the profiling name's prefix)
+        "op": pl.String,  # NCCL's name where there is one: AllReduce, Send, ...
+        "is_p2p": pl.Boolean,
+        "peer": pl.Int32,  # send/recv: the other side's rank in the process group
+        "state": pl.String,  # scheduled | started | completed, as written
+        # state completed, or a collective at or below its group's pg_status
+        # last_completed_collective (gloo leaves state at "scheduled"; there a call that
+        # timed out and was retired counts as completed too: finished, with or without
+        # an error)
+        "completed": pl.Boolean,
+        "created_ts": TS,  # time_created_ns: enqueued by the CPU
+        "started_ts": TS,  # time_discovered_started_ns: seen started by the watchdog
+        "completed_ts": TS,  # time_discovered_completed_ns: seen completed
+        "duration_ms": pl.Float64,  # GPU time (only with TORCH_NCCL_ENABLE_TIMING)
+        "input_numel": pl.Int64,  # elements over every input tensor
+        "output_numel": pl.Int64,
+        "input_dtype": pl.String,  # first input's dtype as written ("Float")
+        "output_dtype": pl.String,
+        "input_bytes": pl.Int64,  # null where a dtype's size is unknown
+        "output_bytes": pl.Int64,
+        "coll_count": pl.Int64,  # the count NCCL's COLL line would print for this call
+        "coll_dtype": pl.Int16,  # the ncclDataType_t it would print
+        "timeout_ms": pl.Int64,
+        "retired": pl.Boolean,  # no longer watched: completed, or timed out
+        "thread_name": pl.String,
+        "frame": pl.String,  # first stack frame outside torch: "train_step at train.py:42"
+    }
+)
+
+#: One row per (dump, process group) of a dump's pg_config.
+FLIGHT_GROUPS_SCHEMA = _schema(
+    {
+        "file_id": pl.UInt32,
+        "rank": pl.Int32,
+        "pg_name": pl.String,
+        "pg_desc": pl.String,
+        "pg_ranks": pl.List(pl.Int32),  # global ranks of the members
+        "size": pl.Int32,
+    }
+)
+
+#: One row per (dump, process group) of a dump's pg_status: how far each group got.
+FLIGHT_PG_STATUS_SCHEMA = _schema(
+    {
+        "file_id": pl.UInt32,
+        "rank": pl.Int32,
+        "pg_id": pl.Int64,
+        "pg_name": pl.String,  # from the entries' (pg_id, process group), null if none
+        "last_enqueued": pl.Int64,  # collective_seq_id; -1: none
+        "last_started": pl.Int64,  # -1 unless timing was enabled
+        "last_completed": pl.Int64,
+    }
+)
+
+#: Per process group of the dumps: the logs' communicator it maps to, or why none.
+FLIGHT_PG_COMMS_SCHEMA = _schema(
+    {
+        "pg_name": pl.String,
+        "pg_desc": pl.String,
+        "pg_ranks": pl.List(pl.Int32),  # null: pg_config does not list the group
+        # ranks whose dumps hold calls of the group: a lower bound of its members
+        # where pg_config is silent (PyTorch 2.14 on gloo lists only the default group)
+        "ranks_with_entries": pl.List(pl.Int32),
+        "comm_key": pl.String,  # null: not joined (see reason)
+        "offset": pl.Int64,  # COLL seq = collective_seq_id + offset
+        "checked": pl.Int64,  # dump entries with a COLL line at seq + offset
+        "matched": pl.Int64,  # ... whose op and count agree
+        "reason": pl.String,  # joined | no_logs | no_communicator | no_alignment
+    }
+)
+
+#: Per (process group, rank, collective_seq_id) joined to the logs: the dump's state and
+#: times beside the COLL line of the same call.
+FLIGHT_JOIN_SCHEMA = _schema(
+    {
+        "pg_name": pl.String,
+        "rank": pl.Int32,
+        "collective_seq_id": pl.Int64,
+        "record_id": pl.Int64,
+        "op": pl.String,
+        "state": pl.String,
+        "created_ts": TS,
+        "started_ts": TS,
+        "completed_ts": TS,
+        "comm_key": pl.String,
+        "seq": pl.Int64,  # the COLL line's instance key; null: no line for this call
+        "file_id": pl.UInt32,  # the COLL line
+        "line_no": pl.UInt32,
+        "size_bytes": pl.Int64,  # from the COLL line
+        "ts": TS,  # the COLL line's time
+        "agrees": pl.Boolean,  # op and count agree; null without a line
     }
 )
 

@@ -19,6 +19,7 @@ from typing import BinaryIO
 import polars as pl
 
 from ncclscope.errors import InputError
+from ncclscope.parsers.torch.flight import SNIFF_BYTES, sniff_dump
 
 __all__ = ["QUOTE_CHARS", "Input", "Problem", "expand_inputs", "read_lines", "sniff_binary"]
 
@@ -82,6 +83,9 @@ class Input:
     #: ``path`` is a copy with one empty line put in front (see ``_shield``): line k of
     #: the copy is line k-1 of the input.
     shifted: bool = False
+    #: ``log`` (text to scan), or a PyTorch Flight Recorder dump found by its content:
+    #: ``flight_pickle`` / ``flight_json`` (read by ``parsers.torch.flight``, not scanned)
+    kind: str = "log"
 
 
 @dataclass(frozen=True)
@@ -175,18 +179,22 @@ def _walk(root: Path) -> Iterable[Path]:
             if fname.startswith("."):
                 continue
             candidate = Path(dirpath) / fname
+            if not candidate.is_file():
+                continue
+            try:
+                with candidate.open("rb") as fh:
+                    head = fh.read(SNIFF_BYTES)
+            except OSError:
+                continue
+            # Flight Recorder dumps are binary (pickle) or .json: known by content first.
+            if sniff_dump(head) is not None:
+                yield candidate
+                continue
             suffixes = candidate.suffixes
             if suffixes and suffixes[-1].lower() in _NOT_LOGS:
                 continue
-            if not candidate.is_file():
+            if candidate.suffix != ".gz" and sniff_binary(head):
                 continue
-            if candidate.suffix != ".gz":
-                try:
-                    with candidate.open("rb") as fh:
-                        if sniff_binary(fh.read(8192)):
-                            continue
-                except OSError:
-                    continue
             yield candidate
 
 
@@ -231,6 +239,8 @@ _OTHER_MAGIC = (b"\x78\x01", b"\x78\x5e", b"\x78\x9c", b"\x78\xda", b"\x28\xb5\x
 def _shield(inp: Input, workdir: Path) -> Input:
     """A text file that merely starts with compression magic (junk left by a crash) is
     copied behind one empty line, so the reader sees text; line numbers shift by one."""
+    if inp.kind != "log":
+        return inp
     with inp.path.open("rb") as fh:
         head = fh.read(4)
     if not any(head.startswith(magic) for magic in _OTHER_MAGIC):
@@ -258,6 +268,10 @@ class _Prepended:
 
 def _finish(display: str, path: Path, notes: list[str]) -> Input:
     size = path.stat().st_size
+    with path.open("rb") as fh:
+        kind = sniff_dump(fh.read(SNIFF_BYTES))
+    if kind is not None:
+        return Input(display, path, size, tuple(notes), kind=kind)
     partial = False
     if size:
         with path.open("rb") as fh:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["DTYPE_BYTES", "DTYPE_NAMES", "human_bytes"]
+__all__ = ["DTYPE_BYTES", "DTYPE_NAMES", "TORCH_DTYPES", "human_bytes"]
 
 #: ``ncclDataType_t`` value -> element size in bytes (``src/nccl.h.in``).
 DTYPE_BYTES: dict[int, int] = {
@@ -34,6 +34,33 @@ DTYPE_NAMES: dict[int, str] = {
     9: "bfloat16",
     10: "float8e4m3",
     11: "float8e5m2",
+}
+
+#: PyTorch ``ScalarType`` name as ``c10::toString`` prints it (the flight recorder's
+#: ``input_dtypes``) -> (element size in bytes, the ``ncclDataType_t`` value PyTorch
+#: passes to NCCL for it, or None where NCCL has no such type).  ``Bool`` goes to NCCL as
+#: uint8.
+TORCH_DTYPES: dict[str, tuple[int, int | None]] = {
+    "Char": (1, 0),
+    "Byte": (1, 1),
+    "Bool": (1, 1),
+    "Short": (2, None),
+    "Int": (4, 2),
+    "UInt16": (2, None),
+    "UInt32": (4, 3),
+    "Long": (8, 4),
+    "UInt64": (8, 5),
+    "Half": (2, 6),
+    "Float": (4, 7),
+    "Double": (8, 8),
+    "BFloat16": (2, 9),
+    "Float8_e4m3fn": (1, 10),
+    "Float8_e5m2": (1, 11),
+    "Float8_e4m3fnuz": (1, None),
+    "Float8_e5m2fnuz": (1, None),
+    "ComplexHalf": (4, None),
+    "ComplexFloat": (8, None),
+    "ComplexDouble": (16, None),
 }
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")

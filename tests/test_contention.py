@@ -273,7 +273,15 @@ def test_synth_truth_names_the_injection(jobs: dict[str, Path]) -> None:
     truth = json.loads((jobs["contended"] / "truth.json").read_text())
     tele = truth["telemetry"]
     assert tele["contention"] == [
-        {"host": "node-1", "ranks": [4, 5, 6, 7], "steps": [2, 3, 4, 5, 6], "inflation": 2.5}
+        {
+            "host": "node-1",
+            "ranks": [4, 5, 6, 7],
+            "steps": [2, 3, 4, 5, 6],
+            "inflation": 2.5,
+            "link": "own",
+            "uplink": None,
+            "memory_pressure": True,
+        }
     ]
     ranks = {r["rank"]: r["bus_id"] for r in truth["ranks"]}
     assert all(nvml_bus_id(ranks[g["rank"]]) == g["pci_bus_id"] for g in tele["gpus"])

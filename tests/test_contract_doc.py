@@ -28,6 +28,7 @@ import pytest
 from click.testing import CliRunner
 from conftest import sample_text
 from test_fixtures import telemetry_args
+from test_flight_recorder import write_dumps
 
 from ncclscope.cli import cli
 
@@ -36,7 +37,15 @@ DOC = REPO / "docs" / "json-contract.md"
 CASES = sorted(p.name for p in (REPO / "fixtures").iterdir() if p.is_dir())
 
 #: Objects whose keys are data, not field names: documented as a whole.
-OPEN_MAPS = frozenset({"job.env", "collectives.by_op", "timers"})
+OPEN_MAPS = frozenset(
+    {
+        "job.env",
+        "collectives.by_op",
+        "timers",
+        "flight_recorder.dumps[].skipped_by_reason",
+        "findings[].evidence.flight_recorder.last_enqueued",
+    }
+)
 #: Objects whose keys are documented one by one but appear only when their value is non-zero.
 #: Finding evidence keys depend on the finding's kind: each is documented, not each seen.
 SPARSE_MAPS = frozenset({"inputs[].unparsed_by_reason", "findings[].evidence"})
@@ -111,6 +120,11 @@ def outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any
             ).encode()
         )
         docs["damaged"] = analyze([str(damaged), str(damaged.parent / "missing.log")])
+        # Flight Recorder dumps beside a log: the flight_recorder object's arrays filled.
+        with_dumps = tmp_path_factory.mktemp("contract-dumps")
+        write_dumps(with_dumps)
+        (with_dumps / "train.log").write_text(sample_text())
+        docs["dumps"] = analyze([str(with_dumps)])
     finally:
         mp.undo()
     return docs
@@ -129,7 +143,7 @@ def test_damaged_run_covers_the_sparse_fields(outputs: dict[str, dict[str, Any]]
     assert set(reasons) == {"blank", "other", "malformed", "binary", "too_long"}, reasons
 
 
-@pytest.mark.parametrize("case", [*CASES, "damaged"])
+@pytest.mark.parametrize("case", [*CASES, "damaged", "dumps"])
 def test_every_output_key_is_documented(case: str, outputs: dict[str, dict[str, Any]]) -> None:
     documented = documented_paths(DOC.read_text(encoding="utf-8"))
     missing = sorted(key_paths(outputs[case]) - documented)

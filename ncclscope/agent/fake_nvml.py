@@ -61,6 +61,12 @@ __all__ = [
     "NVML_PCIE_UTIL_RX_BYTES",
     "NVML_PCIE_UTIL_TX_BYTES",
     "NVML_TEMPERATURE_GPU",
+    "NVML_TOPOLOGY_HOSTBRIDGE",
+    "NVML_TOPOLOGY_INTERNAL",
+    "NVML_TOPOLOGY_MULTIPLE",
+    "NVML_TOPOLOGY_NODE",
+    "NVML_TOPOLOGY_SINGLE",
+    "NVML_TOPOLOGY_SYSTEM",
     "NVML_VOLATILE_ECC",
     "Dyn",
     "FakeGpu",
@@ -99,6 +105,14 @@ NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
 NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
 NVML_VOLATILE_ECC = 0
 NVML_AGGREGATE_ECC = 1
+# nvmlGpuTopologyLevel_t: how far apart two GPUs' PCIe paths join.
+NVML_TOPOLOGY_INTERNAL = 0  # the same board
+NVML_TOPOLOGY_SINGLE = 10  # behind one PCIe switch (nvidia-smi topo: PIX)
+NVML_TOPOLOGY_MULTIPLE = 20  # behind several switches, no host bridge (PXB)
+NVML_TOPOLOGY_HOSTBRIDGE = 30  # the same host bridge (PHB)
+NVML_TOPOLOGY_NODE = 40  # the same NUMA node, across host bridges (NODE)
+NVML_TOPOLOGY_SYSTEM = 50  # across NUMA nodes (SYS)
+_TOPOLOGY_LEVELS = (0, 10, 20, 30, 40, 50)
 #: ``nvmlEventTypeXidCriticalError``: the event mask bit of XID errors.
 nvmlEventTypeXidCriticalError = 8
 
@@ -233,6 +247,9 @@ class FakeGpu:
             this device (e.g. ``{"nvmlDeviceGetTotalEccErrors"}`` for a board without ECC).
         lost_after_calls: the device answers this many calls (handle lookup excluded),
             then every later call raises ``NVMLError_GpuIsLost``. ``None``: never lost.
+        pcie_switch: GPUs with the same number sit behind one PCIe switch
+            (``NVML_TOPOLOGY_SINGLE`` between them); ``None``: attached to a root port
+            of its own (``NVML_TOPOLOGY_NODE`` to every other GPU: one CPU).
     """
 
     uuid: str | None = None
@@ -257,6 +274,7 @@ class FakeGpu:
     processes: _Procs | Callable[[int], _Procs] = ()
     not_supported: Collection[str] = frozenset()
     lost_after_calls: int | None = None
+    pcie_switch: int | None = None
 
 
 def busy_gpu(index: int) -> FakeGpu:
@@ -356,6 +374,10 @@ class FakeNvml(ModuleType):
             ``NVMLError_NoPermission``.
         missing: functions the *driver* lacks (raise ``NVMLError_FunctionNotFound``).
         absent: functions the *binding* lacks (no such attribute on the module).
+        virtual_machine: the GPUs are passed through to a VM (a flat PCI tree): the
+            topology calls fail as they did on an H200 VM (checked 2026-11-26):
+            ``nvmlDeviceGetTopologyNearestGpus`` raises ``InvalidArgument`` at every level,
+            ``nvmlDeviceGetTopologyCommonAncestor`` raises ``NotSupported``.
 
     Attributes:
         calls: ``(function name, device index or None) -> number of calls``, counting
@@ -393,6 +415,12 @@ class FakeNvml(ModuleType):
     NVML_MEMORY_ERROR_TYPE_UNCORRECTED = NVML_MEMORY_ERROR_TYPE_UNCORRECTED
     NVML_VOLATILE_ECC = NVML_VOLATILE_ECC
     NVML_AGGREGATE_ECC = NVML_AGGREGATE_ECC
+    NVML_TOPOLOGY_INTERNAL = NVML_TOPOLOGY_INTERNAL
+    NVML_TOPOLOGY_SINGLE = NVML_TOPOLOGY_SINGLE
+    NVML_TOPOLOGY_MULTIPLE = NVML_TOPOLOGY_MULTIPLE
+    NVML_TOPOLOGY_HOSTBRIDGE = NVML_TOPOLOGY_HOSTBRIDGE
+    NVML_TOPOLOGY_NODE = NVML_TOPOLOGY_NODE
+    NVML_TOPOLOGY_SYSTEM = NVML_TOPOLOGY_SYSTEM
 
     def __init__(
         self,
@@ -401,8 +429,10 @@ class FakeNvml(ModuleType):
         init_error: type[_BaseError] | None = None,
         missing: Iterable[str] = (),
         absent: Iterable[str] = (),
+        virtual_machine: bool = False,
     ) -> None:
         super().__init__("pynvml", "Fake pynvml (ncclscope.agent.fake_nvml).")
+        self.virtual_machine = virtual_machine
         self.gpus: list[FakeGpu] = []
         for i, gpu in enumerate(devices):
             bus = _BUSES[i] if i < len(_BUSES) else f"{(0x100 - len(devices) + i) % 0x100:02X}"
@@ -426,9 +456,16 @@ class FakeNvml(ModuleType):
             self.__class__ = type("FakeNvml", (FakeNvml,), {n: _Absent(n) for n in gone})
 
     @classmethod
-    def with_devices(cls, n: int, **kwargs: Any) -> FakeNvml:
-        """``n`` GPUs with moving values (:func:`busy_gpu`); other arguments as the class."""
-        return cls([busy_gpu(i) for i in range(n)], **kwargs)
+    def with_devices(cls, n: int, *, gpus_per_switch: int = 1, **kwargs: Any) -> FakeNvml:
+        """``n`` GPUs with moving values (:func:`busy_gpu`), ``gpus_per_switch`` of them
+        behind each PCIe switch (1: each on a root port of its own); other arguments as
+        the class."""
+        gpus = [busy_gpu(i) for i in range(n)]
+        if gpus_per_switch > 1:
+            gpus = [
+                dataclasses.replace(g, pcie_switch=i // gpus_per_switch) for i, g in enumerate(gpus)
+            ]
+        return cls(gpus, **kwargs)
 
     # -- test helpers -----------------------------------------------------------------
 
@@ -615,6 +652,42 @@ class FakeNvml(ModuleType):
         if errorType == NVML_MEMORY_ERROR_TYPE_CORRECTED:
             return _at(gpu.ecc_corrected_volatile, n)
         raise NVMLError_InvalidArgument
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, device1: FakeHandle, device2: FakeHandle) -> int:
+        """Where two GPUs' PCIe paths join (``nvmlGpuTopologyLevel_t``).  NVML: Linux only;
+        ``NotSupported`` where the device or OS cannot tell (a VM), ``InvalidArgument``
+        for a bad handle."""
+        gpu1, _ = self._device("nvmlDeviceGetTopologyCommonAncestor", device1)
+        gpu2, _ = self._device("nvmlDeviceGetTopologyCommonAncestor", device2)
+        if self.virtual_machine:
+            raise NVMLError_NotSupported
+        if device1.index == device2.index:
+            return NVML_TOPOLOGY_INTERNAL
+        if gpu1.pcie_switch is not None and gpu1.pcie_switch == gpu2.pcie_switch:
+            return NVML_TOPOLOGY_SINGLE
+        return NVML_TOPOLOGY_NODE
+
+    def nvmlDeviceGetTopologyNearestGpus(self, device: FakeHandle, level: int) -> list[FakeHandle]:
+        """The other GPUs whose path joins this one's at ``level`` or nearer.  NVML:
+        ``InvalidArgument`` for a level outside ``nvmlGpuTopologyLevel_t``,
+        ``NotSupported`` where the device or OS cannot tell."""
+        self._device("nvmlDeviceGetTopologyNearestGpus", device)
+        if level not in _TOPOLOGY_LEVELS or self.virtual_machine:
+            raise NVMLError_InvalidArgument
+        out = []
+        for i in range(len(self.gpus)):
+            if i == device.index:
+                continue
+            other = FakeHandle(i)
+            gpu = self.gpus[device.index]
+            near = (
+                NVML_TOPOLOGY_SINGLE
+                if gpu.pcie_switch is not None and gpu.pcie_switch == self.gpus[i].pcie_switch
+                else NVML_TOPOLOGY_NODE
+            )
+            if near <= level:
+                out.append(other)
+        return out
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeHandle) -> list[_ProcessInfo]:
         gpu, n = self._device("nvmlDeviceGetComputeRunningProcesses", handle)

@@ -366,6 +366,18 @@ class NvmlCollector:
             return samples
 
     @property
+    def module(self) -> ModuleType | None:
+        """The ``pynvml`` module (or fake) in use; None before :meth:`start`."""
+        return self._nvml
+
+    @property
+    def handles(self) -> dict[int, Any]:
+        """Each followed GPU's NVML handle, by index (for one-off queries at start, such
+        as ``ncclscope.agent.topology``)."""
+        with self._lock:
+            return {d.static.index: d.handle for d in self._devices}
+
+    @property
     def xid_counts(self) -> dict[tuple[int, int], int]:
         """XID critical errors seen so far: ``(GPU index, XID) -> count``."""
         return dict(self._xids)

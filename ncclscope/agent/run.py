@@ -24,7 +24,10 @@ from typing import Any, Protocol
 
 from ncclscope.agent.exporter import Board, Rows, identity_rows, serve, write_textfile
 from ncclscope.agent.live import LiveWindow, job_rows
+from ncclscope.agent.nvml import NvmlCollector
 from ncclscope.agent.telemetry import TelemetryWriter
+from ncclscope.agent.topology import collector_topology, link_rows
+from ncclscope.hosts import short_host
 
 __all__ = ["Agent", "AgentConfig", "LineSource", "gpu_rows", "host_rows"]
 
@@ -53,6 +56,8 @@ class AgentConfig:
     window_lines: int = 100_000
     hostname: str | None = None
     from_start: bool = False
+    #: where sysfs is mounted, for the GPUs' PCIe paths (read once at start); None: skip
+    sysfs_root: Path | None = Path("/sys")
     #: run the detectors in a thread of their own, so that a run over the window never
     #: delays a sample or a stop (the CLI's choice); off, ``tick()`` runs them in place
     #: and their rows are on the board when it returns (tests, replays driven by hand)
@@ -190,6 +195,8 @@ class Agent:
         self.bytes_read = 0
         self._last_analysis = -math.inf
         self.nvml_message: str | None = None
+        #: the GPUs' PCIe uplinks (``agent.topology``), read once at start, sent each tick
+        self.topology_rows: dict[str, Rows] = {}
         #: guards the window: the sampling thread adds lines, a detector run copies it
         self._window_lock = threading.Lock()
         self._detector: threading.Thread | None = None
@@ -206,6 +213,7 @@ class Agent:
             return False  # no driver: said once at start, reported as a failed collector
         samples = self.nvml.sample()
         rows = gpu_rows(self.nvml.statics, samples, getattr(self.nvml, "xid_counts", {}))
+        rows.update(self.topology_rows)
         self.board.set("nvml", rows)
         self._record(rows)
         return bool(getattr(self.nvml, "ok", True))
@@ -277,7 +285,7 @@ class Agent:
         """Without --pid or --match, watch the processes the logs name on this host."""
         if self.host is None or self.config.pids or self.config.match:
             return
-        short = self.hostname.split(".")[0]
+        short = short_host(self.hostname)
         ranks = analysis.identity.ranks
         pids = [int(p) for h, p in zip(ranks["host"], ranks["pid"], strict=True) if h == short]
         if pids and hasattr(self.host, "set_pids"):
@@ -322,6 +330,13 @@ class Agent:
                 # The CLI says it once on stderr; the log keeps it for -v runs.
                 _log.info("%s", self.nvml_message)
                 self.nvml = None
+            elif isinstance(self.nvml, NvmlCollector):
+                topo = collector_topology(self.nvml, sysfs_root=self.config.sysfs_root)
+                keys = {
+                    s.index: (str(s.index), str(s.uuid), str(s.pci_bus_id))
+                    for s in self.nvml.statics
+                }
+                self.topology_rows = dict(link_rows(topo, keys))
         if self.config.listen:
             self.bound = serve(self.board, self.config.listen)
 

@@ -13,31 +13,48 @@ hazards are ``warning``.  Hazards read here:
       zero_config .... offload_optimizer=DeepSpeedZeroOffloadOptimizerConfig(device='cpu',
       nvme_path=None, buffer_count=4, pin_memory=False, ...)
 
-* NCCL 2.26.x with sub-second timestamps: its sub-second digits are wrong (fixed in
-  2.27), so lateness between ranks cannot be measured from them.
+* NCCL 2.26.2 with sub-second timestamps: its sub-second digits are wrong (``src/debug.cc``
+  divided ``tv_nsec`` by ``1000000 / 10^N``; fixed in 2.26.3), so lateness between ranks
+  cannot be measured from them.  2.26.3-2.26.6 and later print them right.
 
-Gaps beyond ``Analysis.gaps``: a PyTorch timeout without the flight recorder's dump, and
-a DeepSpeed engine whose configuration dump says ``wall_clock_breakdown ... False``.
+Gaps beyond ``Analysis.gaps``: a PyTorch timeout without the flight recorder's dump, a
+DeepSpeed engine whose configuration dump says ``wall_clock_breakdown ... False``, and
+telemetry from a host that matches no host of the logs (``ncclscope.hosts``: compared as
+NCCL prints names, cut at the first dot), whose samples no finding can use.
 """
 
 from __future__ import annotations
+
+import re
 
 import polars as pl
 
 from ncclscope.detect.base import Finding, register
 from ncclscope.detect.context import Context
+from ncclscope.hosts import unmatched_hosts
 from ncclscope.schema import CONFIG_SCHEMA
 
-__all__ = ["ConfigDetector", "subsecond_digits_unreliable"]
+__all__ = ["BAD_SUBSECOND_VERSIONS", "ConfigDetector", "subsecond_digits_unreliable"]
+
+
+#: NCCL releases whose timestamps carry wrong sub-second digits: only 2.26.2 divided
+#: ``tv_nsec`` by ``1000000 / 10^N`` (``src/debug.cc``; 2.26.3 divides ``1000000000``).
+#: 2.26.0 and 2.26.1 were never released (2.26.2 is the first 2.26 tag).
+BAD_SUBSECOND_VERSIONS = frozenset({"2.26.2"})
 
 
 def subsecond_digits_unreliable(versions: list[str]) -> bool:
-    """NCCL 2.26.x printed wrong sub-second digits in its timestamps.
+    """Whether one of these NCCL versions printed wrong sub-second digits (2.26.2 only).
 
-    >>> subsecond_digits_unreliable(["2.26.2"]), subsecond_digits_unreliable(["2.27.3"])
+    A version string may carry a suffix (``2.26.2+cuda12.8``): the release is what
+    precedes it.
+
+    >>> subsecond_digits_unreliable(["2.26.2"]), subsecond_digits_unreliable(["2.26.5"])
     (True, False)
+    >>> subsecond_digits_unreliable(["2.27.3", "2.26.2+cuda12.8"])
+    True
     """
-    return any(v.startswith("2.26.") for v in versions)
+    return any(re.split(r"[^0-9.]", v, maxsplit=1)[0] in BAD_SUBSECOND_VERSIONS for v in versions)
 
 
 @register
@@ -145,15 +162,31 @@ class ConfigDetector:
                     "detail": None,
                 }
             )
+        out.extend(
+            {
+                "kind": "gap",
+                "what": (
+                    f"telemetry from host {t} matches no host in the logs (hosts: "
+                    f"{', '.join(a.hosts[:8])}{', ...' if len(a.hosts) > 8 else ''}): its "
+                    "samples are left out of every finding"
+                ),
+                "settings": [
+                    "analyze --telemetry with the folders of the agents that ran beside "
+                    "this job's ranks"
+                ],
+                "detail": t,
+            }
+            for t in unmatched_hosts(a.telemetry["host"].unique().to_list(), a.hosts)
+        )
         if a.timestamps != "none" and subsecond_digits_unreliable(a.nccl_versions):
             out.append(
                 {
                     "kind": "gap",
                     "what": (
-                        "NCCL 2.26.x prints wrong sub-second digits in its timestamps (fixed "
-                        "in 2.27): lateness between ranks cannot be measured from them"
+                        "NCCL 2.26.2 prints wrong sub-second digits in its timestamps (fixed "
+                        "in 2.26.3): lateness between ranks cannot be measured from them"
                     ),
-                    "settings": ["NCCL >= 2.27"],
+                    "settings": ["NCCL >= 2.26.3"],
                     "detail": None,
                 }
             )

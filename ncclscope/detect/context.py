@@ -300,6 +300,15 @@ class Context:
         return sorted(mixed.filter(pl.col(flag))["seq"].to_list())[:limit]
 
     @cached_property
+    def telemetry(self) -> pl.DataFrame:
+        """The agent's samples with each host spelled as the logs spell it
+        (``ncclscope.hosts.with_log_hosts``): compare these with log hosts, never the raw
+        ``analysis.telemetry``."""
+        from ncclscope.hosts import with_log_hosts
+
+        return with_log_hosts(self.analysis.telemetry, self.analysis.hosts)
+
+    @cached_property
     def timeline(self) -> pl.DataFrame:
         """Per rank, step and phase (``STEPS_SCHEMA``; ``ncclscope.model.timeline``)."""
         from ncclscope.model.timeline import step_timeline

@@ -44,6 +44,7 @@ from ncclscope.detect.culprits import (
     to_global,
     watchdog_summary,
 )
+from ncclscope.detect.flight_findings import with_flight
 from ncclscope.detect.stalls import Mismatched, Stall, hosts_of, mismatches, quote_lines, stalls
 from ncclscope.detect.watchdog import PgTimeout, StopEvidence, pg_timeouts, stop_evidence
 from ncclscope.units import DTYPE_NAMES
@@ -91,7 +92,7 @@ class HangDetector:
             findings += self._from_torch(ctx)
         elif not stall_list and not findings:
             findings += _from_monitor(ctx)
-        return findings
+        return with_flight(ctx, findings)
 
     def _mismatch(self, m: Mismatched, ctx: Context, stall_list: list[Stall]) -> Finding:
         culprit_rows = m.rows.filter(pl.col("who").is_in(m.culprits))

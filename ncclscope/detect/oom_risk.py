@@ -358,7 +358,7 @@ def oom_metric(ctx: Context) -> pl.DataFrame:
 
 def _host_metric(ctx: Context) -> list[dict[str, Any]]:
     """Per host: available memory at the end and its trend (with offload on only)."""
-    tel = ctx.analysis.telemetry
+    tel = ctx.telemetry
     if tel.is_empty() or offload_on(ctx) is None:
         return []
     avail = tel.filter(pl.col("metric") == "ncclscope_host_memory_available_bytes")

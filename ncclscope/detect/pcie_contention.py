@@ -13,17 +13,36 @@ phases (the median of the phases whose link was below ``SATURATED``; the lower q
 of all when none was), and the median PCIe load of the rank's GPU during it: the larger
 of TX and RX over the link's capacity, from the agent's samples inside the phase.
 
+Links shared behind a PCIe switch (the agent's ``ncclscope_gpu_pcie_uplink_info``: each
+GPU's uplinks, with ``ncclscope_pcie_uplink_max_bytes_per_second``): per host, uplink and
+sample time, the TX and RX of every GPU behind the uplink are summed, and the larger sum
+over the uplink's capacity is its load.  Two or four GPUs behind one x16 uplink each read
+25-50% of their own link while the uplink they share is full; a rank's step carries the
+load of its most loaded uplink (``uplink``, ``uplink_ratio``).
+
+Saturation, from the physics: a PCIe link delivers at most about ``PAYLOAD_SHARE`` of its
+raw rate as payload (TLP headers and link-layer packets take the rest: host-device copies
+reach about 25 GB/s of a Gen4 x16 link's 31.5 GB/s, per direction), so a link counts as
+saturated from 90% of that, ``SATURATED`` of its raw capacity (the capacity the agent
+computes from NVML or sysfs), whichever link it is.
+
 Policy: with offload on (DeepSpeed config dump or ZeRO init lines), a step is contended
-when the link ran at >= ``SATURATED`` and the phase took >= ``MIN_INFLATION`` x the
-healthy one; a rank is contended when ``MIN_SHARE`` of its measured steps (and at least
-``MIN_STEPS``) were.  One finding per host, with its GPUs, the inflation, the GPU-seconds
-lost (per contended step, the longest excess among the host's ranks, times the world
-size: everyone waits) and the host's memory pressure (available memory, swap).
+when its GPU's own link or an uplink above it ran at >= ``SATURATED`` and the phase took
+>= ``MIN_INFLATION`` x the healthy one; a rank is contended when ``MIN_SHARE`` of its
+measured steps (and at least ``MIN_STEPS``) were.  Mild contention, below that bar:
+saturated links and phases >= ``MILD_INFLATION`` x a healthy baseline measured on
+unsaturated phases, on ``MILD_SHARE`` of a rank's steps (and ``MIN_STEPS``): an ``info``
+finding with its GPU-seconds.  One finding per host, with its GPUs, the link that
+saturated (the GPU's own, or the shared uplink and the GPUs behind it), the inflation,
+the GPU-seconds lost (per contended step, the longest excess among the host's ranks, times the world
+size: everyone waits) and the host's memory pressure: available memory under
+``_LOW_MEMORY`` of the total, or swapping in or out (the swap counters' rates), not swap
+merely in use.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import polars as pl
@@ -37,27 +56,45 @@ from ncclscope.detect.base import (
     register,
 )
 from ncclscope.detect.context import Context
+from ncclscope.model.timeline import normalise_bus_id
 
 __all__ = [
     "CONTENTION_SCHEMA",
+    "MILD_INFLATION",
     "MIN_INFLATION",
+    "PAYLOAD_SHARE",
     "SATURATED",
     "PcieContentionDetector",
     "contention_metric",
     "offload_on",
 ]
 
-#: Share of the link's capacity (the larger direction) from which it is saturated.
-SATURATED = 0.8
+#: Share of a link's raw rate a saturated link delivers as payload (25 GB/s of a Gen4
+#: x16 link's 31.5 GB/s per direction: 256-byte TLPs with their headers, DLLPs).
+PAYLOAD_SHARE = 0.8
+#: Share of a link's raw capacity (the larger direction) from which it is saturated: 90%
+#: of what it can deliver.  The GPU's own link and a shared uplink alike.
+SATURATED = round(0.9 * PAYLOAD_SHARE, 3)
 #: Optimizer phase / healthy optimizer phase from which a step is inflated.
 MIN_INFLATION = 1.25
 #: A rank is contended when this share of its measured steps (and this many) were.
 MIN_SHARE = 0.3
 MIN_STEPS = 2
+#: Mild contention: saturated links and phases this much longer than healthy ones ...
+MILD_INFLATION = 1.07
+#: ... on this share of a rank's measured steps (most of them: steady, not noise).
+MILD_SHARE = 0.5
+#: Raw signalling rate per lane (GT/s) by PCIe generation (``agent.nvml.PCIE_LANE_GT_PER_S``).
+_LANE_GT_PER_S = {1.0: 2.5, 2.0: 5.0, 3.0: 8.0, 4.0: 16.0, 5.0: 32.0, 6.0: 64.0}
 #: Samples a phase needs to have its link load measured.
 _MIN_SAMPLES = 1
 #: Host memory available below this share of the total is pressure.
 _LOW_MEMORY = 0.10
+#: Swapping (in + out) at this rate or more is pressure: 256 pages of 4 KiB a second, far
+#: above the odd page a quiet host moves, far below what thrashing moves (tens of MB/s).
+_SWAP_ACTIVE = float(1 << 20)
+#: Samples this far outside the contended phases count for the swap counters' growth.
+_SWAP_PAD = timedelta(seconds=2)
 #: Median inflation from which the finding is critical (with host memory pressure).
 _CRITICAL_INFLATION = 2.0
 
@@ -72,6 +109,8 @@ CONTENTION_SCHEMA = pl.Schema(
         "baseline_s": pl.Float64,  # the run's healthy optimizer phase
         "inflation": pl.Float64,
         "pcie_ratio": pl.Float64,  # median of max(TX, RX) / link over the phase's samples
+        "uplink": pl.String,  # the most loaded uplink above the GPU (null: none known)
+        "uplink_ratio": pl.Float64,  # its median load: max(sum TX, sum RX) / its capacity
         "samples": pl.UInt32,
         "file_id": pl.UInt32,  # the COLL line that ended the phase
         "line_no": pl.UInt32,
@@ -144,13 +183,21 @@ def contention_metric(ctx: Context) -> pl.DataFrame:
         )
         .filter(pl.col("samples") >= _MIN_SAMPLES)
     )
+    shared = _uplink_steps(ctx)
+    if shared.is_empty():
+        load = load.with_columns(
+            pl.lit(None, dtype=pl.String).alias("uplink"),
+            pl.lit(None, dtype=pl.Float64).alias("uplink_ratio"),
+        )
+    else:
+        load = load.join(shared, on=["rank", "step"], how="left")
     phases = timeline.filter(
         (pl.col("source") == "collectives") & (pl.col("phase") == "optimizer")
     ).select("rank", "host", "step", "duration_s", "file_id", "line_no")
     rows = phases.join(load, on=["rank", "step"], how="inner")
     if rows.is_empty():
         return pl.DataFrame(schema=CONTENTION_SCHEMA)
-    healthy = rows.filter(pl.col("pcie_ratio") < SATURATED)["duration_s"]
+    healthy = rows.filter(~_saturated())["duration_s"]
     baseline = healthy.median() if len(healthy) else rows["duration_s"].quantile(0.25)
     return (
         rows.with_columns(
@@ -163,9 +210,147 @@ def contention_metric(ctx: Context) -> pl.DataFrame:
     )
 
 
+def _saturated() -> pl.Expr:
+    """The GPU's own link or an uplink above it ran at >= ``SATURATED``."""
+    return (pl.col("pcie_ratio") >= SATURATED) | (
+        pl.col("uplink_ratio").fill_null(0.0) >= SATURATED
+    )
+
+
+def uplinks(ctx: Context) -> pl.DataFrame:
+    """The agent's topology: per host and GPU (``_bus``: its bus id as an integer) each
+    uplink above it other than its own link, with the uplink's capacity, generation,
+    width and the GPUs behind it; empty without ``ncclscope_gpu_pcie_uplink_info``."""
+    tel = ctx.telemetry
+    info = tel.filter(pl.col("metric") == "ncclscope_gpu_pcie_uplink_info")
+    if info.is_empty():
+        return pl.DataFrame()
+    parts = pl.col("labels").str.split(",")
+    per_gpu = (
+        info.select(
+            "host",
+            parts.list.get(0, null_on_oob=True).alias("gpu"),
+            parts.list.get(2, null_on_oob=True).alias("pci_bus_id"),
+            parts.list.get(3, null_on_oob=True).alias("uplink"),
+        )
+        .drop_nulls()
+        .unique()
+        .with_columns(
+            normalise_bus_id(pl.col("pci_bus_id")).alias("_bus"),
+            normalise_bus_id(pl.col("uplink")).alias("_up"),
+        )
+        # a direct-attached GPU names its own link: the per-GPU test covers it
+        .filter(pl.col("_up").is_null() | (pl.col("_up") != pl.col("_bus")))
+        .drop("_up")
+    )
+    if per_gpu.is_empty():
+        return pl.DataFrame()
+
+    def per_link(metric: str, name: str) -> pl.DataFrame:
+        return (
+            tel.filter(pl.col("metric") == metric)
+            .group_by("host", pl.col("labels").alias("uplink"))
+            .agg(pl.col("value").max().alias(name))
+        )
+
+    out = per_gpu
+    for metric, name in (
+        ("ncclscope_pcie_uplink_max_bytes_per_second", "capacity"),
+        ("ncclscope_pcie_uplink_generation", "generation"),
+        ("ncclscope_pcie_uplink_width", "width"),
+    ):
+        out = out.join(per_link(metric, name), on=["host", "uplink"], how="left")
+    # without the capacity row: from the generation and width, as the agent computes it
+    gt = pl.col("generation").replace_strict(_LANE_GT_PER_S, default=None, return_dtype=pl.Float64)
+    encoding = pl.when(pl.col("generation") <= 2).then(0.8).otherwise(128 / 130)
+    out = out.with_columns(
+        pl.coalesce("capacity", gt * 1e9 * pl.col("width") * encoding / 8).alias("capacity")
+    ).filter(pl.col("capacity").is_not_null())
+    gpus = per_gpu.group_by("host", "uplink").agg(pl.col("gpu").sort().alias("gpus"))
+    return out.filter(pl.col("capacity") > 0).join(gpus, on=["host", "uplink"], how="left")
+
+
+def _uplink_steps(ctx: Context) -> pl.DataFrame:
+    """Per rank and step: its most loaded uplink and that uplink's median load over the
+    rank's optimizer phase (``uplink``, ``uplink_ratio``)."""
+    links = uplinks(ctx)
+    samples = ctx.gpu_samples
+    phase = ctx.phase_samples
+    cols = {"pcie_tx_bytes_per_second", "pcie_rx_bytes_per_second"}
+    if (
+        links.is_empty()
+        or samples.is_empty()
+        or phase.is_empty()
+        or not cols <= set(samples.columns)
+    ):
+        return pl.DataFrame()
+    bus = normalise_bus_id(pl.col("pci_bus_id")).alias("_bus")
+    traffic = samples.select(
+        "host", "ts", bus, "pcie_tx_bytes_per_second", "pcie_rx_bytes_per_second"
+    ).join(links.select("host", "_bus", "uplink", "capacity"), on=["host", "_bus"])
+    if traffic.is_empty():
+        return pl.DataFrame()
+    # The GPUs behind an uplink are sampled in one pass (the agent stamps them alike);
+    # where their times differ, samples are put in bins of the host's sampling interval.
+    key = "ts"
+    per_ts = traffic.group_by("host", "uplink", "ts").agg(pl.len().alias("n"))
+    behind = links.group_by("host", "uplink").agg(pl.len().alias("behind"))
+    aligned = per_ts.join(behind, on=["host", "uplink"])
+    share = (aligned["n"] >= aligned["behind"]).mean()
+    if not isinstance(share, float) or share < 0.5:
+        step = traffic.sort("ts").group_by("host", "_bus").agg(pl.col("ts").diff().median())
+        every = step["ts"].drop_nulls().median()
+        if isinstance(every, timedelta) and every.total_seconds() > 0:
+            key = "_bin"
+            us = max(1, int(every.total_seconds() * 1e6))
+            traffic = traffic.with_columns(pl.col("ts").dt.truncate(f"{us}us").alias("_bin"))
+    load = (
+        traffic.group_by("host", "uplink", key, "_bus")
+        .agg(pl.col("pcie_tx_bytes_per_second", "pcie_rx_bytes_per_second", "capacity").mean())
+        .group_by("host", "uplink", key)
+        .agg(
+            (
+                pl.max_horizontal(
+                    pl.col("pcie_tx_bytes_per_second").sum(),
+                    pl.col("pcie_rx_bytes_per_second").sum(),
+                )
+                / pl.col("capacity").first()
+            ).alias("ratio")
+        )
+    )
+    rows = phase.filter(pl.col("phase") == "optimizer").select("rank", "step", "host", "ts", bus)
+    if key == "_bin":
+        rows = rows.with_columns(pl.col("ts").dt.truncate(f"{us}us").alias("_bin"))
+    return (
+        rows.join(links.select("host", "_bus", "uplink"), on=["host", "_bus"])
+        .join(load, on=["host", "uplink", key])
+        .group_by("rank", "step", "uplink")
+        .agg(pl.col("ratio").median())
+        .sort("ratio", descending=True)
+        .group_by("rank", "step", maintain_order=True)
+        .agg(pl.col("uplink").first(), pl.col("ratio").first().alias("uplink_ratio"))
+    )
+
+
+def _swap_rate(window: pl.DataFrame, metric: str) -> float | None:
+    """Bytes per second a swap counter grew over the window (a counter reset, a reboot,
+    counts from zero again); None with fewer than two samples."""
+    rows = window.filter(pl.col("metric") == metric).sort("ts")
+    if len(rows) < 2:
+        return None
+    first, last = rows["ts"][0], rows["ts"][-1]
+    if not isinstance(first, datetime) or not isinstance(last, datetime) or last <= first:
+        return None
+    grew = rows["value"].diff().drop_nulls()
+    return float(grew.filter(grew > 0).sum()) / (last - first).total_seconds()
+
+
 def _host_memory(ctx: Context, host: str, steps: pl.DataFrame) -> dict[str, Any]:
-    """The host's memory over the contended phases: lowest available, its total, most swap."""
-    tel = ctx.analysis.telemetry.filter(pl.col("host") == host)
+    """The host's memory over the contended phases: lowest available, its total, most
+    swap in use, and how fast it swapped.  Pressure is memory running out (available
+    under ``_LOW_MEMORY`` of the total) or swapping at ``_SWAP_ACTIVE`` or more: swap
+    merely in use (old pages, flat counters) is not pressure."""
+    tel = ctx.telemetry.filter(pl.col("host") == host)
     if tel.is_empty() or steps.is_empty():
         return {}
     lo, hi = steps["start_ts"].min(), steps["end_ts"].max()
@@ -181,14 +366,23 @@ def _host_memory(ctx: Context, host: str, steps: pl.DataFrame) -> dict[str, Any]
     avail = stat("ncclscope_host_memory_available_bytes", "min")
     total = stat("ncclscope_host_memory_total_bytes", "max")
     swap = stat("ncclscope_host_swap_used_bytes", "max")
-    pressure = (avail is not None and total is not None and avail < _LOW_MEMORY * total) or bool(
-        swap
-    )
+    # the counters' growth across the window: one sample either side of it counts
+    if isinstance(lo, datetime) and isinstance(hi, datetime):
+        pad = _SWAP_PAD
+        counters = tel.filter(pl.col("ts").is_between(lo - pad, hi + pad))
+    else:
+        counters = window
+    sin = _swap_rate(counters, "ncclscope_host_swap_in_bytes_total")
+    sout = _swap_rate(counters, "ncclscope_host_swap_out_bytes_total")
+    low = avail is not None and total is not None and avail < _LOW_MEMORY * total
+    swapping = (sin or 0.0) + (sout or 0.0) >= _SWAP_ACTIVE
     return {
         "host_memory_available_min_bytes": int(avail) if avail is not None else None,
         "host_memory_total_bytes": int(total) if total is not None else None,
         "swap_used_max_bytes": int(swap) if swap is not None else None,
-        "host_memory_pressure": pressure,
+        "swap_in_bytes_per_second": round(sin, 1) if sin is not None else None,
+        "swap_out_bytes_per_second": round(sout, 1) if sout is not None else None,
+        "host_memory_pressure": low or swapping,
     }
 
 
@@ -207,25 +401,46 @@ class PcieContentionDetector:
         offload = offload_on(ctx)
         if metric.is_empty() or offload is None:
             return []
+        saturated = _saturated()
         marked = metric.with_columns(
-            ((pl.col("pcie_ratio") >= SATURATED) & (pl.col("inflation") >= MIN_INFLATION)).alias(
-                "hit"
-            )
+            (saturated & (pl.col("inflation") >= MIN_INFLATION)).alias("hit"),
+            (saturated & (pl.col("inflation") >= MILD_INFLATION)).alias("mild"),
         )
         per_rank = marked.group_by("rank").agg(
-            pl.col("hit").sum().alias("hits"), pl.len().alias("measured")
+            pl.col("hit").sum().alias("hits"),
+            pl.col("mild").sum().alias("milds"),
+            pl.len().alias("measured"),
         )
         contended = per_rank.filter(
             (pl.col("hits") >= MIN_STEPS) & (pl.col("hits") >= MIN_SHARE * pl.col("measured"))
         )["rank"]
-        hits = marked.filter(pl.col("hit") & pl.col("rank").is_in(contended.implode()))
-        if hits.is_empty():
-            return []
+        # mild: steady (most steps), against a baseline measured on unsaturated phases
+        has_baseline = marked.filter(~saturated).height >= MIN_STEPS
+        mild = per_rank.filter(
+            ~pl.col("rank").is_in(contended.implode())
+            & (pl.col("milds") >= MIN_STEPS)
+            & (pl.col("milds") >= MILD_SHARE * pl.col("measured"))
+        )["rank"]
+        if not has_baseline:
+            mild = mild.clear()
         world = ctx.analysis.identity.world_size or metric["rank"].n_unique()
         step_s = self._step_s(ctx)
-        out = []
-        for (host,), part in hits.group_by("host", maintain_order=True):
-            out.append(self._finding(ctx, str(host), part, marked, world, step_s, offload))
+        links = uplinks(ctx)
+        out: list[Finding] = []
+        levels: tuple[tuple[pl.Series, str, Severity], ...] = (
+            (contended, "hit", "warning"),
+            (mild, "mild", "info"),
+        )
+        for ranks, flag, level in levels:
+            hits = marked.filter(pl.col(flag) & pl.col("rank").is_in(ranks.implode()))
+            for (host,), part in hits.group_by("host", maintain_order=True):
+                if level == "info" and any(host in f.hosts for f in out):
+                    continue
+                out.append(
+                    self._finding(
+                        ctx, str(host), part, marked, world, step_s, offload, links, level
+                    )
+                )
         return out
 
     @staticmethod
@@ -246,6 +461,8 @@ class PcieContentionDetector:
         world: int,
         step_s: float | None,
         offload: dict[str, str],
+        links: pl.DataFrame,
+        level: Severity,
     ) -> Finding:
         ranks = sorted(part["rank"].unique().to_list())
         gpus = (
@@ -283,17 +500,39 @@ class PcieContentionDetector:
         mean_excess = _median(per_step["excess"], mean=True)
         share = f", {mean_excess / step_s:.0%} of a step" if step_s else ""
         pressure = memory.get("host_memory_pressure")
+        shared = _shared_links(part, links, host, ranks=gpus)
+        own_share = (part["pcie_ratio"] >= SATURATED).mean()
+        own_saturated = isinstance(own_share, float) and own_share >= 0.5
+        saturated_link = "uplink" if shared and not own_saturated else "own"
+        who = f"rank{'s' if len(ranks) > 1 else ''} {ranks_text(ranks)}"
+        if saturated_link == "uplink":
+            desc = "; ".join(
+                f"the PCIe switch uplink {x['link']} ({_gen_text(x)}) shared by GPUs "
+                f"{', '.join(x['gpus'])} ran at {x['load_ratio']:.0%} of its capacity"
+                for x in shared
+            )
+            where = (
+                f"{who}: {desc} while each GPU's own link read {ratio:.0%}, during the "
+                "optimizer step"
+            )
+        else:
+            where = (
+                f"{who} ran their GPUs' PCIe links at {ratio:.0%} of capacity during the "
+                "optimizer step"
+            )
+        mild = level == "info"
         msg = (
-            f"PCIe contention on {host} (ZeRO offload of the "
+            f"{'mild ' if mild else ''}PCIe contention on {host} (ZeRO offload of the "
             f"{' and '.join(sorted(offload))} to {'/'.join(sorted(set(offload.values())))}): "
-            f"rank{'s' if len(ranks) > 1 else ''} {ranks_text(ranks)} ran their GPUs' PCIe "
-            f"links at {ratio:.0%} of capacity during the optimizer step, which took "
-            f"{inflation:.1f}x the run's healthy {duration_text(baseline)} in {len(steps)} "
+            f"{where}, which took "
+            f"{inflation:.2f}x the run's healthy {duration_text(baseline)} in {len(steps)} "
             f"of {measured} steps{share}; everyone waits for them at the next step"
-            + ("; host memory ran low / swapped" if pressure else "")
+            + ("; host memory ran low or swapped actively" if pressure else "")
         )
         severity: Severity = (
-            "critical" if inflation >= _CRITICAL_INFLATION and pressure else "warning"
+            "info"
+            if mild
+            else ("critical" if inflation >= _CRITICAL_INFLATION and pressure else "warning")
         )
         return Finding(
             kind="pcie_contention",
@@ -319,9 +558,49 @@ class PcieContentionDetector:
                 "inflation": round(inflation, 3),
                 "pcie_load_ratio": round(ratio, 3),
                 "pcie_threshold_ratio": SATURATED,
+                "saturated_link": saturated_link,
+                "shared_links": shared,
                 **memory,
                 "suggestions": list(_SUGGESTIONS),
             },
             lines=lines,
             cost_gpu_s=round(cost, 3),
         )
+
+
+def _gen_text(link: dict[str, Any]) -> str:
+    gen, width = link.get("generation"), link.get("width")
+    if gen is None or width is None:
+        return f"{link['capacity_bytes_per_second'] / 1e9:.1f} GB/s"
+    return f"Gen{gen} x{width}"
+
+
+def _shared_links(
+    part: pl.DataFrame, links: pl.DataFrame, host: str, *, ranks: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The uplinks that saturated in the contended steps, each with its GPUs, the ranks
+    behind it and its median load; most loaded first."""
+    hot = part.filter(pl.col("uplink").is_not_null() & (pl.col("uplink_ratio") >= SATURATED))
+    if hot.is_empty() or links.is_empty():
+        return []
+    rank_of = {str(g["gpu"]): g["rank"] for g in ranks}
+    out = []
+    per = hot.group_by("uplink").agg(pl.col("uplink_ratio").median(), pl.len().alias("n"))
+    for link, load, _n in per.sort("uplink_ratio", descending=True).iter_rows():
+        row = links.filter((pl.col("host") == host) & (pl.col("uplink") == link))
+        if row.is_empty():
+            continue
+        first = row.row(0, named=True)
+        gpus = [str(g) for g in first["gpus"] or []]
+        out.append(
+            {
+                "link": str(link),
+                "gpus": gpus,
+                "ranks": sorted(rank_of[g] for g in gpus if g in rank_of),
+                "load_ratio": round(float(load), 3),
+                "capacity_bytes_per_second": float(first["capacity"]),
+                "generation": int(first["generation"]) if first["generation"] else None,
+                "width": int(first["width"]) if first["width"] else None,
+            }
+        )
+    return out

@@ -54,6 +54,7 @@ from ncclscope.detect.base import (
     register,
 )
 from ncclscope.detect.context import Context
+from ncclscope.detect.flight_findings import wait_findings
 from ncclscope.detect.lateness import (
     CRITICAL_SLOWDOWN,
     MIN_EXCESS_S,
@@ -89,9 +90,10 @@ class StragglerDetector:
         return lateness(ctx)
 
     def policy(self, metric: pl.DataFrame, ctx: Context) -> list[Finding]:
-        if metric.is_empty():
-            return []
-        return self._ranks(metric, ctx) + host_findings(metric, ctx)
+        found = [] if metric.is_empty() else self._ranks(metric, ctx) + host_findings(metric, ctx)
+        # The Flight Recorder's enqueue times: ranks the logs could not time, or did not name.
+        named = {r for f in found for r in f.ranks}
+        return found + wait_findings(ctx, named)
 
     # ---- ranks within their host (one clock: offsets cancel) -------------------------
 

@@ -38,6 +38,7 @@ from plotly.subplots import make_subplots
 from ncclscope import __version__
 from ncclscope.detect.base import Finding, ranks_text
 from ncclscope.detect.context import Context
+from ncclscope.hosts import with_log_hosts
 from ncclscope.model.timeline import find_period
 from ncclscope.schema import REPORT_STEPS_SCHEMA, TS
 
@@ -659,7 +660,7 @@ def _series(tel: pl.DataFrame, metric: str) -> list[tuple[str, pl.DataFrame]]:
 
 def _telemetry(d: _Data) -> _Section:
     title = "GPU memory, PCIe and host memory"
-    tel = d.analysis.telemetry
+    tel = with_log_hosts(d.analysis.telemetry, d.analysis.hosts)  # hosts as the logs name them
     if tel.is_empty():
         why = (
             "No telemetry: run <code>ncclscope agent --out DIR</code> on each node beside "

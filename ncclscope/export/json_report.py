@@ -40,6 +40,69 @@ def to_json_dict(diagnosis: Diagnosis) -> dict[str, Any]:
         "gaps": [{"what": g.what, "settings": list(g.settings)} for g in analysis.gaps],
         "findings": _findings(diagnosis),
         "attempts": _attempts(diagnosis),
+        "flight_recorder": _flight(analysis),
+    }
+
+
+_STATES = ("scheduled", "started", "completed")
+
+
+def _flight(analysis: Analysis) -> dict[str, Any]:
+    """What came from PyTorch Flight Recorder dumps (not from the logs): per dump, per
+    process group (with the communicator of the logs it joined, or why not)."""
+    fl = analysis.flight
+    entries = fl.entries
+    dumps = [
+        {
+            "path": r["path"],
+            "size_bytes": r["size_bytes"],
+            "format": r["format"],
+            "version": r["version"],
+            "layout": r["layout"],
+            "rank": r["rank"],
+            "rank_source": r["rank_source"],
+            "comm_lib_version": r["comm_lib_version"],
+            "entries": r["entries"],
+            "read": r["read"],
+            "skipped": r["skipped"],
+            "skipped_by_reason": fl.skipped.get(r["path"], {}),
+            "process_groups": r["groups"],
+            "problem": r["problem"],
+            "notes": fl.notes.get(r["path"], []),
+        }
+        for r in fl.dumps.sort("path").iter_rows(named=True)
+    ]
+    status: dict[str, list[dict[str, Any]]] = {}
+    for r in fl.pg_status.sort("rank", "pg_id", nulls_last=True).iter_rows(named=True):
+        status.setdefault(r["pg_name"] or str(r["pg_id"]), []).append(
+            {k: r[k] for k in ("rank", "last_enqueued", "last_started", "last_completed")}
+        )
+    groups = [
+        {
+            "name": r["pg_name"],
+            "desc": r["pg_desc"],
+            "ranks": r["pg_ranks"] if r["pg_ranks"] is not None else [],
+            "ranks_with_entries": r["ranks_with_entries"],
+            "entries": int((entries["pg_name"] == r["pg_name"]).sum()),
+            "status": status.get(r["pg_name"], []),
+            "join": r["reason"],
+            "comm_key": r["comm_key"],
+            "seq_offset": r["offset"],
+            "checked": r["checked"],
+            "agreed": r["matched"],
+        }
+        for r in fl.pg_comms.sort("pg_name").iter_rows(named=True)
+    ]
+    by_state = entries["state"].value_counts()
+    counts = dict(zip(by_state["state"].to_list(), by_state["count"].to_list(), strict=True))
+    return {
+        "dumps": dumps,
+        "ranks": sorted(int(r) for r in fl.dumps["rank"].drop_nulls().unique()),
+        "versions": sorted(v for v in fl.dumps["version"].drop_nulls().unique()),
+        "entries": entries.height,
+        "entries_by_state": {s: int(counts.get(s, 0)) for s in _STATES},
+        "completed": int(entries["completed"].sum()),
+        "process_groups": groups,
     }
 
 

@@ -26,6 +26,7 @@ def render_text(diagnosis: Diagnosis, *, doc: dict[str, Any] | None = None) -> s
     _header(out, doc)
     _findings(out, doc)
     _job(out, doc)
+    _flight(out, doc)
     _framework(out, doc)
     _timeouts(out, doc)
     _failures(out, doc)
@@ -43,7 +44,11 @@ def _header(out: list[str], doc: dict[str, Any]) -> None:
     lines = sum(i["lines"] for i in inputs)
     parsed = sum(i["parsed"] for i in inputs)
     noun = "input" if len(inputs) == 1 else "inputs"
-    out.append(f"ncclscope {__version__}: {len(inputs)} {noun}, {lines:,} lines, {parsed:,} parsed")
+    head = f"ncclscope {__version__}: {len(inputs)} {noun}, {lines:,} lines, {parsed:,} parsed"
+    dumps = doc["flight_recorder"]["dumps"]
+    if dumps:
+        head += f"; {len(dumps)} Flight Recorder dump{'s' if len(dumps) > 1 else ''}"
+    out.append(head)
     out.append("")
 
 
@@ -292,8 +297,64 @@ def _gaps(out: list[str], doc: dict[str, Any]) -> None:
     out.append("")
 
 
+_JOIN_WHY = {
+    "no_logs": "no COLL lines among the inputs",
+    "no_members": "the dumps do not list its ranks (pg_config)",
+    "no_communicator": "no communicator of the logs has its ranks",
+    "no_entries": "no collective of a known rank in the dumps",
+    "no_alignment": "no communicator's calls line up with its calls (op and count)",
+}
+
+
+def _flight(out: list[str], doc: dict[str, Any]) -> None:
+    """What the Flight Recorder dumps say, apart from the logs."""
+    fr = doc["flight_recorder"]
+    read = [d for d in fr["dumps"] if d["problem"] is None]
+    if not fr["dumps"]:
+        return
+    formats = sorted({d["format"] for d in read})
+    versions = ", ".join(fr["versions"]) or "none"
+    groups = fr["process_groups"]
+    out.append("FLIGHT RECORDER (from the dumps, not the logs)")
+    out.append(
+        f"  {len(read)} dump{'s' if len(read) != 1 else ''} read, {len(fr['ranks'])} "
+        f"rank{'s' if len(fr['ranks']) != 1 else ''} ({_ranges(fr['ranks']) or '-'}), "
+        f"{len(groups)} process group{'s' if len(groups) != 1 else ''}, "
+        f"{fr['entries']:,} entries ({'/'.join(formats) or '-'}, version {versions})"
+    )
+    skipped = sum(d["skipped"] for d in read)
+    refused = len(fr["dumps"]) - len(read)
+    states = fr["entries_by_state"]
+    extra = f"; {skipped:,} entries skipped" if skipped else ""
+    extra += f"; {refused} dump{'s' if refused > 1 else ''} not read" if refused else ""
+    out.append(
+        f"  states as written: {states['scheduled']:,} scheduled, {states['started']:,} "
+        f"started, {states['completed']:,} completed; {fr['completed']:,} completed per "
+        f"the group status{extra}"
+    )
+    for g in groups:
+        name = g["name"] + (f" ({g['desc']})" if g["desc"] else "")
+        seen = _ranges(g["ranks_with_entries"]) or "none"
+        size = f"{len(g['ranks'])} ranks" if g["ranks"] else f"members unknown (calls from {seen})"
+        if g["join"] == "joined":
+            how = (
+                f"joined to communicator {g['comm_key']}: COLL seq = collective_seq_id "
+                f"{g['seq_offset']:+d}, {g['agreed']:,} of {g['checked']:,} calls agree"
+            )
+        else:
+            how = f"not joined to the logs: {_JOIN_WHY.get(g['join'], g['join'])}"
+        out.append(f"  group {name}, {size}, {g['entries']:,} entries: {how}")
+    out.append("")
+
+
 def _inputs(out: list[str], doc: dict[str, Any]) -> None:
     notes = [f"  {inp['path']}: {note}" for inp in doc["inputs"] for note in inp["notes"]]
+    for d in doc["flight_recorder"]["dumps"]:
+        notes += [f"  {d['path']}: {note}" for note in d["notes"]]
+        notes += [
+            f"  {d['path']}: {n:,} entr{'ies' if n > 1 else 'y'} skipped: {reason}"
+            for reason, n in d["skipped_by_reason"].items()
+        ]
     notes.extend(f"  {p['path']}: {p['reason']}" for p in doc["problems"])
     if notes:
         out.append("INPUT PROBLEMS (skipped lines are counted; no valid line around them was lost)")

@@ -17,6 +17,7 @@ import polars as pl
 
 from ncclscope.model.attempts import Attempt
 from ncclscope.model.collectives import CollSummary
+from ncclscope.model.flight import FlightTables
 from ncclscope.model.identity import Identity
 from ncclscope.parsers.frameworks import FrameworkTables
 from ncclscope.schema import TELEMETRY_SCHEMA
@@ -88,6 +89,10 @@ class Analysis:
     #: started (``restart``, ``banner``, ``init``, ``pids``).  The job stopped there and
     #: was started again: evidence that this attempt's run ended.  None for the last.
     followed_by: list[str] | None = None
+    #: PyTorch Flight Recorder dumps among the inputs (``ncclscope.model.flight``):
+    #: per dump, entry, process group and group status, and the join to the COLL lines;
+    #: empty tables without dumps.  Their file_ids follow the logs' in ``paths``.
+    flight: FlightTables = field(default_factory=FlightTables)
 
 
 @dataclass

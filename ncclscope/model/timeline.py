@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
+from ncclscope.hosts import short_host_expr, with_log_hosts
 from ncclscope.model.collectives import P2P_OPS
 from ncclscope.schema import STEPS_SCHEMA, TS, validate
 
@@ -328,14 +329,24 @@ def gpu_samples(analysis: Analysis) -> pl.DataFrame:
     """The GPU telemetry samples, wide (one row per host, GPU and time: ``gpu``,
     ``pci_bus_id``, ``ts`` and a column per metric without its ``ncclscope_gpu_``
     prefix), with the rank whose NCCL init line names that (host, busId) (null when
-    none does)."""
-    tel = analysis.telemetry.filter(pl.col("metric").str.starts_with("ncclscope_gpu_"))
+    none does).  Hosts are compared as the logs spell them (``ncclscope.hosts``: the
+    agent's ``node-7.cluster.internal`` is NCCL's ``node-7``)."""
+    tel = with_log_hosts(
+        analysis.telemetry.filter(pl.col("metric").str.starts_with("ncclscope_gpu_")),
+        analysis.hosts,
+    )
     if tel.is_empty():
         return pl.DataFrame()
     parts = pl.col("labels").str.split(",")
     wide = (
         tel.filter(
-            ~pl.col("metric").is_in(["ncclscope_gpu_info", "ncclscope_gpu_xid_errors_total"])
+            ~pl.col("metric").is_in(
+                [
+                    "ncclscope_gpu_info",
+                    "ncclscope_gpu_xid_errors_total",
+                    "ncclscope_gpu_pcie_uplink_info",
+                ]
+            )
         )
         .with_columns(
             parts.list.get(0, null_on_oob=True).alias("gpu"),
@@ -349,7 +360,11 @@ def gpu_samples(analysis: Analysis) -> pl.DataFrame:
     )
     ranks = (
         analysis.identity.ranks.filter(pl.col("bus_id").is_not_null())
-        .select("rank", "host", normalise_bus_id(pl.col("bus_id")).alias("_bus"))
+        .select(
+            "rank",
+            short_host_expr(pl.col("host")).alias("host"),
+            normalise_bus_id(pl.col("bus_id")).alias("_bus"),
+        )
         .unique(["host", "_bus"], keep="first")
     )
     return (

@@ -241,7 +241,9 @@ torchrun agent's SIGTERM / ChildFailedError lines. truth.json gets a "framework"
     "--timestamps/--no-timestamps",
     default=False,
     show_default=True,
-    help="NCCL 2.26+ '[%F %T.%6f] ' prefix on INFO and WARN lines (needs --era 2.26|2.27).",
+    help=(
+        "NCCL 2.26+ '[%F %T.%6f] ' prefix on INFO and WARN lines (needs --era 2.26|2.26.5|2.27)."
+    ),
 )
 @click.option(
     "--layout",
@@ -502,6 +504,48 @@ torchrun agent's SIGTERM / ChildFailedError lines. truth.json gets a "framework"
     "as PyTorch's caching allocator holds it on a healthy job (e.g. 0.95,0.99). Needs "
     "--telemetry.",
 )
+@click.option(
+    "--gpus-per-switch",
+    "gpus_per_switch",
+    type=click.Choice(["1", "2", "4", "8"]),
+    default="1",
+    show_default=True,
+    help="The PCIe topology the telemetry records: GPUs behind each PCIe switch's Gen4 x16 "
+    "uplink (1: each GPU on a root port of its own). Needs --telemetry.",
+)
+@click.option(
+    "--contention-switch",
+    "contention_switch",
+    type=int,
+    default=None,
+    metavar="N",
+    help="With --pcie-contention and --gpus-per-switch > 1: only the GPUs behind switch N "
+    "(0-based) of each contended host are contended, on the uplink they share (~25 GB/s "
+    "in all, each own link reading 1/k of it).",
+)
+@click.option(
+    "--contention-memory-pressure/--no-contention-memory-pressure",
+    "contention_memory_pressure",
+    default=True,
+    show_default=True,
+    help="A contended host's memory runs low and it swaps actively.",
+)
+@click.option(
+    "--idle-swap",
+    "idle_swap",
+    default="0",
+    show_default=True,
+    metavar="SIZE",
+    help="Swap every host has in use from before the job (e.g. 135MB), counters flat.",
+)
+@click.option(
+    "--telemetry-domain",
+    "telemetry_domain",
+    default="",
+    metavar="DOMAIN",
+    help="The telemetry's host names are HOST.DOMAIN (node-7.cluster.internal), as the agent "
+    "records gethostname(); the logs keep NCCL's short names.",
+)
 def synth(
     out_dir: Path,
     ranks: int,
@@ -545,6 +589,11 @@ def synth(
     memory_growth: tuple[int, ...],
     memory_growth_per_step: str,
     gpu_cache_ratio: str | None,
+    gpus_per_switch: str,
+    contention_switch: int | None,
+    contention_memory_pressure: bool,
+    idle_swap: str,
+    telemetry_domain: str,
 ) -> None:
     """Write a synthetic multi-rank NCCL_DEBUG=INFO job log with known ground truth.
 
@@ -562,6 +611,10 @@ def synth(
         growth_bytes = parse_size(memory_growth_per_step)
     except ValueError as exc:
         raise click.UsageError(f"--memory-growth-per-step: {exc}") from None
+    try:
+        idle_swap_bytes = 0 if idle_swap.strip() in ("", "0") else parse_size(idle_swap)
+    except ValueError as exc:
+        raise click.UsageError(f"--idle-swap: {exc}") from None
     cache: tuple[float, float] | None = None
     if gpu_cache_ratio is not None:
         try:
@@ -611,6 +664,11 @@ def synth(
             memory_growth=memory_growth,
             memory_growth_bytes_per_step=growth_bytes,
             gpu_cache_ratio=cache,
+            gpus_per_switch=int(gpus_per_switch),
+            contention_switch=contention_switch,
+            contention_memory_pressure=contention_memory_pressure,
+            idle_swap_bytes=idle_swap_bytes,
+            telemetry_domain=telemetry_domain,
         )
     except (ValueError, TypeError) as exc:
         raise click.UsageError(str(exc)) from None

@@ -312,6 +312,20 @@ _ERA_FORMATS: dict[str, _EraFormat] = {
         opcount_zero_single_node=False,
         subsec_bug=True,
     ),
+    # 2.26.5: 2.26.2's lines with the sub-second digits right (src/debug.cc divides
+    # tv_nsec by 1000000000 from 2.26.3 on).
+    "2.26.5": replace(
+        _ERA_227,
+        nccl_version="2.26.5",
+        cuda_version="12.8",
+        net_plugin=("NET/Plugin: Could not find: libnccl-net.so. Using internal net plugin.",),
+        net_initialized=False,
+        net_assigned=False,
+        ib_line=2203,
+        chain=("transport/net_ib.cc:2206", "transport/net.cc:1367", "proxy.cc:742", "proxy.cc:951"),
+        async_src="transport/net_ib.cc:194",
+        opcount_zero_single_node=False,
+    ),
     "2.27": _ERA_227,
 }
 

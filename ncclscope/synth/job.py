@@ -92,6 +92,11 @@ class _Job(_JobSteps):
             growth_bytes_per_step=spec.memory_growth_bytes_per_step,
             cache_ratio=spec.gpu_cache_ratio,
             seed=spec.seed,
+            gpus_per_switch=spec.gpus_per_switch,
+            contention_switch=spec.contention_switch,
+            memory_pressure=spec.contention_memory_pressure,
+            idle_swap_bytes=spec.idle_swap_bytes,
+            domain=spec.telemetry_domain,
         )
 
     def _last_seq(self) -> dict[str, dict[str, int | None]]:

@@ -6,7 +6,7 @@ from typing import Literal, TypeAlias, get_args
 
 Json: TypeAlias = str | int | float | bool | list["Json"] | dict[str, "Json"] | None
 
-Era = Literal["2.7", "2.18", "2.21", "2.26", "2.27"]
+Era = Literal["2.7", "2.18", "2.21", "2.26", "2.26.5", "2.27"]
 Layout = Literal["combined", "per-rank"]
 Launcher = Literal["none", "torchrun", "rank", "srun", "pdsh"]
 MismatchField = Literal["op", "count", "dtype"]

@@ -66,8 +66,9 @@ class SynthSpec:
             layer (forward), one AllGather + ReduceScatter per layer (backward, reverse
             order), then one AllReduce of the grad norm (count 1, fp32).
         era: NCCL release whose line formats are written: "2.7" (2.7.8), "2.18" (2.18.3),
-            "2.21" (2.21.5), "2.26" (2.26.2) or "2.27" (2.27.3). "2.26" prints its
-            sub-second timestamp digits wrong, as 2.26.x does (see ``_subsec_226``).
+            "2.21" (2.21.5), "2.26" (2.26.2), "2.26.5" or "2.27" (2.27.3). "2.26" prints
+            its sub-second timestamp digits wrong, as 2.26.2 does (see ``_subsec_226``);
+            "2.26.5" writes the same lines with them right (fixed in 2.26.3).
         timestamps: Prefix INFO and WARN lines with ``[%F %T.%6f] `` as NCCL does with
             ``NCCL_DEBUG_TIMESTAMP_LEVELS=INFO,WARN`` and
             ``NCCL_DEBUG_TIMESTAMP_FORMAT="[%F %T.%6f] "``. Needs an era >= 2.26 (raises
@@ -167,6 +168,21 @@ class SynthSpec:
             step and then sits flat between ``lo`` and ``hi`` of the total, as PyTorch's
             caching allocator keeps it on a healthy job (e.g. ``(0.95, 0.99)``). Needs
             ``telemetry``.
+        gpus_per_switch: The PCIe topology the telemetry records: 1, every GPU on a root
+            port of its own; 2, 4 or 8, that many GPUs (by local index) behind one PCIe
+            switch whose Gen4 x16 uplink they share. Needs ``telemetry``.
+        contention_switch: With ``pcie_contention`` and ``gpus_per_switch`` > 1: only
+            the GPUs behind this switch (0-based, on each contended host) are contended,
+            on their shared uplink: together they carry what the uplink delivers (about
+            25 GB/s), each GPU's own link reading 1/k of that. ``None``: every GPU of the
+            host, on its own link (85-97% of it).
+        contention_memory_pressure: A contended host's memory runs low and it swaps
+            actively; False: its memory stays as a healthy host's.
+        idle_swap_bytes: Swap every host has in use from before the job (old pages),
+            its swap-in/out counters flat.
+        telemetry_domain: The telemetry's host names carry this domain
+            (``node-7.cluster.internal``), as the agent records ``gethostname()``; the
+            logs keep NCCL's short names.
     """
 
     ranks: int = 16
@@ -207,6 +223,11 @@ class SynthSpec:
     memory_growth: tuple[int, ...] = ()
     memory_growth_bytes_per_step: int = 1 << 30
     gpu_cache_ratio: tuple[float, float] | None = None
+    gpus_per_switch: int = 1
+    contention_switch: int | None = None
+    contention_memory_pressure: bool = True
+    idle_swap_bytes: int = 0
+    telemetry_domain: str = ""
 
     def __post_init__(self) -> None:
         """Validate the spec; raise ``ValueError`` with a user-facing message."""
@@ -382,6 +403,25 @@ class SynthSpec:
                 raise ValueError(f"gpu_cache_ratio must be 0 < lo <= hi < 1, got {lo}, {hi}")
         if self.memory_growth_bytes_per_step < 0:
             raise ValueError("memory_growth_bytes_per_step must be >= 0")
+        per_host = self.ranks // self.hosts
+        if self.gpus_per_switch not in (1, 2, 4, 8) or per_host % self.gpus_per_switch:
+            raise ValueError(
+                f"gpus_per_switch must be 1, 2, 4 or 8 and divide the {per_host} GPUs per host"
+            )
+        if self.contention_switch is not None and not (
+            self.gpus_per_switch > 1
+            and 0 <= self.contention_switch < per_host // self.gpus_per_switch
+        ):
+            raise ValueError(
+                "contention_switch needs gpus_per_switch > 1 and must name one of the "
+                f"{per_host // self.gpus_per_switch} switches of a host"
+            )
+        if self.idle_swap_bytes < 0:
+            raise ValueError("idle_swap_bytes must be >= 0")
+        if self.telemetry_domain and (
+            self.telemetry_domain.startswith(".") or any(c.isspace() for c in self.telemetry_domain)
+        ):
+            raise ValueError("telemetry_domain: a domain such as cluster.internal")
 
     @property
     def pg_timeout(self) -> float:
@@ -530,6 +570,11 @@ _BENCH_DEFAULTS: dict[str, Json] = {
     "memory_growth": [],
     "memory_growth_bytes_per_step": 1 << 30,
     "gpu_cache_ratio": None,
+    "gpus_per_switch": 1,
+    "contention_switch": None,
+    "contention_memory_pressure": True,
+    "idle_swap_bytes": 0,
+    "telemetry_domain": "",
 }
 
 

@@ -192,7 +192,13 @@ class _JobSteps(_JobLines):
             opt_gap = spec.step_time_s * self.opt_share
             gap = spec.step_time_s * (1.0 - self.opt_share) / len(prog) + max(late)
             names = set(spec.pcie_contention)
-            contended = [rk.rank for rk in self.ranks if rk.host in names]
+            switch = spec.contention_switch
+            contended = [
+                rk.rank
+                for rk in self.ranks
+                if rk.host in names
+                and (switch is None or rk.local // spec.gpus_per_switch == switch)
+            ]
             extra_opt = opt_gap * (spec.contention_inflation - 1.0)
         pending_extra = 0.0
         # Where the optimizer step ends: before the AllGather of the updated partitions

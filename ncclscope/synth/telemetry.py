@@ -16,16 +16,25 @@ plus the host's offset), as the agent on that host would stamp them.
 
 * PCIe: little traffic without offload; with optimizer offload, gradients go to the host
   in backward (TX ~25%) and updated parameters come back during the optimizer step
-  (RX 30-55%, TX 10-20%); on a contended host, during the contended steps' optimizer
-  phase, TX/RX run at 85-97% of the link.  Parameter offload adds RX in forward/backward.
+  (RX 30-55%, TX 10-20%; behind a switch of k GPUs, 1/k of that each, so that a healthy
+  job's demand fits the uplink they share); on a contended host, during the contended
+  steps' optimizer phase, TX/RX run at 85-97% of the link.  Contention behind a switch
+  (``contention_switch``): the uplink is the bottleneck, so the GPUs behind it together
+  carry what a Gen4 x16 link delivers, ``UPLINK_DELIVERS_BYTES_PER_S`` (about 25 GB/s,
+  +-4% per sample), split among them (+-8% each): each own link reads about 1/k of that.
+  Parameter offload adds RX in forward/backward.
+* Topology, every sample as the agent sends it: ``ncclscope_gpu_pcie_uplink_info`` per
+  GPU (its switch's upstream port, ``0000:80:00.0`` for switch 0; a direct-attached GPU
+  names itself) and per uplink its generation (4), width (16), capacity and GPUs.
 * GPU memory: a base plus activations that rise through forward and fall through
   backward; a growing rank adds ``growth_bytes_per_step`` per step.  With
   ``cache_ratio``, as PyTorch's caching allocator shows it to NVML: each GPU climbs
   through its first step to a level drawn within the bounds (95-99% of the total, say)
   and stays there, freed activations kept in the cache; a growing rank's memory rises
   above that level only once what it holds outgrows the cache.
-* Host memory: 55-70% available; a contended host drops to 2-4% with swap in use
-  during its contended steps.
+* Host memory: 55-70% available; a contended host (with ``memory_pressure``) drops to
+  2-4% and swaps during its contended steps.  ``idle_swap_bytes``: swap in use on every
+  host from the start, its counters flat.  Host names carry ``domain`` when set.
 
 The ground truth (returned, and written by the generator into ``truth.json`` under
 ``telemetry``) names the folder, the hosts, each GPU and the injected conditions.
@@ -49,6 +58,7 @@ __all__ = [
     "HOST_TOTAL_BYTES",
     "LINK_BYTES_PER_S",
     "TELEMETRY_DIR",
+    "UPLINK_DELIVERS_BYTES_PER_S",
     "TelemetryJob",
     "nvml_bus_id",
     "write_telemetry",
@@ -61,6 +71,8 @@ GPU_TOTAL_BYTES = 81_559 << 20
 LINK_BYTES_PER_S = 16.0e9 * 16 * 128 / 130 / 8
 #: The invented hosts' memory (``synth._HOST_RAM_GB``).
 HOST_TOTAL_BYTES = int(2015.56 * (1 << 30))
+#: What a Gen4 x16 link delivers per direction as payload when saturated (of 31.5 GB/s raw).
+UPLINK_DELIVERS_BYTES_PER_S = 25.0e9
 #: Seconds of samples per part, as the agent's default.
 PART_S = 10.0
 
@@ -104,12 +116,35 @@ class TelemetryJob:
     #: PyTorch's caching allocator: the bounds (shares of the total) of the level NVML's
     #: "used" sits at once the cache warmed up; ``None``: memory follows the activations
     cache_ratio: tuple[float, float] | None = None
+    #: GPUs behind each PCIe switch (1: each on a root port of its own)
+    gpus_per_switch: int = 1
+    #: contention on this switch's uplink only (None: every GPU's own link)
+    contention_switch: int | None = None
+    #: a contended host's memory runs low and it swaps
+    memory_pressure: bool = True
+    #: swap in use from the start, counters flat
+    idle_swap_bytes: int = 0
+    #: the telemetry's host names are ``<host>.<domain>``
+    domain: str = ""
 
 
 def _uuid(host: int, local: int, seed: int) -> str:
     rnd = random.Random(seed * 1_000_003 + host * 101 + local)
     h = f"{rnd.getrandbits(128):032x}"
     return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def uplink_id(local: int, bus: str, per_switch: int) -> str:
+    """The uplink above a GPU as the agent names it (sysfs spelling): its switch's
+    upstream port, or the GPU itself when direct-attached.
+
+    >>> uplink_id(5, "00000000:9A:00.0", 4), uplink_id(5, "00000000:9A:00.0", 1)
+    ('0000:82:00.0', '0000:9a:00.0')
+    """
+    if per_switch > 1:
+        return f"0000:{0x80 + 2 * (local // per_switch):02x}:00.0"
+    domain, _, rest = bus.lower().partition(":")
+    return f"{int(domain, 16):04x}:{rest}"
 
 
 def _phase_at(
@@ -161,41 +196,63 @@ def write_telemetry(job: TelemetryJob, out_dir: Path) -> dict[str, Any]:
     cache = [rnd.uniform(lo, hi) * GPU_TOTAL_BYTES for _ in range(n)]
     warm = [False] * n  # the rank's cache reached its level (after its first step)
     gpus: list[dict[str, Any]] = []
+    k_sw = job.gpus_per_switch
+    names = [f"{h}.{job.domain}" if job.domain else h for h in job.hosts]
     for r in range(n):
         h = job.rank_host[r]
+        bus = nvml_bus_id(job.rank_bus[r])
         gpus.append(
             {
                 "rank": r,
-                "host": job.hosts[h],
+                "host": names[h],
                 "gpu": job.rank_local[r],
                 "uuid": _uuid(h, job.rank_local[r], job.seed),
-                "pci_bus_id": nvml_bus_id(job.rank_bus[r]),
+                "pci_bus_id": bus,
+                "uplink": uplink_id(job.rank_local[r], bus, k_sw),
+                "switch": job.rank_local[r] // k_sw,
             }
         )
+    links: dict[tuple[int, str], int] = {}
+    for r, g in enumerate(gpus):
+        links[(job.rank_host[r], g["uplink"])] = links.get((job.rank_host[r], g["uplink"]), 0) + 1
+
+    def hot_gpu(r: int) -> bool:
+        return job.contention_switch is None or gpus[r]["switch"] == job.contention_switch
+
     rows: list[tuple[datetime, str, str, str, float]] = []
     ticks = int((t1 - t0) / job.interval_s) + 1
-    swap: dict[int, float] = dict.fromkeys(range(len(job.hosts)), 0.0)
+    swap: dict[int, float] = dict.fromkeys(range(len(job.hosts)), float(job.idle_swap_bytes))
     swapped_in: dict[int, float] = dict.fromkeys(range(len(job.hosts)), 5e8)
     swapped_out: dict[int, float] = dict.fromkeys(range(len(job.hosts)), 9e8)
     for i in range(ticks):
         t = t0 + i * job.interval_s
         host_phase: dict[int, bool] = {}  # host -> some rank in a contended optimizer phase
+        # what each contended uplink delivers at this sample, shared by its GPUs
+        delivers: dict[tuple[int, str], float] = {}
         for r in range(n):
             h = job.rank_host[r]
             k, phase, frac = _phase_at(t, job.step_first[0][r], starts[r], ends[r])
-            hot = phase == "optimizer" and job.hosts[h] in contended and k in c_steps
+            hot = phase == "optimizer" and job.hosts[h] in contended and k in c_steps and hot_gpu(r)
             host_phase[h] = host_phase.get(h, False) or hot
             ts = datetime.fromtimestamp(t + job.host_offsets[h], UTC)
             g = gpus[r]
             labels = f"{g['gpu']},{g['uuid']},{g['pci_bus_id']}"
             # PCIe: a share of the link per direction
-            if hot:
+            if hot and job.contention_switch is not None:
+                key = (h, g["uplink"])
+                if key not in delivers:
+                    delivers[key] = UPLINK_DELIVERS_BYTES_PER_S * rnd.uniform(0.96, 1.04)
+                each = delivers[key] / k_sw / LINK_BYTES_PER_S
+                rx = each * rnd.uniform(0.92, 1.08)
+                tx = rx * rnd.uniform(0.85, 0.95)
+            elif hot:
                 rx, tx = rnd.uniform(0.88, 0.97), rnd.uniform(0.85, 0.95)
             elif phase == "optimizer" and job.offload_optimizer:
-                rx, tx = rnd.uniform(0.30, 0.55), rnd.uniform(0.10, 0.20)
+                rx, tx = rnd.uniform(0.30, 0.55) / k_sw, rnd.uniform(0.10, 0.20) / k_sw
             elif phase == "compute" and job.offload_optimizer:
                 rx = rnd.uniform(0.25, 0.40) if job.offload_param else rnd.uniform(0.02, 0.06)
                 tx = rnd.uniform(0.15, 0.30) if frac > 0.35 else rnd.uniform(0.01, 0.04)
+                rx, tx = rx / k_sw, tx / k_sw
             else:
                 rx, tx = rnd.uniform(0.0, 0.04), rnd.uniform(0.0, 0.03)
             # GPU memory: activations rise through forward, fall through backward
@@ -221,9 +278,21 @@ def write_telemetry(job: TelemetryJob, out_dir: Path) -> dict[str, Any]:
                 ("ncclscope_gpu_pcie_link_max_bytes_per_second", LINK_BYTES_PER_S),
             ):
                 rows.append((ts, g["host"], metric, labels, float(value)))
-        for h, name in enumerate(job.hosts):
+            rows.append(
+                (ts, g["host"], "ncclscope_gpu_pcie_uplink_info", f"{labels},{g['uplink']}", 1.0)
+            )
+        for (h, link), behind in links.items():
             ts = datetime.fromtimestamp(t + job.host_offsets[h], UTC)
-            if host_phase.get(h):
+            for metric, value in (
+                ("ncclscope_pcie_uplink_generation", 4.0),
+                ("ncclscope_pcie_uplink_width", 16.0),
+                ("ncclscope_pcie_uplink_max_bytes_per_second", LINK_BYTES_PER_S),
+                ("ncclscope_pcie_uplink_gpus", float(behind)),
+            ):
+                rows.append((ts, names[h], metric, link, value))
+        for h, name in enumerate(names):
+            ts = datetime.fromtimestamp(t + job.host_offsets[h], UTC)
+            if host_phase.get(h) and job.memory_pressure:
                 avail = rnd.uniform(0.02, 0.04) * HOST_TOTAL_BYTES
                 grow = rnd.uniform(50e6, 200e6)
                 swap[h] = min(swap[h] + grow, 64e9)
@@ -244,19 +313,32 @@ def write_telemetry(job: TelemetryJob, out_dir: Path) -> dict[str, Any]:
     return {
         "folder": TELEMETRY_DIR,
         "interval_s": job.interval_s,
-        "hosts": list(job.hosts),
+        "hosts": list(names),
         "gpus": gpus,
+        "gpus_per_switch": k_sw,
+        "idle_swap_bytes": job.idle_swap_bytes,
         "pcie_link_bytes_per_second": LINK_BYTES_PER_S,
         "gpu_total_bytes": GPU_TOTAL_BYTES,
         # the allocator cache's bounds (shares of the total) when NVML shows one, else None
         "gpu_cache_ratio": list(job.cache_ratio) if job.cache_ratio is not None else None,
         "contention": [
             {
+                # the host as NCCL names it (the logs' name; the telemetry's may be longer)
                 "host": host,
-                "ranks": [r for r in range(n) if job.hosts[job.rank_host[r]] == host],
+                "ranks": [
+                    r for r in range(n) if job.hosts[job.rank_host[r]] == host and hot_gpu(r)
+                ],
                 # the generator's 0-based steps whose optimizer step was contended
                 "steps": sorted(c_steps),
                 "inflation": job.inflation,
+                # which link saturated: each GPU's own, or the uplink they share
+                "link": "own" if job.contention_switch is None else "uplink",
+                "uplink": (
+                    uplink_id(job.contention_switch * k_sw, "", k_sw)
+                    if job.contention_switch is not None
+                    else None
+                ),
+                "memory_pressure": job.memory_pressure,
             }
             for host in job.contention_hosts
         ],
