@@ -36,7 +36,7 @@ from ncclscope.model.collectives import (
     summarise,
 )
 from ncclscope.model.flight import join_flight, read_flight
-from ncclscope.model.identity import Identity, resolve_identity
+from ncclscope.model.identity import Identity, listable_size, resolve_identity
 from ncclscope.model.inspector import join_inspector
 from ncclscope.model.tools import read_tools
 from ncclscope.parsers.frameworks import FrameworkTables, mtime_years, read_frameworks
@@ -498,8 +498,9 @@ def _ranks_without_logs(view: Analysis) -> list[int] | None:
     rank 0 while the other ranks' lines carry no rank.  None when that cannot be told
     (no line names the rank that wrote it)."""
     world = view.world_size
-    if world is None:
-        return None
+    if not listable_size(world):
+        return None  # none stated, or a damaged number: nothing to list
+    assert world is not None
     ident = view.identity
     members = ident.members.filter(pl.col("comm_key") == (ident.world_key or ""))
     if members["comm_rank"].null_count():
@@ -727,7 +728,7 @@ def _notes(
 
 
 def _version_key(v: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in v.split(".") if x.isdigit())
+    return tuple(int(x) for x in v.split(".") if x.isdecimal())
 
 
 def _account(inputs: list[Input], per_file: dict[int, int], records: LineRecords) -> pl.DataFrame:

@@ -56,6 +56,7 @@ CATALOG: tuple[Metric, ...] = (
     _m("self", "log_lines_read_total", "counter", "", "Lines read from followed logs."),
     _m("self", "log_bytes_read_total", "counter", "bytes", "Bytes read from followed logs."),
     _m("self", "log_window_lines_unparsed", "gauge", "", "Lines of the live window that matched no grammar (blank, other, damaged)."),
+    _m("self", "log_window_lines_damaged", "gauge", "", "Lines of the live window that began like a record but could not be read (malformed, binary, too long): damage, not noise."),
     _m("self", "log_files_followed", "gauge", "", "Log files being followed."),
     # --- GPU (NVML)
     _m("gpu", "gpu_info", "info", "", "Static facts of a GPU.", *_GPU, "name"),

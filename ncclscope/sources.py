@@ -389,6 +389,7 @@ def read_lines(inp: Input, line_nos: Iterable[int]) -> dict[int, str]:
             quote_char=None,
             separator="\x1f",
             schema={"line": pl.String},
+            extra_columns="ignore",  # a separator byte in the first line: cut, no error
             truncate_ragged_lines=True,
             encoding="utf8-lossy",
             row_index_name="g",

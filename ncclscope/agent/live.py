@@ -520,4 +520,6 @@ def job_rows(
     rows["ncclscope_findings"] = [(k, float(n)) for k, n in sorted(counts.items())]
     unparsed = analysis.inputs["unparsed"].sum()
     rows["ncclscope_log_window_lines_unparsed"] = [((), float(unparsed))]
+    damaged = sum(analysis.inputs[reason].sum() for reason in ("malformed", "binary", "too_long"))
+    rows["ncclscope_log_window_lines_damaged"] = [((), float(damaged))]
     return rows

@@ -22,6 +22,15 @@ from ncclscope.sources import Problem
 
 __all__ = ["TelemetryWriter", "read_telemetry", "summary_lines"]
 
+#: The GPU series ``summary_lines`` reads (labelled ``gpu,UUID,pci_bus_id``).
+_SUMMARY_METRICS = (
+    "ncclscope_gpu_memory_used_bytes",
+    "ncclscope_gpu_memory_total_bytes",
+    "ncclscope_gpu_pcie_tx_bytes_per_second",
+    "ncclscope_gpu_pcie_rx_bytes_per_second",
+    "ncclscope_gpu_pcie_link_max_bytes_per_second",
+)
+
 
 @dataclass
 class TelemetryWriter:
@@ -108,17 +117,21 @@ def summary_lines(frame: pl.DataFrame) -> list[str]:
         return ["TELEMETRY", "  no samples in the given telemetry", ""]
     first, last = frame["ts"].min(), frame["ts"].max()
     out = ["TELEMETRY", f"  {first!s} .. {last!s}"]
+    # Only the per-GPU series shown below: ``gpu_info`` (its ``name``), the per-process
+    # and per-XID series carry more labels than the GPU's own and would each make a row
+    # of their own with nothing to show.
     per = (
-        frame.filter(
-            pl.col("metric").str.starts_with("ncclscope_gpu_")
-            & (pl.col("metric") != "ncclscope_gpu_pcie_uplink_info")  # labels: GPU + uplink
-        )
-        .group_by("host", "labels", "metric")
+        frame.filter(pl.col("metric").is_in(_SUMMARY_METRICS))
+        .with_columns(pl.col("labels").str.split(",").list.first().alias("gpu"))
+        .group_by("host", "gpu", "metric")
         .agg(pl.col("value").max())
     )
-    wide = per.pivot(on="metric", index=["host", "labels"], values="value").sort("host", "labels")
-    for r in wide.iter_rows(named=True):
-        gpu = r["labels"].split(",")[0]
+    if per.is_empty():
+        wide = pl.DataFrame(schema={"host": pl.String, "gpu": pl.String})
+    else:
+        wide = per.pivot(on="metric", index=["host", "gpu"], values="value")
+    for r in wide.sort("host", "gpu").iter_rows(named=True):
+        gpu = r["gpu"]
         used: float | None = r.get("ncclscope_gpu_memory_used_bytes")
         total: float | None = r.get("ncclscope_gpu_memory_total_bytes")
         tx: float | None = r.get("ncclscope_gpu_pcie_tx_bytes_per_second")
@@ -130,7 +143,8 @@ def summary_lines(frame: pl.DataFrame) -> list[str]:
         if link and (tx is not None or rx is not None):
             peak = max(tx or 0.0, rx or 0.0)
             parts.append(f"PCIe peak {peak / 1e9:.1f} GB/s ({peak / link:.0%} of the link)")
-        out.append(" ".join(parts))
+        if len(parts) > 1:
+            out.append(" ".join(parts))
     avail = frame.filter(pl.col("metric") == "ncclscope_host_memory_available_bytes")
     lows = avail.group_by("host").agg(pl.col("value").min()).sort("host")
     for host, low in lows.iter_rows():

@@ -23,6 +23,7 @@ of reports (a log cut inside it loses reporters, which must not make them culpri
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cache
@@ -30,6 +31,8 @@ from statistics import median
 from typing import TYPE_CHECKING
 
 import polars as pl
+
+from ncclscope.model.identity import listable_size
 
 if TYPE_CHECKING:
     from ncclscope.detect.context import Context
@@ -371,9 +374,10 @@ def pg_timeouts(ctx: Context) -> list[PgTimeout]:
                 enqueued.setdefault(int(rank), enq)
         members: list[int] | None = None
         if default and (world or size):
-            members = list(range(int(world or size or 0)))
+            n = int(world or size or 0)
+            members = list(range(n)) if listable_size(n) else None
         elif size:
-            members = list(range(size))
+            members = list(range(size)) if listable_size(size) else None
         out.append(
             PgTimeout(
                 pg=pg_s,
@@ -400,7 +404,7 @@ def _enqueued(message: str | None) -> int | None:
     if not message or "last_enqueued=" not in message:
         return None
     value = message.rsplit("last_enqueued=", 1)[1].split()[0]
-    return int(value) if value.lstrip("-").isdigit() else None
+    return int(value) if re.fullmatch(r"-?\d+", value) else None
 
 
 def _intact(ctx: Context, rows: pl.DataFrame) -> bool:

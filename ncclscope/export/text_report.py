@@ -10,6 +10,7 @@ from typing import Any
 from ncclscope import __version__
 from ncclscope.diagnose import Diagnosis
 from ncclscope.export.json_report import to_json_dict
+from ncclscope.model.identity import listable_size
 from ncclscope.units import human_bytes
 
 __all__ = ["render_text"]
@@ -491,7 +492,7 @@ def _timeouts(out: list[str], doc: dict[str, Any]) -> None:
         )
         if ranks:
             out.append(f"      waiting: ranks {_ranges(ranks)}")
-        if isinstance(world, int) and ranks and len(ranks) < world:
+        if isinstance(world, int) and listable_size(world) and ranks and len(ranks) < world:
             missing = sorted(set(range(world)) - set(ranks))
             noun = "rank" if len(missing) == 1 else "ranks"
             out.append(f"      not reporting: {noun} {_ranges(missing)} (suspect: it never joined)")

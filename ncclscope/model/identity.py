@@ -19,7 +19,7 @@ import polars as pl
 from ncclscope.parsers.nccl.records import LineRecords, ProcKey
 from ncclscope.schema import MEMBERS_SCHEMA, RANKS_SCHEMA, validate
 
-__all__ = ["CollOnlyComm", "Identity", "Member", "resolve_identity"]
+__all__ = ["MAX_RANKS", "CollOnlyComm", "Identity", "Member", "listable_size", "resolve_identity"]
 
 
 @dataclass
@@ -52,6 +52,21 @@ class CollOnlyComm:
     comm: str
     nranks: int | None  # None: the line was cut before ``[nranks=N]``
     first_line: int
+
+
+#: More ranks than any job runs (the largest run ~10^5 GPUs).  A communicator or world size
+#: above it is a damaged number (``[nranks=2147483647]``): kept as data, never enumerated
+#: (a list of the ranks that left no line would hold billions).
+MAX_RANKS = 1 << 20
+
+
+def listable_size(size: int | None) -> bool:
+    """A size whose ranks can be listed one by one (``0 < size <= MAX_RANKS``).
+
+    >>> listable_size(8), listable_size(2**31 - 1), listable_size(None)
+    (True, False, False)
+    """
+    return size is not None and 0 < size <= MAX_RANKS
 
 
 @dataclass

@@ -10,6 +10,7 @@ Sample::
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -35,6 +36,7 @@ from ncclscope.parsers.deepspeed.records import (
 from ncclscope.parsers.deepspeed.zero import (
     _MAX_JSON_CHARS,
     _depth,
+    _loads,
 )
 
 __all__ = [
@@ -50,6 +52,10 @@ BLOCK_LINES: int = 400
 
 
 # -- block feeders -----------------------------------------------------------------------
+
+
+#: A member line of an indented JSON object: ``    "train_batch_size": 64,``.
+_JSON_MEMBER_RE = re.compile(r'^\s+"[^"]{1,200}"\s*:')
 
 
 def feed_config(p: _Parser, block: _Block, line: _Line) -> _Verdict:
@@ -78,6 +84,14 @@ def feed_config(p: _Parser, block: _Block, line: _Line) -> _Verdict:
             p.store_config(block.key, "\n".join(block.parts))
         block.key, block.parts = None, []
     if not line.header:
+        if line.prefix == block.prefix and _JSON_MEMBER_RE.match(line.body):
+            # A member of a JSON object whose first line (``json = {`` or a key line
+            # ending in ``{``) was damaged: the object is read without it, and not
+            # stored (whose object it was went with that line).
+            p.start_json(block, line.line_no, "{")
+            block.damaged = True
+            block.keep = False
+            return feed_json(p, block, line)
         return p.miss(block)
     m = JSON_START_RE.match(line.msg)
     if m is not None:
@@ -103,16 +117,32 @@ def feed_json(p: _Parser, block: _Block, line: _Line) -> _Verdict:
             "reduce_bucket_size": 5.000000e+08,
         }
     """
-    if line.prefix != block.prefix or line.header:
-        return p.miss(block)
     body = line.body
-    if not (body[:1].isspace() or body.startswith(("}", "]"))):
-        return p.miss(block)  # not JSON printed with an indent: another process's line
+    indented = body[:1].isspace() or body.startswith(("}", "]"))
+    if line.prefix != block.prefix or line.header or not indented:
+        if block.balanced:
+            # The object (a damaged line inside) balanced earlier: it ended there.
+            p.finish_json(block)
+            p.block = None
+            return _Verdict.ENDED
+        if not line.header:
+            # Not JSON (or its launcher tag damaged), no header, where the object goes
+            # on: maybe a damaged line of it (an opening brace it held is lost, so the
+            # braces may balance too early).
+            block.damaged = True
+        return p.miss(block)  # else not JSON printed with an indent: another process's
     block.parts.append(body)
     block.chars += len(body)
     block.depth += _depth(body)
     block.misses = 0
-    if block.depth <= 0:
+    whole = block.depth <= 0 and isinstance(_loads("\n".join(block.parts)), dict)
+    if block.depth <= 0 and not block.damaged and not whole:
+        # The braces balance but the object does not parse: a line of it was damaged
+        # (``"bf16"`` that lost its ``: {``), so they may balance too early.
+        block.damaged = True
+    if block.depth <= 0 and block.damaged:
+        block.balanced = True  # maybe early: more of the object may follow
+    elif block.depth <= 0:
         p.finish_json(block)
         p.block = None
     elif block.chars > _MAX_JSON_CHARS:

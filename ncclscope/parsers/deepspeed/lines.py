@@ -77,6 +77,7 @@ from ncclscope.parsers.deepspeed.zero import (
     _as_int,
     _depth,
     _loads,
+    loads_lines,
     merge_zero,
     zero_from_repr,
     zero_from_user_config,
@@ -137,8 +138,14 @@ CANDIDATES: str = (
 #:     [2024-02-19 10:11:12,345] [INFO] [config.py:984:print] DeepSpeedEngine configuration:
 #:     [2024-02-19 10:11:12,351] [INFO] [config.py:974:print_user_config]   json = {
 #:     Comm. Op            Message Size        Count               Total Latency(ms) ...
+#:
+#: A dump's key line whose value goes on over the next lines also starts one, so that a
+#: damaged ``configuration:`` line costs only itself::
+#:
+#:     [2023-06-12 10:01:25,994] [INFO] [config.py:960:print]   activation_checkpointing_config  {
 BLOCK_STARTS: str = (
     r"DeepSpeed(?:Engine|Light) configuration:|\] +json = \{|Comm\. Op {2,}Message Size"
+    r"|:print\] +[A-Za-z_][A-Za-z0-9_]* [. ]*\{\s*$"
 )
 
 # --------------------------------------------------------------------------------------
@@ -149,6 +156,9 @@ BLOCK_STARTS: str = (
 _MAX_LINE = 1 << 16
 #: Lines a block may skip in a row (other processes' lines) before it is given up.
 _BLOCK_MISSES = {"config": 20, "json": 20, "comms": 8}
+#: Lines missing inside a JSON object (blank, or damaged past reading) that leave it open;
+#: a longer gap cuts it.
+_JSON_GAP = 4
 
 
 # --------------------------------------------------------------------------------------
@@ -263,7 +273,12 @@ class _Parser:
     def feed(self, line_no: int, raw: str, nxt: tuple[int, str] | None) -> bool:
         """Read one line; True when it also took ``nxt`` (its hard-wrapped continuation)."""
         if self.prev is not None and line_no != self.prev + 1:
-            self.close_block()  # a gap: the lines in between were not delivered
+            block = self.block
+            if block is not None and block.kind == "json" and line_no - self.prev <= _JSON_GAP:
+                # a line or two inside the JSON object blank or damaged (not delivered)
+                block.damaged = True
+            else:
+                self.close_block()  # a gap: the lines in between were not delivered
         self.prev = line_no
         line = self.read(line_no, raw)
         if self.block is not None:
@@ -351,6 +366,8 @@ class _Parser:
 
     def finish_json(self, block: _Block) -> None:
         data = _loads("\n".join(block.parts))
+        if not isinstance(data, dict) and block.damaged:
+            data = loads_lines(block.parts) or None  # a line lost: read the others alone
         if not isinstance(data, dict):
             self.count(_Outcome.MALFORMED, block.start, 1)
             return
@@ -377,6 +394,8 @@ class _Parser:
         if block.kind == "config" and block.key is not None and block.keep:
             # A multi-line value cut off: keep what was printed.
             self.store_config(block.key, "\n".join(block.parts))
+        elif block.kind == "json" and block.balanced:
+            self.finish_json(block)
         elif block.kind == "json":
             self.count(_Outcome.MALFORMED, block.start, 1)  # the object never closed
 

@@ -180,6 +180,10 @@ class _Block:
     depth: int = 0
     table: str = "summary"  # comms: summary | straggler
     op: str | None = None
+    #: json: a line of the object was damaged (skipped), so its braces may not balance
+    damaged: bool = False
+    #: json, damaged: the braces balanced once; the object ends at the next other line
+    balanced: bool = False
 
 
 Row = tuple[object, ...]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 __all__ = [
@@ -23,6 +23,7 @@ __all__ = [
     "OffloadSetting",
     "ZeroConfig",
     "ZeroFields",
+    "loads_lines",
     "merge_zero",
     "offload_settings",
     "zero_from_json",
@@ -121,15 +122,17 @@ def _as_int(value: object) -> int | None:
     if isinstance(value, int):
         return value if -_I64 <= value <= _I64 else None
     if isinstance(value, float):
-        return int(value) if math.isfinite(value) and value.is_integer() else None
+        if math.isfinite(value) and value.is_integer():
+            return _as_int(int(value))  # 1e300: no Int64 column holds it
+        return None
     if not isinstance(value, str):
         return None
     text = value.strip().replace(",", "").replace("_", "")
     if _INT_RE.fullmatch(text):
-        return int(text)
+        return _as_int(int(text))
     enum_value = _ENUM_INT_RE.search(text)  # <ZeroStageEnum.weights: 3>
     if enum_value:
-        return int(enum_value["v"])
+        return _as_int(int(enum_value["v"]))
     if len(text) > 40:
         return None
     try:
@@ -411,3 +414,42 @@ def offload_settings(zero_config: str) -> list[OffloadSetting]:
         OffloadSetting(m["what"], m["device"], m["pin"] == "True", m.group(0))
         for m in _OFFLOAD_RE.finditer(zero_config)
     ]
+
+
+#: One line of an indented JSON object: ``"key": value,`` or ``"key": {`` (``[``).
+_JSON_LINE_RE = re.compile(r'^\s*"(?P<key>[^"]*)"\s*:\s*(?P<value>.*?),?\s*$')
+
+
+def loads_lines(lines: Sequence[str]) -> dict[str, object]:
+    """An indented JSON object read line by line, for a dump with a damaged line: each
+    ``"key": value`` line on its own, nesting by the braces that are left.  A line that
+    is no such line is passed over; its value is lost, the others are kept.
+
+    >>> loads_lines(['{', '  "a": 1,', '  "z": {', '    "stage": 2', '  },', '  "b": true', '}'])
+    {'a': 1, 'z': {'stage': 2}, 'b': True}
+    >>> loads_lines(['{', '  "a": 1,', '    "stage": 2', '  },', '  "b": 3', '}'])
+    {'a': 1, 'stage': 2, 'b': 3}
+    """
+    root: dict[str, object] = {}
+    stack: list[dict[str, object] | None] = [root]  # None: inside a list
+    for raw in lines[1:] if lines and lines[0].strip().endswith("{") else lines:
+        text = raw.strip()
+        if text.startswith(("}", "]")):
+            if len(stack) > 1:
+                stack.pop()
+            continue
+        m = _JSON_LINE_RE.match(text)
+        if m is None:
+            continue
+        top = stack[-1]
+        value = m["value"]
+        if value in ("{", "["):
+            child: dict[str, object] | None = {} if value == "{" else None
+            if top is not None and child is not None:
+                top[m["key"]] = child
+            stack.append(child)
+            continue
+        parsed = _loads(value)
+        if top is not None and (parsed is not None or value == "null"):
+            top[m["key"]] = parsed  # a value that does not parse is passed over too
+    return root

@@ -292,8 +292,17 @@ def _coll(msg: str) -> Record | None:
     )
 
 
+#: A signed decimal integer (``\d``: the digits int() reads).
+_SIGNED = re.compile(r"-?\d+")
+
+
 def _int_or_none(value: str | None) -> int | None:
-    return int(value) if value is not None and value.lstrip("-").isdigit() else None
+    """``-3`` -> -3; None for anything else (``--3``, ``\u00b2``: a damaged value).
+
+    >>> _int_or_none("-3"), _int_or_none("--3"), _int_or_none("\u00b2"), _int_or_none("x")
+    (-3, None, None, None)
+    """
+    return int(value) if value is not None and _SIGNED.fullmatch(value) else None
 
 
 def _comm_event(msg: str) -> Record | None:

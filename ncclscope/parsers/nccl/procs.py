@@ -23,20 +23,22 @@ def decode_proc(token: str) -> tuple[str, int, int] | None:
 
     >>> decode_proc("[default3]:node-6:5381:5382"), decode_proc("x|y:1:2")
     (('node-6', 5381, 5382), None)
-    >>> decode_proc("node-6:4294967296:5382")
+    >>> decode_proc("node-6:4294967296:5382"), decode_proc("node-6:1\u00b2:5382")
+    (None, None)
     """
     parts = token.rsplit(":", 3)
     if len(parts) < 3:
         return None
     host, pid, tid = parts[-3], parts[-2], parts[-1]
-    if not (_HOST.fullmatch(host) and pid.isdigit() and tid.isdigit()):
+    # isdecimal, not isdigit: ``²`` is a digit that int() cannot read (a flipped byte)
+    if not (_HOST.fullmatch(host) and pid.isdecimal() and tid.isdecimal()):
         return None
     if int(pid) > _INT32_MAX or int(tid) > _INT32_MAX:
         return None
     return host, int(pid), int(tid)
 
 
-def bad_tokens(tokens: list[str]) -> list[str]:
+def bad_tokens(tokens: list[str | None]) -> list[str]:
     """The tokens whose host holds characters no host name has (junk glued in front),
-    or whose pid or tid no Int32 column holds."""
-    return [t for t in tokens if decode_proc(t) is None]
+    or whose pid or tid no Int32 column holds (a missing token is none of them)."""
+    return [t for t in tokens if t is not None and decode_proc(t) is None]

@@ -217,6 +217,9 @@ def _default_ts(date_token: pl.Expr, time_token: pl.Expr) -> pl.Expr:
     return pl.when(clock.str.contains(_CLOCK_TOKEN)).then(total).cast(TS)
 
 
+#: The largest ``[nranks=N]`` token an Int32 column holds.
+_NRANKS_MAX = f"[nranks={2**31 - 1}]"
+
 #: The COLL store's columns after ``file_id`` and ``i``: what the field reader writes.
 _FIELD_NAMES = tuple(list(COLL_STORE_SCHEMA)[2:])
 
@@ -278,15 +281,28 @@ def _fields(batch: _Batch, offsets: Sequence[int]) -> pl.LazyFrame:
         dtype = f(14).cast(pl.Int16, strict=False)
         redop = f(16).cast(pl.Int16, strict=False)
         root = f(18).cast(pl.Int32, strict=False)
-        # A damaged field (or one too large for its column): the line goes to the
-        # reference parser instead, which counts it as malformed.
+        # A damaged field (one too large for its column, or with a sign the format
+        # never prints: ``%lx``, ``%zi`` of a size, ``%d`` of an enum): the line goes to
+        # the reference parser instead, which counts it as malformed.  ``[nranks=N]`` is
+        # kept as printed: compared as text, with N of 10 digits at most, it is at most
+        # ``_NRANKS_MAX`` exactly when N fits its Int32 column (no cast per line).
+        nranks = f(21)
         ok = (
             valid.fill_null(value=False)
+            & f(0).is_not_null()  # a line that starts with a space has no header token
             & opcount.is_not_null()
             & count.is_not_null()
             & dtype.is_not_null()
             & redop.is_not_null()
             & root.is_not_null()
+            & (opcount >= 0)
+            & (count >= 0)
+            & (dtype >= 0)
+            & (redop >= 0)
+            & (
+                (nranks.str.len_bytes() < len(_NRANKS_MAX))
+                | ((nranks.str.len_bytes() == len(_NRANKS_MAX)) & (nranks <= _NRANKS_MAX))
+            ).fill_null(value=False)
         )
         ts = _default_ts(c(h - 2), c(h - 1)) if h >= 2 else pl.lit(None, dtype=TS)
         fields = {
@@ -356,6 +372,16 @@ def _text_columns(line: pl.Expr, keep: pl.Expr) -> list[pl.Expr]:
     ]
 
 
+#: The line reader: one column, the whole line.  A line holding the separator byte (binary
+#: junk) has more: the rest is cut off, never an error (on the first line polars raises
+#: unless told to ignore them, and the whole file would be lost).
+_LINE_READER: dict[str, Any] = {
+    "separator": "\x1f",
+    "schema": {"line": pl.String},
+    "extra_columns": "ignore",
+}
+
+
 def _query(batch: _Batch, offsets: Sequence[int]) -> pl.LazyFrame:
     """Both readers side by side, one row per line: the line reader numbers the lines
     and keeps the text of every line the field reader did not take.
@@ -366,7 +392,7 @@ def _query(batch: _Batch, offsets: Sequence[int]) -> pl.LazyFrame:
     horizontal concat of two scans of the same files; ``scan_inputs`` checks it.
     """
     line = pl.col("line")
-    lines = batch.read(numbered=True, separator="\x1f", schema={"line": pl.String}).with_columns(
+    lines = batch.read(numbered=True, **_LINE_READER).with_columns(
         line.str.contains("opCount", literal=True).fill_null(value=False).alias("has_op")
     )
     if offsets:
@@ -394,7 +420,7 @@ def _reread(batch: _Batch, rows: list[int]) -> pl.DataFrame:
     """Text-store rows for the lines ``rows`` (their ``g``), read again from the files."""
     return (
         batch.file_ids(
-            batch.read(numbered=True, separator="\x1f", schema={"line": pl.String}).filter(
+            batch.read(numbered=True, **_LINE_READER).filter(
                 pl.col("g").is_in(pl.Series(rows, dtype=pl.UInt32).implode())
             )
         )
