@@ -13,13 +13,15 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
-from typing import Any, BinaryIO, TypeVar
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
 import click
 
 from ncclscope.agent.exporter import DEFAULT_LISTEN
-from ncclscope.agent.launch import SignalForwarder, Tee, exit_status, job_environment
 from ncclscope.agent.run import Agent, AgentConfig, LineSource
+
+if TYPE_CHECKING:  # ``ncclscope run`` only: the sidecar never loads it
+    from ncclscope.agent.launch import SignalForwarder
 
 __all__ = ["agent", "replay", "run"]
 
@@ -440,6 +442,8 @@ def run(
             (out / sub).mkdir()
     except OSError as e:
         raise click.UsageError(f"--out {out}: {e}") from e
+    from ncclscope.agent.launch import SignalForwarder, job_environment
+
     job = job_environment(os.environ, out.resolve())  # absolute: the job may chdir
     kept = ", ".join(f"{k}={v}" for k, v in job.kept.items())
     mine = f"; kept yours: {kept}" if kept else ""
@@ -493,6 +497,8 @@ def _run_job(
     ``cpu_s.tee`` (the tee's thread) and ``cpu_s.ncclscope`` (the whole process: the
     tee, the agent's threads, the HTTP endpoint), over ``job_wall_s``.
     """
+    from ncclscope.agent.launch import Tee, exit_status
+
     wall, cpu = time.monotonic(), time.process_time()
     try:
         proc = subprocess.Popen(
