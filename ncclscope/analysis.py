@@ -478,10 +478,8 @@ def _world_size(
     ident = view.identity
     if ident.world_size is not None:
         world = ident.members.filter(pl.col("comm_key") == ident.world_key)
-        by_init = world.filter(pl.col("seen_in") == "init")
-        if by_init["complete"].any() or by_init["bus_id"].is_not_null().any():
-            return ident.world_size, "init"
-        return ident.world_size, "lifecycle" if len(by_init) < len(world) else "coll"
+        inited = world["complete"].any() or world["bus_id"].is_not_null().any()
+        return ident.world_size, "init" if inited else "coll"
     if boot_sizes:
         return max(boot_sizes), "bootstrap"
     stated = [

@@ -133,8 +133,6 @@ MEMBERS_SCHEMA = _schema(
         "complete": pl.Boolean,  # Init COMPLETE seen (not only START)
         "line_no": pl.UInt32,
         "rank": pl.Int32,  # global rank (rank in the world communicator) where known
-        # init: its Init lines; lifecycle: only its Destroy/Abort lines (Init lines cut)
-        "seen_in": pl.String,
     }
 )
 

@@ -40,8 +40,6 @@ class Member:
     local_rank: int | None = None
     comm_key: str = ""
     rank: int | None = None  # global rank
-    #: ``init`` (its Init lines) or ``lifecycle`` (only Destroy/Abort lines: Init cut)
-    seen_in: str = "init"
 
 
 @dataclass(frozen=True)
@@ -139,7 +137,6 @@ def _members_from_init(records: LineRecords) -> dict[tuple[ProcKey, str], Member
         members[key].cuda_dev = ev.cuda_dev
         members[key].nvml_dev = ev.nvml_dev
         members[key].bus_id = ev.bus_id
-        members[key].seen_in = "lifecycle"
     for proc, layout in records.layouts:
         member = members.get((proc, layout.comm))
         if member is not None:
@@ -251,7 +248,6 @@ def _members_frame(members: list[Member]) -> pl.DataFrame:
             "complete": m.complete,
             "line_no": m.first_line,
             "rank": m.rank,
-            "seen_in": m.seen_in,
         }
         for m in members
     ]
