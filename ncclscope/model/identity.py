@@ -126,17 +126,6 @@ def _members_from_init(records: LineRecords) -> dict[tuple[ProcKey, str], Member
         member.bus_id = ev.bus_id or member.bus_id
         member.comm_id = ev.comm_id or member.comm_id
         member.complete = member.complete or ev.phase == "COMPLETE"
-    # A communicator whose Init lines were cut away (a log's head lost, a file opened
-    # late) still names its rank and size in its Destroy/Abort lines (2.12+:
-    # ``comm 0x55 rank 3 nRanks 16 cudaDev 3 busId 3d000 - Abort COMPLETE``).
-    for proc, line_no, ev in records.comm_events:
-        key = (proc, ev.comm)
-        if ev.event == "Init" or key in members or ev.comm == "(nil)":
-            continue
-        members[key] = Member(proc, ev.comm, ev.nranks, line_no, comm_rank=ev.rank)
-        members[key].cuda_dev = ev.cuda_dev
-        members[key].nvml_dev = ev.nvml_dev
-        members[key].bus_id = ev.bus_id
     for proc, layout in records.layouts:
         member = members.get((proc, layout.comm))
         if member is not None:
