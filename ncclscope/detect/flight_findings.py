@@ -280,13 +280,22 @@ def wait_findings(ctx: Context, named: set[int]) -> list[Finding]:
         gaps = g["ts_first"].diff().dt.total_microseconds().drop_nulls() / 1e6
         gap_s = float(statistics.median(gaps.to_list())) if len(gaps) else 0.0
         label = _label(str(pg), pg_desc(ctx, str(pg)))
-        out += _persistent(g, str(pg), label, gap_s, named)
+        out += _persistent(g, str(pg), label, gap_s, named, _one_clock(ctx, g))
         out += _pauses(g, str(pg), label, gap_s, named)
     return out
 
 
+def _one_clock(ctx: Context, g: pl.DataFrame) -> bool:
+    """Whether every rank of the group is known to run on one host: then its enqueue
+    times share one clock.  Across hosts (or hosts unknown) a clock offset reads the
+    same as a late rank, constant collective after collective."""
+    dumps = ctx.analysis.flight.dumps["rank"].drop_nulls().unique()
+    hosts = ctx.analysis.identity.ranks.filter(pl.col("rank").is_in(dumps.implode()))
+    return len(hosts) == len(dumps) and hosts["host"].n_unique() == 1 and len(g) > 0
+
+
 def _persistent(
-    g: pl.DataFrame, pg: str, label: str, gap_s: float, named: set[int]
+    g: pl.DataFrame, pg: str, label: str, gap_s: float, named: set[int], one_clock: bool
 ) -> list[Finding]:
     n = len(g)
     members = len(g) and int(g["members"][0])
@@ -302,14 +311,18 @@ def _persistent(
         median_wait = float(statistics.median(r["wait_s"].to_list()))
         if z < MIN_Z or median_wait < max(MIN_SLOWDOWN * gap_s, MIN_EXCESS_S):
             continue
+        clock = "" if one_clock else (
+            "; its host's clock may be ahead instead (the ranks are not known to share a "
+            "host): check `chronyc tracking`"
+        )  # fmt: skip
         out.append(
             Finding(
                 kind="straggler",
-                severity="warning",
+                severity="warning" if one_clock else "info",
                 message=(
                     f"rank {rank} enqueued last at {k} of {n} collectives of {label}, "
                     f"a median {duration_text(median_wait)} after the next-to-last rank "
-                    "(Flight Recorder enqueue times)"
+                    f"(Flight Recorder enqueue times){clock}"
                 ),
                 ranks=[int(rank)],
                 evidence={
@@ -319,8 +332,10 @@ def _persistent(
                     "collectives": n,
                     "median_wait_s": round(median_wait, 6),
                     "gap_s": round(gap_s, 6),
-                    "clock": "each process's CPU clock: ranks on different hosts also "
-                    "compare the hosts' clocks",
+                    "clock": "one host"
+                    if one_clock
+                    else "each process's CPU clock: "
+                    "ranks on different or unknown hosts also compare the hosts' clocks",
                 },
             )
         )
