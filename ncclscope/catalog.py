@@ -106,6 +106,7 @@ CATALOG: tuple[Metric, ...] = (
     _m("job", "timeout_culprit_info", "info", "", "The rank the pending collective waits for.", "comm", "rank", "op", "seq"),
     _m("job", "nccl_errors", "gauge", "", "NCCL WARN root causes in the followed logs, by kind and severity.", "kind", "severity"),
     _m("job", "findings", "gauge", "", "Current findings by kind and severity.", "kind", "severity"),
+    _m("job", "collective_bus_bandwidth_bytes_per_second", "gauge", "bytes_per_second", "Median bus bandwidth NCCL Inspector measured over the window, per op and message size (size_bucket: the power of two, in bytes, at or below each rank's buffer; at most 40 buckets). Only while the agent follows Inspector output.", "op", "size_bucket"),
 )  # fmt: skip
 
 

@@ -518,8 +518,38 @@ def job_rows(
     for f in diagnosis.findings:
         counts[(f.kind, f.severity)] = counts.get((f.kind, f.severity), 0) + 1
     rows["ncclscope_findings"] = [(k, float(n)) for k, n in sorted(counts.items())]
+    rows.update(_bus_bandwidth(analysis))
     unparsed = analysis.inputs["unparsed"].sum()
     rows["ncclscope_log_window_lines_unparsed"] = [((), float(unparsed))]
     damaged = sum(analysis.inputs[reason].sum() for reason in ("malformed", "binary", "too_long"))
     rows["ncclscope_log_window_lines_damaged"] = [((), float(damaged))]
     return rows
+
+
+def _bus_bandwidth(analysis: Analysis) -> dict[str, list[tuple[tuple[str, ...], float]]]:
+    """Inspector's measured bus bandwidth in the window: the median per op and power-of-two
+    size bucket (bounded: a few ops times at most 40 buckets)."""
+    records = analysis.tools.inspector.filter(
+        pl.col("bus_bw_bytes_per_s").is_not_null()
+        & (pl.col("msg_size_bytes") > 0)
+        & pl.col("op").is_not_null()
+    )
+    if records.is_empty():
+        return {}
+    # The bucket's lower bound: 2^floor(log2(size)), capped at 2^40 (a TiB buffer).
+    bucket = (
+        pl.lit(2, dtype=pl.Int64)
+        .pow(pl.col("msg_size_bytes").log(2).floor().clip(0, 40).cast(pl.Int64))
+        .alias("bucket")
+    )
+    per = (
+        records.with_columns(bucket)
+        .group_by("op", "bucket")
+        .agg(pl.col("bus_bw_bytes_per_s").median())
+        .sort("op", "bucket")
+    )
+    return {
+        "ncclscope_collective_bus_bandwidth_bytes_per_second": [
+            ((str(op), str(b)), float(bw)) for op, b, bw in per.iter_rows()
+        ]
+    }
