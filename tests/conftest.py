@@ -9,6 +9,7 @@ IB completion WARN (preceded by its empty line) with its return-code chain.
 from __future__ import annotations
 
 import json
+import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -190,3 +191,16 @@ def analyze() -> Callable[..., CliRun]:
 def sample_log(tmp_path: Path) -> Path:
     """The undamaged sample log, written to ``tmp_path/clean.log``."""
     return write_sample(tmp_path / "clean.log")
+
+
+def scrape_metrics(port: int) -> dict[str, float]:
+    """An agent's ``/metrics`` on loopback ``port``: each sample (name with its labels) to
+    its value."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        body = response.read().decode()
+    values = {}
+    for line in body.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            values[name] = float(value)
+    return values

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import threading
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from conftest import scrape_metrics
 
 from ncclscope.agent.replay import ReplaySource
 from ncclscope.agent.run import Agent, AgentConfig
@@ -16,17 +16,6 @@ from ncclscope.agent.telemetry import read_telemetry
 
 REPO = Path(__file__).resolve().parent.parent
 STALLED = REPO / "fixtures" / "stalled-227-ts" / "job.log"
-
-
-def _scrape(port: int) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        body = response.read().decode()
-    values = {}
-    for line in body.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            values[name] = float(value)
-    return values
 
 
 class _Clock:
@@ -53,10 +42,10 @@ def test_replay_of_a_hang_counts_down_to_the_timeout() -> None:
     clock.t = 5.0  # 5 s real = 300 s of the job at 60x: every line is out
     a.tick()
     assert source.done
-    first = _scrape(port)
+    first = scrape_metrics(port)
     clock.t = 10.0
     a.tick()
-    second = _scrape(port)
+    second = scrape_metrics(port)
     left = [k for k in first if k.startswith("ncclscope_timeout_remaining_seconds")]
     assert len(left) == 1
     assert second[left[0]] == pytest.approx(first[left[0]] - 300.0, abs=1.0)
@@ -114,7 +103,7 @@ def test_agent_without_a_driver_keeps_running(tmp_path: Path) -> None:
     runner.start()
     time.sleep(0.4)
     assert a.bound is not None
-    values = _scrape(a.bound[1])
+    values = scrape_metrics(a.bound[1])
     stop.set()
     start = time.monotonic()
     runner.join(timeout=5)
@@ -199,7 +188,7 @@ def test_agent_subprocess_follows_a_log_and_stops_on_sigterm(tmp_path: Path) -> 
             fh.write("".join(lines[500:]))
         values: dict[str, float] = {}
         while time.monotonic() < deadline:
-            values = _scrape(port)
+            values = scrape_metrics(port)
             if any("ncclscope_timeout_culprit_info" in k for k in values):
                 break
             time.sleep(0.2)
@@ -230,12 +219,12 @@ def test_a_gpu_that_falls_off_the_bus_is_reported_not_fatal() -> None:
     a.start()
     assert a.bound is not None
     a.tick()
-    before = _scrape(a.bound[1])
+    before = scrape_metrics(a.bound[1])
     assert any('gpu="1"' in k and "memory_used" in k for k in before)
     fake.lose(1)
     a.tick()
     a.tick()
-    after = _scrape(a.bound[1])
+    after = scrape_metrics(a.bound[1])
     assert not any('gpu="1"' in k and "memory_used" in k for k in after)
     assert any('gpu="0"' in k and "memory_used" in k for k in after)
     assert a.nvml.lost == [1]
@@ -298,13 +287,13 @@ def test_replay_serves_recorded_telemetry_as_its_clock_reaches_it(tmp_path: Path
     assert a.bound is not None
     clock.t = 1.5  # 90 s of the job: the first two samples
     a.tick()
-    values = _scrape(a.bound[1])
+    values = scrape_metrics(a.bound[1])
     used = 'ncclscope_gpu_memory_used_bytes{UUID="GPU-aa",gpu="0",pci_bus_id="00000000:3B:00.0"}'
     assert values[used] == 1.0
     assert values["ncclscope_host_memory_available_bytes"] == 99.0
     clock.t = 10.0
     a.tick()
-    assert _scrape(a.bound[1])[used] == 3.0
+    assert scrape_metrics(a.bound[1])[used] == 3.0
     a.finish()
 
 
@@ -318,7 +307,7 @@ def test_xid_errors_are_exported() -> None:
     assert a.bound is not None
     fake.inject_xid(1, 79)
     a.tick()
-    values = _scrape(a.bound[1])
+    values = scrape_metrics(a.bound[1])
     xid = [k for k in values if k.startswith("ncclscope_gpu_xid_errors_total")]
     assert len(xid) == 1
     assert 'gpu="1"' in xid[0]

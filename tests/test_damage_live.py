@@ -14,8 +14,9 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
+
+from conftest import scrape_metrics
 
 REPO = Path(__file__).resolve().parent.parent
 STALLED = REPO / "fixtures" / "stalled-227-ts" / "job.log"
@@ -46,17 +47,6 @@ OTHER = [
 ]
 
 
-def _scrape(port: int) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        body = response.read().decode()
-    values = {}
-    for line in body.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            values[name] = float(value)
-    return values
-
-
 def test_agent_counts_damaged_lines_and_keeps_answering(tmp_path: Path) -> None:
     log = tmp_path / "train.log"
     lines = STALLED.read_text().splitlines(keepends=True)[:300]
@@ -79,14 +69,14 @@ def test_agent_counts_damaged_lines_and_keeps_answering(tmp_path: Path) -> None:
         def settled(want_lines: int) -> dict[str, float]:
             values: dict[str, float] = {}
             while time.monotonic() < deadline:
-                values = _scrape(port)
+                values = scrape_metrics(port)
                 if (
                     values.get("ncclscope_log_lines_read_total") == want_lines
                     and "ncclscope_log_window_lines_damaged" in values
                 ):
                     # one more analysis after the last line arrived
                     time.sleep(0.6)
-                    return _scrape(port)
+                    return scrape_metrics(port)
                 time.sleep(0.1)
             raise AssertionError(f"the agent did not read {want_lines} lines: {values}")
 
@@ -96,7 +86,7 @@ def test_agent_counts_damaged_lines_and_keeps_answering(tmp_path: Path) -> None:
                 fh.write(text.encode("utf-8", "surrogateescape") + b"\n")
                 fh.flush()
                 time.sleep(0.05)
-                _scrape(port)  # answers between appends too
+                scrape_metrics(port)  # answers between appends too
         after = settled(len(lines) + len(DAMAGED) + len(OTHER))
         assert proc.poll() is None, "the agent stopped"
         grew = after["ncclscope_log_window_lines_damaged"]
