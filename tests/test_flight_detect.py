@@ -227,3 +227,20 @@ def test_a_rank_whose_gpu_never_started_the_collective_is_the_culprit(tmp_path: 
     assert (h.severity, h.ranks, h.seq) == ("warning", [1], 5)
     assert h.evidence["flight_recorder"]["never_started"] == [1]
     assert "never started" in h.message
+
+
+def test_dumps_of_two_runs_given_together_blame_nobody(tmp_path: Path) -> None:
+    """Ranks 0-1 from the healthy run, ranks 2-3 from the one where rank 2 skipped a
+    collective: compared with each other they would blame rank 2 for a stop that run's
+    partners never saw.  Entered further apart than the timeout, they are not one run."""
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    for rank, case in ((0, "healthy"), (1, "healthy"), (2, "skipped-collective"),
+                       (3, "skipped-collective")):  # fmt: skip
+        name = f"fr_trace_rank_{rank}"
+        (mixed / name).write_bytes((FIXTURES / case / name).read_bytes())
+    d = _diagnose([mixed], tmp_path)
+    assert _blamed(d, ("hang", "mismatch", "straggler")) == []
+    (note,) = [f for f in d.findings if f.evidence.get("source") == "flight_recorder"]
+    assert note.kind == "config"
+    assert "not come from one run" in note.message

@@ -35,6 +35,7 @@ from ncclscope.detect.context import Context
 __all__ = [
     "FlightMismatch",
     "FlightStop",
+    "apart_runs",
     "flight_mismatches",
     "flight_stops",
     "flight_waits",
@@ -130,6 +131,31 @@ def pg_desc(ctx: Context, pg: str) -> str | None:
     """The description PyTorch gave process group ``pg`` (``default_pg``), if any."""
     descs = ctx.analysis.flight.entries.filter(pl.col("pg_name") == pg)["pg_desc"].drop_nulls()
     return str(descs[0]) if len(descs) else None
+
+
+def apart_runs(ctx: Context) -> tuple[int, float] | None:
+    """Whether the dumps come from more than one run (two jobs' dumps given together, a
+    restart's beside the first run's): members of one process group enter a collective
+    within its timeout of each other, or the first would have timed out.  The collective
+    and its spread in seconds where they do not, else None."""
+    colls = _collectives(ctx).filter(
+        pl.col("created_ts").is_not_null() & pl.col("timeout_ms").is_not_null()
+    )
+    if colls.is_empty():
+        return None
+    spread = (
+        colls.group_by("pg_name", "collective_seq_id")
+        .agg(
+            ((pl.col("created_ts").max() - pl.col("created_ts").min()).dt.total_microseconds()
+             / 1e6).alias("spread_s"),
+            (pl.col("timeout_ms").max() / 1e3).alias("timeout_s"),
+        )
+        .filter(pl.col("spread_s") > pl.col("timeout_s"))
+        .sort("spread_s", descending=True)
+    )  # fmt: skip
+    if spread.is_empty():
+        return None
+    return int(spread["collective_seq_id"][0]), float(spread["spread_s"][0])
 
 
 def flight_stops(ctx: Context) -> list[FlightStop]:

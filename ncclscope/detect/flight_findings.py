@@ -25,6 +25,7 @@ from ncclscope.detect.context import Context
 from ncclscope.detect.flight import (
     FlightMismatch,
     FlightStop,
+    apart_runs,
     flight_mismatches,
     flight_stops,
     flight_waits,
@@ -237,6 +238,23 @@ def _same_event(ctx: Context, f: Finding, pg: str, kind: str, n_events: int) -> 
 
 def with_flight(ctx: Context, findings: list[Finding]) -> list[Finding]:
     """``findings`` (the logs' hangs and mismatches) with what the dumps show joined in."""
+    apart = apart_runs(ctx)
+    if apart is not None:
+        # Ranks of two runs compared with each other would blame whoever is behind.
+        seq, spread = apart
+        return [
+            *findings,
+            Finding(
+                kind="config",
+                severity="info",
+                message=(
+                    f"the Flight Recorder dumps do not come from one run (ranks entered "
+                    f"collective #{seq} {duration_text(spread)} apart, more than its "
+                    "timeout): they are not used to name culprits; give one run's dumps"
+                ),
+                evidence={"source": _SOURCE, "collective_seq_id": seq, "spread_s": spread},
+            ),
+        ]
     mismatches = flight_mismatches(ctx)
     out = list(findings)
     for m in mismatches:
@@ -273,6 +291,8 @@ def wait_findings(ctx: Context, named: set[int]) -> list[Finding]:
     already told them): one that came last far more often than chance over at least
     ``MIN_INSTANCES`` collectives, and pauses where the others waited for one rank far
     longer than the group's usual gap between collectives."""
+    if apart_runs(ctx) is not None:
+        return []  # told by ``with_flight``: enqueue times of two runs say nothing
     waits = flight_waits(ctx)
     out: list[Finding] = []
     for (pg,), g in waits.partition_by("pg_name", as_dict=True, maintain_order=True).items():
