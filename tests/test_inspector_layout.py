@@ -1,0 +1,161 @@
+"""Inspector files read by their layout (the fast path, cell by cell) give what reading
+each file on its own gives (polars' JSON-lines reader, else per-field regexes): the
+same records, line numbers, skip reasons and counts, on clean and damaged files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+from polars.testing import assert_frame_equal
+
+from ncclscope.parsers.tools import inspector
+from ncclscope.parsers.tools.inspector import (
+    InspectorRead,
+    _layout,
+    read_inspector,
+    read_inspector_files,
+)
+from ncclscope.synth.inspector import InspectorJob, inspector_files
+
+RECORD = (
+    '{"header":{"id":"0a1b2c3d4e5f6071","rank":1,"n_ranks":2,"nnodes":1},'
+    '"metadata":{"inspector_output_format_version":"v4.0","git_rev":"g","rec_mechanism":'
+    '"nccl_profiler_interface","dump_timestamp_us":1764000000000000,"hostname":"h","pid":7},'
+    '"coll_perf":{"coll":"AllGather","coll_sn":3,"coll_msg_size_bytes":1048576,'
+    '"coll_exec_time_us":250,"coll_timing_source":"kernel_gpu","coll_algobw_gbs":8.388608,'
+    '"coll_busbw_gbs":4.194304}}'
+)
+NAMED = RECORD.replace('"nnodes":1}', '"nnodes":1,"comm_name":"dp"}')
+
+
+def _rec(sn: int, base: str = RECORD) -> str:
+    return base.replace('"coll_sn":3', f'"coll_sn":{sn}')
+
+
+def _lines(n: int, base: str = RECORD) -> list[str]:
+    return [_rec(k, base) for k in range(n)]
+
+
+DAMAGED: dict[str, str] = {
+    "clean": "\n".join(_lines(6)) + "\n",
+    "no final newline": "\n".join(_lines(6)),
+    "cut last line": "\n".join(_lines(5)) + "\n" + _rec(5)[:150],
+    "crlf": "\r\n".join(_lines(6)) + "\r\n",
+    "blank and space lines": "\n".join([*_lines(3), "", "   ", *_lines(3)]) + "\n",
+    "comma in comm_name": "\n".join(
+        [*_lines(2, NAMED), _rec(2, NAMED).replace('"dp"', '"dp,tp"'), *_lines(2, NAMED)]
+    )
+    + "\n",
+    "spliced lines": "\n".join([*_lines(2), _rec(2)[:200] + _rec(3), *_lines(2)]) + "\n",
+    "extra field at the end": "\n".join([*_lines(2), _rec(2).replace("}}", ',"x":1}}'), *_lines(2)])
+    + "\n",
+    "nan bandwidth": "\n".join(
+        [*_lines(2), _rec(2).replace("8.388608", "nan"), _rec(3).replace("4.194304", "-nan")]
+    )
+    + "\n",
+    "negative sn and unknown op": "\n".join(
+        [*_lines(2), _rec(-4), _rec(5).replace("AllGather", "Bogus"), *_lines(1)]
+    )
+    + "\n",
+    "string where a number is": "\n".join([*_lines(2), _rec(2).replace('"rank":1', '"rank":"1"')])
+    + "\n",
+    "spaces after colons": "\n".join(r.replace('":', '": ') for r in _lines(4)) + "\n",
+    "other key order": "\n".join(
+        r.replace('"coll":"AllGather","coll_sn"', '"coll_sn"').replace(
+            '"coll_busbw_gbs":4.194304}}', '"coll_busbw_gbs":4.194304,"coll":"AllGather"}}'
+        )
+        for r in _lines(4)
+    )
+    + "\n",
+    "verbose event trace": "\n".join(
+        r.replace("}}", ',"event_trace_sn":[1,2,3],"event_trace_ts":[4,5]}}') for r in _lines(3)
+    )
+    + "\n",
+    "binary garbage": "\n".join([*_lines(2), "\x00\x01\xff,,,}}", *_lines(2)]) + "\n",
+    "empty": "",
+}
+
+
+def _same(a: pl.DataFrame, b: pl.DataFrame) -> None:
+    assert_frame_equal(a, b)  # NaN equals NaN here, unlike in dicts
+
+
+#: Files whose first line is no layout: read by the JSON-lines reader or line by line.
+NOT_BY_LAYOUT = {"verbose event trace", "empty"}
+
+
+@pytest.mark.parametrize("case", list(DAMAGED))
+def test_the_layout_reader_reads_what_each_file_alone_reads(
+    tmp_path: Path, case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Clean files of the same layout beside the damaged one: they are read together.
+    paths = []
+    for k in range(2):
+        p = tmp_path / f"h-pid{k}.log"
+        p.write_text("\n".join(_lines(4)) + "\n")
+        paths.append(p)
+    damaged = tmp_path / "h-pid9.log"
+    damaged.write_bytes(DAMAGED[case].encode("utf-8", "surrogateescape"))
+    paths.append(damaged)
+    files = [(k, p, p.name) for k, p in enumerate(paths)]
+    whole: list[str] = []
+
+    def spy(path: Path, display: str) -> InspectorRead:
+        whole.append(display)
+        return read_inspector(path, display)
+
+    batch = inspector._batch
+
+    def batch_spy(members: Any, counts: Any) -> Any:
+        whole.extend(display for _f, _p, display in members)
+        return batch(members, counts)
+
+    monkeypatch.setattr(inspector, "read_inspector", spy)
+    monkeypatch.setattr(inspector, "_batch", batch_spy)
+    together = read_inspector_files(files)
+    # The clean files are read by their layout; the damaged one too, but where its
+    # first line gives none.
+    assert whole == (["h-pid9.log"] if case in NOT_BY_LAYOUT else [])
+    for fid, path, name in files:
+        alone = read_inspector(path, name)
+        alone.rows = alone.rows.with_columns(pl.lit(fid, pl.UInt32).alias("file_id"))
+        got = together[fid]
+        _same(got.rows, alone.rows)
+        assert (got.lines, dict(got.skipped), got.versions) == (
+            alone.lines,
+            dict(alone.skipped),
+            alone.versions,
+        ), case
+
+
+def test_a_synthetic_jobs_files_read_by_layout_match_the_json_reader(tmp_path: Path) -> None:
+    job = InspectorJob(nranks=8, ranks_per_host=4, collectives=60, drop=0.1, seed=5)
+    paths = []
+    for name, text in inspector_files(job).items():
+        (tmp_path / name).write_text(text)
+        paths.append(tmp_path / name)
+    assert _layout(paths[0].read_text().split("\n", 1)[0]) is not None
+    files = [(k, p, p.name) for k, p in enumerate(sorted(paths))]
+    together = read_inspector_files(files)
+    for fid, path, name in files:
+        alone = read_inspector(path, name)
+        _same(together[fid].rows, alone.rows.with_columns(pl.lit(fid, pl.UInt32).alias("file_id")))
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "",
+        "[1,2]",
+        '{"header":{"id":"a,b","rank":1}}',  # a comma inside a string
+        RECORD.replace('"coll_sn":3', '"coll_sn":[3]'),  # not a scalar
+        RECORD.replace('"coll_perf":{', '"coll_perf":{"coll_perf":{') + "}",  # key repeated
+        RECORD[:-1],  # an object left open
+        RECORD.replace('"coll":"AllGather",', ""),  # a required field missing
+    ],
+)
+def test_lines_that_give_no_layout(line: str) -> None:
+    assert _layout(line) is None
