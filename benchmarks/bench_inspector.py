@@ -22,7 +22,9 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from ncclscope.analysis import build
 from ncclscope.parsers.tools.inspector import read_inspector_files
@@ -52,33 +54,41 @@ def main() -> None:
         mb_ins = sum(f.stat().st_size for f in files) / 1e6
         print(f"log: {n_lines:,} lines, {mb_log:.1f} MB; inspector: {n_records:,} records in "
               f"{len(files)} files, {mb_ins:.1f} MB")  # fmt: skip
-        t_log, t_ins, t_read = [], [], []
+        # Wall and CPU time (all threads of this process): CPU time is steadier on a
+        # machine shared with other work, wall time is what a user waits.
+        wall: dict[str, list[float]] = {"log": [], "ins": [], "read": []}
+        cpu: dict[str, list[float]] = {"log": [], "ins": [], "read": []}
+
+        def timed(key: str, work: Callable[[], Any]) -> Any:
+            w, c = time.perf_counter(), time.process_time()
+            out = work()
+            wall[key].append(time.perf_counter() - w)
+            cpu[key].append(time.process_time() - c)
+            return out
+
         for k in range(args.runs):
-            start = time.perf_counter()
-            build([str(root / "log")], workdir=root / f"w-log-{k}")
-            t_log.append(time.perf_counter() - start)
-            start = time.perf_counter()
-            built = build([str(root / "ins")], workdir=root / f"w-ins-{k}")
-            t_ins.append(time.perf_counter() - start)
+            timed("log", lambda k=k: build([str(root / "log")], workdir=root / f"w-log-{k}"))
+            built = timed(
+                "ins", lambda k=k: build([str(root / "ins")], workdir=root / f"w-ins-{k}")
+            )
             assert built.analysis.tools.inspector.height == n_records
-            start = time.perf_counter()
-            read_inspector_files([(k, f, str(f)) for k, f in enumerate(files)])
-            t_read.append(time.perf_counter() - start)
-        per_line = statistics.median(t_log) / n_lines * 1e6
-        per_rec = statistics.median(t_ins) / n_records * 1e6
-        per_read = statistics.median(t_read) / n_records * 1e6
-        print(f"NCCL log, build:          {statistics.median(t_log):.3f} s, {per_line:.3f} us/line")
-        print(
-            f"Inspector, build:         {statistics.median(t_ins):.3f} s, {per_rec:.3f} us/record"
-        )
-        print(
-            f"Inspector, reader alone:  {statistics.median(t_read):.3f} s, {per_read:.3f} us/record"
-        )
-        ratio_build, ratio_read = per_line / per_rec, per_line / per_read
-        print(f"per record vs per line: build {ratio_build:.2f}x, reader {ratio_read:.2f}x "
-              "(above 1: Inspector faster)")  # fmt: skip
-        print(f"per byte: log {mb_log / statistics.median(t_log):.0f} MB/s, Inspector "
-              f"{mb_ins / statistics.median(t_ins):.0f} MB/s (build)")  # fmt: skip
+            timed(
+                "read", lambda: read_inspector_files([(k, f, str(f)) for k, f in enumerate(files)])
+            )
+        for label, times in (("wall", wall), ("CPU", cpu)):
+            med = {key: statistics.median(v) for key, v in times.items()}
+            per_line = med["log"] / n_lines * 1e6
+            per_rec = med["ins"] / n_records * 1e6
+            per_read = med["read"] / n_records * 1e6
+            print(f"[{label}] NCCL log, build:         {med['log']:.3f} s, {per_line:.3f} us/line")
+            print(f"[{label}] Inspector, build:        {med['ins']:.3f} s, {per_rec:.3f} us/record")
+            print(
+                f"[{label}] Inspector, reader alone: {med['read']:.3f} s, {per_read:.3f} us/record"
+            )
+            print(f"[{label}] per record vs per line: build {per_line / per_rec:.2f}x, reader "
+                  f"{per_line / per_read:.2f}x (above 1: Inspector faster)")  # fmt: skip
+        print(f"per byte (wall): log {mb_log / statistics.median(wall['log']):.0f} MB/s, "
+              f"Inspector {mb_ins / statistics.median(wall['ins']):.0f} MB/s (build)")  # fmt: skip
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -316,28 +316,30 @@ def _layout(line: str | None) -> _Layout | None:
     return tuple(cells)
 
 
-def _by_layout(members: list[tuple[int, Path, str]], layout: _Layout) -> dict[int, InspectorRead]:
-    """Read files of one layout together, cell by cell: polars' CSV reader splits each
-    line at its commas and every cell is checked against the layout (its key, the
-    objects it closes, its value's type).  A line that does not match (cut, spliced,
-    a comma inside a string, another writer) is read again from the file's text with
-    the per-field regexes, so its reason is counted and no good record is lost."""
-    paths = [str(path) for _f, path, _d in members]
-    ids = {path: fid for path, (fid, _p, _d) in zip(paths, members, strict=True)}
-    n = len(layout)
-    checks: list[pl.Expr] = []
-    values: dict[str, pl.Expr] = {}
+def _cell_exprs(
+    layout: _Layout, cells: list[int], last: int
+) -> tuple[list[pl.Expr], list[pl.Expr]]:
+    """The checks and the field values of the ``cells`` of ``layout`` (columns ``c<i>``,
+    strings): each cell starts with its key, ends with the objects it closes, and holds
+    a value of its field's type."""
     by_path: dict[tuple[str, ...], str] = {path: name for name, path in _FROM_NDJSON.items()}
-    for i, cell in enumerate(layout):
+    checks: list[pl.Expr] = []
+    values: list[pl.Expr] = []
+    for i in cells:
+        cell = layout[i]
         col = pl.col(f"c{i}")
-        if i == n - 1:
+        if i == last:
             col = col.str.strip_suffix("\r")
         tail = "}" * cell.closes
-        checks.append(col.str.starts_with(cell.prefix) & col.str.ends_with(tail))
+        checks.append(col.str.starts_with(cell.prefix))
+        if tail:
+            checks.append(col.str.ends_with(tail))
         name = by_path.get(cell.path)
         if name is None:
             continue
-        value = col.str.strip_prefix(cell.prefix).str.strip_suffix(tail)
+        value = col.str.strip_prefix(cell.prefix)
+        if tail:
+            value = value.str.strip_suffix(tail)
         dtype = _FIELDS[name][1]
         if dtype == pl.String:
             checks.append(value.str.contains(_STRING))
@@ -345,9 +347,31 @@ def _by_layout(members: list[tuple[int, Path, str]], layout: _Layout) -> dict[in
         else:
             value = value.cast(dtype, strict=False)
             checks.append(value.is_not_null())
-        values[name] = value.alias(name)
-    for name, (_rx, dtype, _req) in _FIELDS.items():
-        values.setdefault(name, pl.lit(None, dtype).alias(name))
+        values.append(value.alias(name))
+    return checks, values
+
+
+def _by_layout(members: list[tuple[int, Path, str]], layout: _Layout) -> dict[int, InspectorRead]:
+    """Read files of one layout together, cell by cell: polars' CSV reader splits each
+    line at its commas and every cell is checked against the layout (its key, the
+    objects it closes, its value's type).  A line that does not match (cut, spliced,
+    a comma inside a string, another writer) is read again from the file's text with
+    the per-field regexes, so its reason is counted and no good record is lost.
+
+    The cells outside the record's own object (``header``, ``metadata``: the same for
+    every record of a process between two dumps) are read as categoricals and parsed
+    once per run of equal cells, not once per record."""
+    paths = [str(path) for _f, path, _d in members]
+    ids = {path: fid for path, (fid, _p, _d) in zip(paths, members, strict=True)}
+    n = len(layout)
+    own = layout[[c.path for c in layout].index(_FROM_NDJSON["sn"])].path[:-1]
+    per_row = [i for i, c in enumerate(layout) if c.path[:-1] == own or i == n - 1]
+    # The other cells, but those of fields not read (``git_rev``...): the cells around
+    # them would show a comma too many or too few.
+    wanted = set(_FROM_NDJSON.values())
+    per_run = [i for i in range(n) if i not in per_row and layout[i].path in wanted]
+    row_checks, row_values = _cell_exprs(layout, per_row, n - 1)
+    run_checks, run_values = _cell_exprs(layout, per_run, n - 1)
     try:
         parsed = (
             pl.scan_csv(
@@ -355,46 +379,111 @@ def _by_layout(members: list[tuple[int, Path, str]], layout: _Layout) -> dict[in
                 has_header=False,
                 separator=",",
                 quote_char=None,
-                schema={f"c{i}": pl.String for i in range(n)},
+                schema={f"c{i}": pl.Categorical if i in per_run else pl.String for i in range(n)},
                 truncate_ragged_lines=True,
                 encoding="utf8-lossy",
                 include_file_paths="_src",
             )
             .select(
-                pl.col("_src").replace_strict(ids, return_dtype=pl.UInt32).alias("fid"),
-                (pl.int_range(pl.len()).over("_src") + 1).cast(pl.UInt32).alias("line_no"),
-                (
-                    (pl.col("c0").is_null() | (pl.col("c0").str.strip_chars() == ""))
-                    & pl.all_horizontal(pl.col(f"c{i}").is_null() for i in range(1, n))
-                ).alias("_blank"),
-                pl.all_horizontal(checks).fill_null(False).alias("_ok"),
-                *values.values(),
+                "_src",
+                pl.col("c1").is_null().alias("_short"),
+                pl.all_horizontal(row_checks).fill_null(False).alias("_ok"),
+                *(pl.col(f"c{i}") for i in sorted({0, *per_run})),
+                *row_values,
             )
-            .with_columns(pl.col("_ok") & _valid().fill_null(False))
             .collect()
         )
+        parsed = _heads(parsed, per_run, run_checks, run_values)
     except (OSError, pl.exceptions.PolarsError):
         return {}
-    rows = _rows(parsed.filter(pl.col("_ok")), pl.col("fid"))
-    by_file = rows.partition_by("file_id", as_dict=True)
+    # The file and line of each row: a file's rows are one run of ``_src``, in order
+    # (eager: an expression over all rows, ``over``, costs more than the read).
+    src = parsed["_src"].rle()
+    lens = src.struct.field("len")
+    fids = pl.Series([ids[v] for v in src.struct.field("value").to_list()], dtype=pl.UInt32)
+    run = parsed["_src"].rle_id()
+    line_no = pl.int_range(parsed.height, eager=True) - (lens.cum_sum() - lens).gather(run) + 1
+    parsed = parsed.with_columns(
+        fids.gather(run).alias("fid"), line_no.cast(pl.UInt32).alias("line_no")
+    )
+    missing = [pl.lit(None, t).alias(k) for k, (_r, t, _q) in _FIELDS.items() if k not in parsed]
+    parsed = parsed.with_columns(*missing).with_columns(pl.col("_ok") & _valid().fill_null(False))
+    parsed = parsed.with_columns(_blanks(parsed))
+    rows = _rows(parsed.filter(pl.col("_ok")), pl.col("fid"), hashed=True)
+    # A file's rows are contiguous: zero-copy slices, not a partition (a copy).
+    spans = rows["file_id"].rle()
+    sizes = spans.struct.field("len")
+    by_file = {
+        fid: rows.slice(end - n, n)
+        for fid, end, n in zip(
+            spans.struct.field("value").to_list(),
+            sizes.cum_sum().to_list(),
+            sizes.to_list(),
+            strict=True,
+        )
+    }
+    versions = {
+        fid: sorted(vs)
+        for fid, vs in rows.group_by("file_id")
+        .agg(pl.col("format_version").drop_nulls().unique())
+        .iter_rows()
+    }
     redo = parsed.filter(~pl.col("_ok") & ~pl.col("_blank")).select("fid", "line_no")
     again = redo.partition_by("fid", as_dict=True)
-    lines = dict(parsed.filter(~pl.col("_blank")).group_by("fid").len().iter_rows())
-    total = dict(parsed.group_by("fid").len().iter_rows())
+    counts = parsed.group_by("fid").agg(pl.len().alias("rows"), (~pl.col("_blank")).sum())
+    total = {fid: (n_rows, n_lines) for fid, n_rows, n_lines in counts.iter_rows()}
     out = {}
     for fid, path, display in members:
-        read = InspectorRead(display, lines=lines.get(fid, 0))
-        read.rows = by_file.get((fid,), rows.clear())
+        n_rows, n_lines = total.get(fid, (0, 0))
+        read = InspectorRead(display, lines=n_lines, rows=by_file.get(fid, rows.clear()))
+        read.versions = versions.get(fid, [])
         if (fid,) in again:
-            redone = _again(path, display, again[(fid,)]["line_no"], total[fid])
+            redone = _again(path, display, again[(fid,)]["line_no"], n_rows)
             if redone is None:
                 continue  # the file read as text does not line up: read on its own
             read.skipped = redone.skipped
             read.rows = pl.concat([read.rows, redone.rows.with_columns(
                 pl.lit(fid, pl.UInt32).alias("file_id"))]).sort("line_no")  # fmt: skip
-        read.versions = sorted(v for v in read.rows["format_version"].drop_nulls().unique())
+            read.versions = sorted({*read.versions, *redone.versions})
         out[fid] = read
     return out
+
+
+def _heads(
+    parsed: pl.DataFrame, per_run: list[int], checks: list[pl.Expr], values: list[pl.Expr]
+) -> pl.DataFrame:
+    """``parsed`` with the fields of its ``per_run`` cells (categoricals): each run of
+    lines whose cells are all equal is parsed once, from its first line, and the
+    values are spread over the run (``_ok`` and-ed with the run's checks)."""
+    if not per_run:
+        return parsed
+    new = pl.any_horizontal(pl.col(f"c{i}").to_physical().diff().fill_null(1) != 0 for i in per_run)
+    marked = parsed.select(new.alias("_new"), new.cum_sum().alias("_run"))
+    heads = (
+        parsed.filter(marked["_new"])
+        .select(pl.col(f"c{i}").cast(pl.String) for i in per_run)
+        .select(pl.all_horizontal(checks).fill_null(False).alias("_run_ok"), *values)
+    )
+    if "comm_hash" in heads:
+        heads = heads.with_columns(normalise_hash(pl.col("comm_hash")))
+    at = marked["_run"] - 1
+    return parsed.with_columns(heads[c].gather(at) for c in heads.columns).with_columns(
+        pl.col("_ok") & pl.col("_run_ok")
+    )
+
+
+def _blanks(parsed: pl.DataFrame) -> pl.Series:
+    """Blank lines (no second cell, the first empty or spaces): neither records nor
+    damage.  Looked at only among the short lines: a cast of every line costs."""
+    c0 = pl.col("c0").cast(pl.String)
+    short = (
+        parsed.select("c0", "_short")
+        .with_row_index("_i")
+        .filter(pl.col("_short"))
+        .filter(c0.is_null() | (c0.str.strip_chars() == ""))
+    )
+    blank = pl.Series("_blank", [False] * parsed.height, pl.Boolean)
+    return blank.scatter(short["_i"], True) if short.height else blank
 
 
 def _again(path: Path, display: str, line_nos: pl.Series, rows: int) -> InspectorRead | None:
@@ -451,14 +540,16 @@ def _finish(out: InspectorRead, parsed: pl.DataFrame) -> InspectorRead:
     return out
 
 
-def _rows(good: pl.DataFrame, file_id: pl.Expr) -> pl.DataFrame:
-    """The valid records as INSPECTOR_SCHEMA rows."""
+def _rows(good: pl.DataFrame, file_id: pl.Expr, *, hashed: bool = False) -> pl.DataFrame:
+    """The valid records as INSPECTOR_SCHEMA rows (``hashed``: ``comm_hash`` is
+    normalised already)."""
+    comm_hash = pl.col("comm_hash")
     rows = good.select(
         file_id.cast(pl.UInt32).alias("file_id"),
         pl.col("line_no").cast(pl.UInt32),
         "host",
         "pid",
-        normalise_hash(pl.col("comm_hash")).alias("comm_hash"),
+        (comm_hash if hashed else normalise_hash(comm_hash)).alias("comm_hash"),
         pl.when(pl.col("comm_name") != "unknown").then(pl.col("comm_name")).alias("comm_name"),
         "comm_rank",
         "nranks",
