@@ -75,6 +75,9 @@ DAMAGED: dict[str, str] = {
     )
     + "\n",
     "binary garbage": "\n".join([*_lines(2), "\x00\x01\xff,,,}}", *_lines(2)]) + "\n",
+    "commas and braces only": "\n".join([*_lines(2), ",,,,,,,,,,,,,,,,", "}}", ",", *_lines(2)])
+    + "\n",
+    "tabs and a lone brace": "\n".join([*_lines(2), "\t", "{", *_lines(2)]) + "\n",
     "empty": "",
 }
 

@@ -386,7 +386,6 @@ def _by_layout(members: list[tuple[int, Path, str]], layout: _Layout) -> dict[in
             )
             .select(
                 "_src",
-                pl.col("c1").is_null().alias("_short"),
                 pl.all_horizontal(row_checks).fill_null(False).alias("_ok"),
                 *(pl.col(f"c{i}") for i in sorted({0, *per_run})),
                 *row_values,
@@ -408,7 +407,6 @@ def _by_layout(members: list[tuple[int, Path, str]], layout: _Layout) -> dict[in
     )
     missing = [pl.lit(None, t).alias(k) for k, (_r, t, _q) in _FIELDS.items() if k not in parsed]
     parsed = parsed.with_columns(*missing).with_columns(pl.col("_ok") & _valid().fill_null(False))
-    parsed = parsed.with_columns(_blanks(parsed))
     rows = _rows(parsed.filter(pl.col("_ok")), pl.col("fid"), hashed=True)
     # A file's rows are contiguous: zero-copy slices, not a partition (a copy).
     spans = rows["file_id"].rle()
@@ -428,19 +426,21 @@ def _by_layout(members: list[tuple[int, Path, str]], layout: _Layout) -> dict[in
         .agg(pl.col("format_version").drop_nulls().unique())
         .iter_rows()
     }
-    redo = parsed.filter(~pl.col("_ok") & ~pl.col("_blank")).select("fid", "line_no")
+    # Lines that do not match, blank ones among them (the CSV reader gives a blank line
+    # and a line of commas alike): the file's text says which is which.
+    redo = parsed.filter(~pl.col("_ok")).select("fid", "line_no")
     again = redo.partition_by("fid", as_dict=True)
-    counts = parsed.group_by("fid").agg(pl.len().alias("rows"), (~pl.col("_blank")).sum())
-    total = {fid: (n_rows, n_lines) for fid, n_rows, n_lines in counts.iter_rows()}
+    total = dict(parsed.group_by("fid").len().iter_rows())
     out = {}
     for fid, path, display in members:
-        n_rows, n_lines = total.get(fid, (0, 0))
-        read = InspectorRead(display, lines=n_lines, rows=by_file.get(fid, rows.clear()))
+        n_rows = total.get(fid, 0)
+        read = InspectorRead(display, lines=n_rows, rows=by_file.get(fid, rows.clear()))
         read.versions = versions.get(fid, [])
         if (fid,) in again:
             redone = _again(path, display, again[(fid,)]["line_no"], n_rows)
             if redone is None:
                 continue  # the file read as text does not line up: read on its own
+            read.lines = redone.lines
             read.skipped = redone.skipped
             read.rows = pl.concat([read.rows, redone.rows.with_columns(
                 pl.lit(fid, pl.UInt32).alias("file_id"))]).sort("line_no")  # fmt: skip
@@ -457,38 +457,24 @@ def _heads(
     values are spread over the run (``_ok`` and-ed with the run's checks)."""
     if not per_run:
         return parsed
-    new = pl.any_horizontal(pl.col(f"c{i}").to_physical().diff().fill_null(1) != 0 for i in per_run)
-    marked = parsed.select(new.alias("_new"), new.cum_sum().alias("_run"))
+    run = parsed.select(pl.struct(pl.col(f"c{i}").to_physical() for i in per_run).rle_id())
+    at = run.to_series()
     heads = (
-        parsed.filter(marked["_new"])
+        parsed.filter(at.diff().fill_null(1) != 0)
         .select(pl.col(f"c{i}").cast(pl.String) for i in per_run)
         .select(pl.all_horizontal(checks).fill_null(False).alias("_run_ok"), *values)
     )
     if "comm_hash" in heads:
         heads = heads.with_columns(normalise_hash(pl.col("comm_hash")))
-    at = marked["_run"] - 1
     return parsed.with_columns(heads[c].gather(at) for c in heads.columns).with_columns(
         pl.col("_ok") & pl.col("_run_ok")
     )
 
 
-def _blanks(parsed: pl.DataFrame) -> pl.Series:
-    """Blank lines (no second cell, the first empty or spaces): neither records nor
-    damage.  Looked at only among the short lines: a cast of every line costs."""
-    c0 = pl.col("c0").cast(pl.String)
-    short = (
-        parsed.select("c0", "_short")
-        .with_row_index("_i")
-        .filter(pl.col("_short"))
-        .filter(c0.is_null() | (c0.str.strip_chars() == ""))
-    )
-    blank = pl.Series("_blank", [False] * parsed.height, pl.Boolean)
-    return blank.scatter(short["_i"], True) if short.height else blank
-
-
 def _again(path: Path, display: str, line_nos: pl.Series, rows: int) -> InspectorRead | None:
-    """The lines ``line_nos`` of ``path`` read with the per-field regexes; None where the
-    file's lines as text are not the ones the CSV reader saw (then it is read whole)."""
+    """The lines ``line_nos`` of ``path`` read with the per-field regexes (``lines``: the
+    file's lines but blank ones); None where the file's lines as text are not the ones
+    the CSV reader saw (then it is read whole)."""
     try:
         raw = pl.read_csv(
             path,
@@ -505,7 +491,9 @@ def _again(path: Path, display: str, line_nos: pl.Series, rows: int) -> Inspecto
         return None
     blank = pl.col("line").is_null() | (pl.col("line").str.strip_chars() == "")
     picked = raw.filter(pl.col("line_no").is_in(line_nos.implode()) & ~blank)
-    return _read(picked, display)
+    read = _read(picked, display)
+    read.lines = rows - raw.filter(blank).height
+    return read
 
 
 def read_inspector_text(text: str, display: str) -> InspectorRead:
