@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["DTYPE_BYTES", "DTYPE_NAMES", "TORCH_DTYPES", "human_bytes"]
+__all__ = ["DTYPE_BYTES", "DTYPE_NAMES", "TORCH_DTYPES", "human_bytes", "rank_ranges"]
 
 #: ``ncclDataType_t`` value -> element size in bytes (``src/nccl.h.in``).
 DTYPE_BYTES: dict[int, int] = {
@@ -76,3 +76,23 @@ def human_bytes(n: float | None) -> str:
             return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def rank_ranges(ranks: list[int]) -> str:
+    """Ranks as ranges.
+
+    >>> rank_ranges([0, 1, 2, 4, 6, 7]), rank_ranges([])
+    ('0-2, 4, 6-7', '')
+    """
+    if not ranks:
+        return ""
+    parts: list[str] = []
+    start = prev = ranks[0]
+    for r in [*ranks[1:], None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if r is not None:
+            start = prev = r
+    return ", ".join(parts)

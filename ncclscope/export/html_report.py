@@ -39,6 +39,8 @@ from ncclscope import __version__
 from ncclscope.detect.base import Finding, ranks_text
 from ncclscope.detect.context import Context
 from ncclscope.export.html_bandwidth import BANDWIDTH_INTRO, NO_BANDWIDTH, bandwidth_figure
+from ncclscope.export.html_flight import flight_body
+from ncclscope.export.json_report import flight_doc
 from ncclscope.hosts import with_log_hosts
 from ncclscope.model.timeline import find_period
 from ncclscope.schema import REPORT_STEPS_SCHEMA, TS
@@ -908,6 +910,9 @@ h2{border-bottom:1px solid #d5d8dc;padding-bottom:4px;margin-top:28px}
 pre{white-space:pre-wrap;word-break:break-all;font-size:12px;margin:2px 0}
 pre.line{background:#eaeded;padding:4px 8px}
 table.facts th{text-align:left;padding-right:16px;font-weight:600}
+table.status{border-collapse:collapse;font-size:13px}
+table.status td,table.status th{border:1px solid #d5d8dc;padding:2px 8px;text-align:right}
+table.status tr.behind{background:#fdebd0}
 #ncclscope-errors{display:none;background:#fdedec;border:1px solid #c0392b;padding:8px}
 """
 
@@ -934,6 +939,12 @@ def _bandwidth(d: _Data) -> _Section:
     return _Section("bandwidth", title, body)
 
 
+def _flight(diagnosis: Diagnosis) -> list[_Section]:
+    """The Flight Recorder section (``html_flight``), where dumps are among the inputs."""
+    body = flight_body(flight_doc(diagnosis.analysis))
+    return [] if body is None else [_Section("flight", "Flight Recorder dumps", body)]
+
+
 def render_html(diagnosis: Diagnosis) -> str:
     """The whole report as one HTML document (plotly.js embedded)."""
     d = _data(diagnosis)
@@ -944,6 +955,7 @@ def render_html(diagnosis: Diagnosis) -> str:
         _heatmap(d),
         _phases(d),
         _bandwidth(d),
+        *_flight(diagnosis),
         _telemetry(d),
     ]
     nav = "".join(f'<a href="#{s.anchor}">{_esc(s.title)}</a>' for s in sections)

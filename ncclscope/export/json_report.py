@@ -16,11 +16,20 @@ from ncclscope import __version__
 from ncclscope.diagnose import Diagnosis
 from ncclscope.model import Analysis
 
-__all__ = ["SCHEMA", "to_json_dict"]
+__all__ = ["FLIGHT_JOIN_WHY", "SCHEMA", "flight_doc", "to_json_dict"]
 
 SCHEMA = "ncclscope.analysis/1"
 
 _REASONS = ("blank", "other", "malformed", "binary", "too_long")
+
+#: Why a Flight Recorder process group is not joined to the logs (``join`` in the JSON).
+FLIGHT_JOIN_WHY = {
+    "no_logs": "no COLL lines among the inputs",
+    "no_members": "the dumps do not list its ranks (pg_config)",
+    "no_communicator": "no communicator of the logs has its ranks",
+    "no_entries": "no collective of a known rank in the dumps",
+    "no_alignment": "no communicator's calls line up with its calls (op and count)",
+}
 
 
 def to_json_dict(diagnosis: Diagnosis) -> dict[str, Any]:
@@ -40,7 +49,7 @@ def to_json_dict(diagnosis: Diagnosis) -> dict[str, Any]:
         "gaps": [{"what": g.what, "settings": list(g.settings)} for g in analysis.gaps],
         "findings": _findings(diagnosis),
         "attempts": _attempts(diagnosis),
-        "flight_recorder": _flight(analysis),
+        "flight_recorder": flight_doc(analysis),
         "nccl_tools": _tools(analysis),
     }
 
@@ -138,7 +147,7 @@ def _tools(analysis: Analysis) -> dict[str, Any]:
 _STATES = ("scheduled", "started", "completed")
 
 
-def _flight(analysis: Analysis) -> dict[str, Any]:
+def flight_doc(analysis: Analysis) -> dict[str, Any]:
     """What came from PyTorch Flight Recorder dumps (not from the logs): per dump, per
     process group (with the communicator of the logs it joined, or why not)."""
     fl = analysis.flight

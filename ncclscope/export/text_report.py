@@ -9,9 +9,9 @@ from typing import Any
 
 from ncclscope import __version__
 from ncclscope.diagnose import Diagnosis
-from ncclscope.export.json_report import to_json_dict
+from ncclscope.export.json_report import FLIGHT_JOIN_WHY, to_json_dict
 from ncclscope.model.identity import listable_size
-from ncclscope.units import human_bytes
+from ncclscope.units import human_bytes, rank_ranges
 
 __all__ = ["render_text"]
 
@@ -113,7 +113,7 @@ def _job(out: list[str], doc: dict[str, Any]) -> None:
     if job["ranks_without_logs"]:
         missing = job["ranks_without_logs"]
         out.append(
-            f"  no lines from rank{'s' if len(missing) > 1 else ''} {_ranges(missing)}: "
+            f"  no lines from rank{'s' if len(missing) > 1 else ''} {rank_ranges(missing)}: "
             "their files are not among the inputs, or the excerpt left them out"
         )
     if len(doc["attempts"]) > 1:
@@ -126,7 +126,7 @@ def _job(out: list[str], doc: dict[str, Any]) -> None:
             more = f" +{len(a['spans']) - 3} files" if len(a["spans"]) > 3 else ""
             out.append(
                 f"    #{a['index']} started by {', '.join(a['started_by'])}: "
-                f"{len(a['hosts'])} host(s), ranks {_ranges(a['ranks']) or '?'}, "
+                f"{len(a['hosts'])} host(s), ranks {rank_ranges(a['ranks']) or '?'}, "
                 f"{len(a['findings'])} findings  ({where}{more})"
             )
     if job["transports"]:
@@ -301,15 +301,6 @@ def _gaps(out: list[str], doc: dict[str, Any]) -> None:
     out.append("")
 
 
-_JOIN_WHY = {
-    "no_logs": "no COLL lines among the inputs",
-    "no_members": "the dumps do not list its ranks (pg_config)",
-    "no_communicator": "no communicator of the logs has its ranks",
-    "no_entries": "no collective of a known rank in the dumps",
-    "no_alignment": "no communicator's calls line up with its calls (op and count)",
-}
-
-
 def _flight(out: list[str], doc: dict[str, Any]) -> None:
     """What the Flight Recorder dumps say, apart from the logs."""
     fr = doc["flight_recorder"]
@@ -322,7 +313,7 @@ def _flight(out: list[str], doc: dict[str, Any]) -> None:
     out.append("FLIGHT RECORDER (from the dumps, not the logs)")
     out.append(
         f"  {len(read)} dump{'s' if len(read) != 1 else ''} read, {len(fr['ranks'])} "
-        f"rank{'s' if len(fr['ranks']) != 1 else ''} ({_ranges(fr['ranks']) or '-'}), "
+        f"rank{'s' if len(fr['ranks']) != 1 else ''} ({rank_ranges(fr['ranks']) or '-'}), "
         f"{len(groups)} process group{'s' if len(groups) != 1 else ''}, "
         f"{fr['entries']:,} entries ({'/'.join(formats) or '-'}, version {versions})"
     )
@@ -338,7 +329,7 @@ def _flight(out: list[str], doc: dict[str, Any]) -> None:
     )
     for g in groups:
         name = g["name"] + (f" ({g['desc']})" if g["desc"] else "")
-        seen = _ranges(g["ranks_with_entries"]) or "none"
+        seen = rank_ranges(g["ranks_with_entries"]) or "none"
         size = f"{len(g['ranks'])} ranks" if g["ranks"] else f"members unknown (calls from {seen})"
         if g["join"] == "joined":
             how = (
@@ -346,7 +337,7 @@ def _flight(out: list[str], doc: dict[str, Any]) -> None:
                 f"{g['seq_offset']:+d}, {g['agreed']:,} of {g['checked']:,} calls agree"
             )
         else:
-            how = f"not joined to the logs: {_JOIN_WHY.get(g['join'], g['join'])}"
+            how = f"not joined to the logs: {FLIGHT_JOIN_WHY.get(g['join'], g['join'])}"
         out.append(f"  group {name}, {size}, {g['entries']:,} entries: {how}")
     out.append("")
 
@@ -491,11 +482,13 @@ def _timeouts(out: list[str], doc: dict[str, Any]) -> None:
             f"{len(rows)} rank(s) timed out{after}  ({where})"
         )
         if ranks:
-            out.append(f"      waiting: ranks {_ranges(ranks)}")
+            out.append(f"      waiting: ranks {rank_ranges(ranks)}")
         if isinstance(world, int) and listable_size(world) and ranks and len(ranks) < world:
             missing = sorted(set(range(world)) - set(ranks))
             noun = "rank" if len(missing) == 1 else "ranks"
-            out.append(f"      not reporting: {noun} {_ranges(missing)} (suspect: it never joined)")
+            out.append(
+                f"      not reporting: {noun} {rank_ranges(missing)} (suspect: it never joined)"
+            )
     out.append("")
 
 
@@ -530,17 +523,3 @@ def _timers(out: list[str], doc: dict[str, Any]) -> None:
         median, p95 = t["median_s"] * 1e3, t["p95_s"] * 1e3
         out.append(f"  {name:<28} {t['count']:>7,} {median:>8.1f}ms {p95:>8.1f}ms")
     out.append("")
-
-
-def _ranges(ranks: list[int]) -> str:
-    """``[0, 1, 2, 4, 6, 7]`` -> ``0-2, 4, 6-7``."""
-    parts: list[str] = []
-    start = prev = ranks[0]
-    for r in [*ranks[1:], None]:
-        if r is not None and r == prev + 1:
-            prev = r
-            continue
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-        if r is not None:
-            start = prev = r
-    return ", ".join(parts)
