@@ -162,3 +162,22 @@ def test_a_synthetic_jobs_files_read_by_layout_match_the_json_reader(tmp_path: P
 )
 def test_lines_that_give_no_layout(line: str) -> None:
     assert _layout(line) is None
+
+
+def test_many_large_files_keep_their_lines_in_order(tmp_path: Path) -> None:
+    # Enough records for the streaming engine to cut the read into many pieces: each
+    # record must stay with its file and its line number.
+    files = []
+    for k in range(24):
+        p = tmp_path / f"h{k}-pid{k}.log"
+        base = RECORD.replace('"pid":7', f'"pid":{k}')
+        p.write_text("\n".join(_rec(n, base) for n in range(6000)) + "\n")
+        files.append((k, p, p.name))
+    reads = read_inspector_files(files)
+    for k, _p, _n in files:
+        rows = reads[k].rows
+        assert rows.height == 6000
+        assert rows["pid"].unique().to_list() == [k]
+        assert rows["file_id"].unique().to_list() == [k]
+        assert rows["line_no"].to_list() == list(range(1, 6001))
+        assert rows["sn"].to_list() == list(range(6000))
