@@ -18,7 +18,7 @@ __all__ = ["strip_prefix"]
 _PREFIXES = re.compile(
     r"""^(?:
         \[\d+,\d+\]<std(?:out|err)>:\s?            # Open MPI --tag-output
-      | \(\w[^()]{0,80}\)\s+                        # Ray / SkyPilot: (head, rank=0, pid=1)
+      | \([^()]{0,80}?\b(?:pid|rank|ip)=[^()]{0,60}\)\s+  # Ray / SkyPilot: (head, rank=0, pid=1)
       | \[\d{4}-\d\d-\d\d[T\ ][\d:.,]+(?:Z|[+-]\d\d:?\d\d)?\]\s*  # [2026-03-02 11:04:31]
       | \d{4}-\d\d-\d\d[T\ ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\s+
       | [A-Z][a-z]{2}\s+\d{1,2}\s\d\d:\d\d:\d\d(?:\.\d+)?\s+      # ts: Mar 02 11:04:31
