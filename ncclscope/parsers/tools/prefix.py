@@ -26,7 +26,7 @@ _PREFIXES = re.compile(
       | \s*\d{1,5}:\s                               # srun --label
       | \[\d{1,5}\]\s                               # Intel MPI -prepend-rank
       | \[[A-Za-z]+\d+\]:\s?                        # torchrun --tee: [default0]:
-      | [A-Za-z][\w.-]{0,62}:\s+(?=[#\d\s])         # pdsh / clush: node-a: (before output)
+      | [A-Za-z][\w.-]{0,62}:\s+                    # pdsh / clush: node-a:
     )""",
     re.VERBOSE,
 )

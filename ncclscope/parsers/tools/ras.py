@@ -203,7 +203,9 @@ def parse_ras_text(text: str, display: str) -> RasRead:
         if stripped in ("INCOMPLETE", "DEAD", "TIMEOUT"):
             continue
         if m := _DIFFERENT.search(stripped):
-            op, shared = m.group(1), None
+            # 2.24/2.25 count every collective together ("different collective operation
+            # counts"); 2.26+ name the op.
+            op, shared = (None if m.group(1) == "collective" else m.group(1)), None
             continue
         if stripped.startswith(("Communicator ranks have different status",
                                 "Initialization error", "Asynchronous error")):  # fmt: skip
