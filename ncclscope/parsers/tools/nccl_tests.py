@@ -40,9 +40,7 @@ from ncclscope.schema import NCCL_TESTS_RUNS_SCHEMA, NCCL_TESTS_SCHEMA, validate
 
 __all__ = ["NcclTestsRead", "parse_nccl_tests"]
 
-_VERSION = re.compile(
-    r"#?\s*[nr]ccl-tests(?: version|: Version) (\S+)(?:.*?nccl-library=(\d+))?"
-)
+_VERSION = re.compile(r"#?\s*[nr]ccl-tests(?: version|: Version) (\S+)(?:.*?nccl-library=(\d+))?")
 _STARTING = re.compile(r"Collective test starting:\s*(\w+?)(?:_perf(?:_mpi)?)?(?:\s|$)")
 _HEADER = re.compile(
     r"nThread\s+(\d+)\s+nGpus\s+(\d+)\s+minBytes\s+\d+.*?warmup iters:\s*(\d+)\s+iters:\s*(\d+)"
@@ -179,7 +177,7 @@ def parse_nccl_tests(text: str, display: str) -> NcclTestsRead:
         glued = _GLUED.search(line)
         if glued is not None and glued.start() > 0:
             line = line[: glued.start()].rstrip()  # the row's part; the rest is a log line
-        if m := _VERSION.search(line):
+        if m := _VERSION.search(raw):  # before prefixes go: "rccl-tests: Version" is one
             if run.started():
                 run = new_run()
             run.version = m.group(1)
@@ -219,7 +217,7 @@ def parse_nccl_tests(text: str, display: str) -> NcclTestsRead:
             run.layout = layout
             pending = None
             continue
-        if line.startswith("#") or glued is not None and glued.start() == 0:
+        if line.startswith("#") or (glued is not None and glued.start() == 0):
             continue
         if "NCCL INFO" in line or "NCCL WARN" in line:
             continue
@@ -285,10 +283,11 @@ def _row(tokens: list[str], lay: _Layout) -> tuple[object, ...] | None:
         dtype = tokens[lay.fixed["type"]] if "type" in lay.fixed else None
         redop = tokens[lay.fixed["redop"]] if "redop" in lay.fixed else None
         root = int(tokens[lay.fixed["root"]]) if "root" in lay.fixed else None
-        values: list[float | None] = []
-        for half in lay.halves:
-            for name in ("time", "algbw", "busbw", "wrong"):
-                values.append(_num(tokens[half[name]]) if name in half else None)
+        values = [
+            _num(tokens[half[name]]) if name in half else None
+            for half in lay.halves
+            for name in ("time", "algbw", "busbw", "wrong")
+        ]
     except (ValueError, KeyError, IndexError):
         return None
     if size < 0 or count < 0 or (dtype is not None and not dtype[:1].isalpha()):
