@@ -40,6 +40,8 @@ PRINTED = [
     ("all_reduce_ops_types_all_2_13.txt", 0, 8 << 30, 580205, 9.87, 9.91),
     ("hypercube_cut_ts_crlf.txt", 0, 256 << 20, 1848.09, 166.00, 166.66),
     ("all_gather_2_17.json", 0, 32 << 20, 416.179002, 86.0, 86.34),
+    ("nonmpi_build_two_processes_2_13.txt", 0, 1 << 30, 725.50, 0.0, 0.0),
+    ("nonmpi_build_two_processes_2_13.txt", 1, 1 << 30, 714.87, 0.0, 0.0),
 ]
 
 

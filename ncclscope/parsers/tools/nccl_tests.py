@@ -81,20 +81,34 @@ class _Run:
     n_gpus: int | None = None
     iters: int | None = None
     warmup: int | None = None
-    ranks: set[int] = field(default_factory=set)
-    hosts: list[str] = field(default_factory=list)
-    avg: float | None = None
+    devices: list[tuple[int, str]] = field(default_factory=list)
+    avgs: list[float | None] = field(default_factory=list)
     layout: _Layout | None = None
     rows: list[tuple[object, ...]] = field(default_factory=list)
+    #: Processes that each printed this header: a build without MPI started by mpirun
+    #: runs one single-rank test per process, all printing to one stream.
+    copies: int = 1
 
     def started(self) -> bool:
-        return bool(self.rows or self.layout or self.avg is not None)
+        return bool(self.rows or self.layout or self.avgs)
 
     def carry(self) -> _Run:
         """A new run after this one's table, keeping what its header said (a second
         table under one header: ``-o all``/``-d all`` printed again, a resumed run)."""
         return _Run(self.test, self.version, self.nccl_version, self.n_threads, self.n_gpus,
-                    self.iters, self.warmup, set(self.ranks), list(self.hosts))  # fmt: skip
+                    self.iters, self.warmup, list(self.devices))  # fmt: skip
+
+    @property
+    def ranks(self) -> set[int]:
+        return {rank for rank, _host in self.devices}
+
+    @property
+    def hosts(self) -> list[str]:
+        return list(dict.fromkeys(host for _rank, host in self.devices))
+
+    @property
+    def avg(self) -> float | None:
+        return self.avgs[-1] if self.avgs else None
 
 
 @dataclass(frozen=True)
@@ -191,21 +205,18 @@ def parse_nccl_tests(text: str, display: str) -> NcclTestsRead:
         if m := _HEADER.search(line):
             if run.started():
                 run = new_run()
+            elif run.n_threads is not None:
+                run.copies += 1  # the same header again before any table: another process
             run.n_threads, run.n_gpus, run.warmup, run.iters = (int(g) for g in m.groups())
             if run.test is None:
                 run.test = command_test
             continue
         if m := _DEVICE.search(line):
-            rank, host = int(m.group(1)), m.group(3)
-            run.ranks.add(rank)
-            if host not in run.hosts:
-                run.hosts.append(host)
+            run.devices.append((int(m.group(1)), m.group(3)))
             continue
         if m := _AVG.search(line):
             value = _num(m.group(1))
-            run.avg = value * 1e9 if value is not None else None
-            if run.avg is None and not run.rows and run.layout is None:
-                run.avg = float("nan")  # keeps the run (started) but reads as null
+            run.avgs.append(value * 1e9 if value is not None else None)
             continue
         tokens = line.lstrip("#").split()
         if tokens[:2] == ["size", "count"]:
@@ -252,8 +263,29 @@ def parse_nccl_tests(text: str, display: str) -> NcclTestsRead:
     if pending is not None:
         out.skipped["table row cut and never completed"] += 1
     runs.append(run)
-    _frames(out, [r for r in runs if r.rows or r.avg is not None])
+    _frames(out, [part for r in runs if r.rows or r.avgs for part in _processes(r)])
     return out
+
+
+def _processes(run: _Run) -> list[_Run]:
+    """``run`` split into the single-process runs printed into one stream (``copies``):
+    the k-th row of a size (and type, op, root) is the k-th process's, the device rows
+    and average lines go to the processes in the order printed."""
+    n = run.copies
+    if n < 2:
+        return [run]
+    parts = [_Run(run.test, run.version, run.nccl_version, run.n_threads, run.n_gpus, run.iters,
+                  run.warmup) for _ in range(n)]  # fmt: skip
+    per = -(-len(run.devices) // n)  # a cut file may miss the last process's rows
+    for k, part in enumerate(parts):
+        part.devices = run.devices[k * per : (k + 1) * per]
+        part.avgs = run.avgs[k : k + 1]
+    seen: Counter[tuple[object, ...]] = Counter()
+    for row in run.rows:
+        key = row[1:6]
+        parts[min(seen[key], n - 1)].rows.append(row)
+        seen[key] += 1
+    return [part for part in parts if part.rows or part.avgs or part.devices]
 
 
 def _starts_row(tokens: list[str]) -> bool:
@@ -316,10 +348,9 @@ def _frames(out: NcclTestsRead, runs: list[_Run]) -> None:
     rows = []
     for k, r in enumerate(runs):
         wrong = sum(1 for row in r.rows if any(_positive(row[i]) for i in (9, 13)))
-        avg = r.avg if r.avg is not None and math.isfinite(r.avg) else None
         head.append(
             (0, k, r.test, r.version, r.nccl_version, r.n_threads, r.n_gpus, r.iters,
-             r.warmup, len(r.ranks) or None, r.hosts, avg, len(r.rows), wrong)
+             r.warmup, len(r.ranks) or None, r.hosts, r.avg, len(r.rows), wrong)
         )  # fmt: skip
         rows += [(0, k, row[0], r.test, *row[1:]) for row in r.rows]
     out.runs = validate(
@@ -365,19 +396,19 @@ def _parse_json(text: str, display: str) -> NcclTestsRead:
     run.iters, run.warmup = _int(config.get("iterations")), _int(config.get("warmup_iters"))
     for d in config.get("devices") or []:
         if isinstance(d, dict) and _int(d.get("rank")) is not None:
-            run.ranks.add(d["rank"])
             host = d.get("hostname")
-            if isinstance(host, str) and host not in run.hosts:
-                run.hosts.append(host)
-    avg = _float(_obj(top.get("average_bus_bandwidth")).get("bandwidth"))
-    run.avg = avg * 1e9 if avg is not None else None
+            run.devices.append((d["rank"], host if isinstance(host, str) else "?"))
+    bandwidth = _obj(top.get("average_bus_bandwidth"))
+    if bandwidth:
+        avg = _float(bandwidth.get("bandwidth"))
+        run.avgs.append(avg * 1e9 if avg is not None else None)
     for k, r in enumerate(results if isinstance(results, list) else []):
         row = _json_row(r)
         if row is None:
             out.skipped["result entry not understood"] += 1
             continue
         run.rows.append((k + 1, *row))
-    _frames(out, [run] if run.rows or run.avg is not None else [])
+    _frames(out, [run] if run.rows or run.avgs else [])
     return out
 
 
