@@ -258,3 +258,11 @@ def test_every_fixture_is_in_the_readme() -> None:
     doc = json.loads((FIX / "nccl-tests/expected.json").read_text())
     runs = doc["nccl_tools"]["nccl_tests"]["runs"]
     assert {Path(r["path"]).name for r in runs} == {p.name for p in NT} | {"all_gather_2_17.json"}
+
+
+def test_ras_foreign_lines_after_the_report_are_told_apart() -> None:
+    read = parse_ras_text((FIX / "ras/ras_2_27_uneven_incomplete.txt").read_text(), "x")
+    assert dict(read.skipped) == {"line not from ncclras": 1}
+    text = (FIX / "ras/ras_2_26_many_comms_stragglers.txt").read_text()
+    damaged = text.replace("  3 ranks have launched", "  3 ranks hav\x00e launched")
+    assert dict(parse_ras_text(damaged, "x").skipped) == {"report line not understood": 1}

@@ -67,10 +67,10 @@ _GROUP = re.compile(
     r"^\s*(\d+)\s+(\d+)\s+(\d+)\s+(\d+(?:-\d+)?)\s+(\d+)\s+(\d+)\s+([A-Z]+)\s+([A-Z,]+)\s*$"
 )
 _COMM_HEAD = re.compile(r"^#(\d+)-(\d+) \(([0-9a-fA-F]+)\) ([A-Z]+)\s*$")
-_PROCESS = re.compile(r"^\s*Process (\d+) on node (\S+) managing GPUs? (.+?)\s*$")
+_PROCESS = re.compile(r"^\s*Process (\d+) on node (\S*) managing GPUs?(?: (.*?))?\s*$")
 _RANK = re.compile(
     r"^\s*Rank (\d+)(?: (has launched up to operation \d+|has not launched any operations"
-    r"|has status [A-Z]+|reported .+?))? -- (?:GPU (.+?) managed by process (\d+) on node (\S+)"
+    r"|has status [A-Z]+|reported .+?))? -- (?:GPU (.+?) managed by process (\d+) on node ?(\S*)"
     r"|\[process information not found\])\s*$"
 )
 #: "30 ranks have launched up to operation 640": what the Rank lines under it share.
@@ -218,18 +218,22 @@ def parse_ras_text(text: str, display: str) -> RasRead:
             if int(m.group(1)) >= _INT32:
                 out.skipped["process id out of range"] += 1
                 continue
-            ranks.append((0, None, None, int(m.group(1)), m.group(2), m.group(3), comm_state, None))
+            ranks.append((0, None, None, int(m.group(1)), m.group(2) or None, m.group(3) or None,
+                          comm_state, None))  # fmt: skip
             continue
         if m := _RANK.match(line):
             rank, pid = int(m.group(1)), int(m.group(4)) if m.group(4) else None
             if rank >= _INT32 or (pid is not None and pid >= _INT32):
                 out.skipped["rank or process id out of range"] += 1
                 continue
-            ranks.append((0, comm, rank, pid, m.group(5), m.group(3),
+            ranks.append((0, comm, rank, pid, m.group(5) or None, m.group(3),
                           *_rank_state(comm_state, m.group(2) or shared, op)))  # fmt: skip
             continue
         if section in ("Errors", "Warnings") and not stripped.startswith(_KNOWN_PROSE):
-            out.skipped["report line not understood"] += 1
+            # The report's own lines under a heading are indented; an unindented one
+            # is another program's output printed after it (a torch warning...).
+            reason = "report line not understood" if line[:1].isspace() else "line not from ncclras"
+            out.skipped[reason] += 1
     if "nccl_version" not in head and not comms:
         out.problem = (
             f"ncclras could not reach the job: {failed}"
@@ -374,7 +378,9 @@ def _json_comm(
 ) -> None:
     h = _hash(c.get("hash"))
     members = [
-        r for r in _list(c.get("ranks")) if isinstance(r, dict) and _int(r.get("rank")) is not None
+        _peer(r)
+        for r in _list(c.get("ranks"))
+        if isinstance(r, dict) and _int(r.get("rank")) is not None
     ]
     bad = len(_list(c.get("ranks"))) - len(members)
     if bad:
@@ -427,6 +433,7 @@ def _json_comm(
         if not isinstance(m, dict) or _int(m.get("rank")) is None:
             out.skipped["missing rank entry not understood"] += 1
             continue
+        m = _peer(m)
         st = _dict(m.get("status"))
         state = (
             "dead"
@@ -442,6 +449,17 @@ def _json_comm(
     node_set = {r.get("host") for r in members if isinstance(r.get("host"), str)}
     comms.append((0, k, h, 1, _int(c.get("size")), len(node_set) or None, status, error,
                   "; ".join(details) or None))  # fmt: skip
+
+
+def _peer(r: dict[str, Any]) -> dict[str, Any]:
+    """A rank entry with the writer's placeholders for an unknown process (``"host":
+    "unknown"``, ``"pid": -1``) as None."""
+    pid, host = _int(r.get("pid")), r.get("host")
+    return {
+        **r,
+        "pid": pid if pid is not None and pid >= 0 else None,
+        "host": host if isinstance(host, str) and host not in ("", "unknown") else None,
+    }
 
 
 def _dict(value: Any) -> dict[str, Any]:
