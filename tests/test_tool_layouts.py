@@ -266,3 +266,26 @@ def test_ras_foreign_lines_after_the_report_are_told_apart() -> None:
     text = (FIX / "ras/ras_2_26_many_comms_stragglers.txt").read_text()
     damaged = text.replace("  3 ranks have launched", "  3 ranks hav\x00e launched")
     assert dict(parse_ras_text(damaged, "x").skipped) == {"report line not understood": 1}
+
+
+@pytest.mark.parametrize(
+    ("name", "root", "redop"),
+    [
+        ("all_gather_2_13.txt", -1, "none"),
+        ("broadcast_old_check_off.txt", 0, None),
+        ("all_reduce_2_8_old.txt", None, "sum"),
+    ],
+)
+def test_a_table_pasted_without_its_header(name: str, root: int | None, redop: str | None) -> None:
+    """Users often paste the rows alone (with the footer): the writer's columns are
+    taken from the row's width and its fourth token."""
+    text = (FIX / "nccl-tests" / name).read_text()
+    whole = parse_nccl_tests(text, "x").rows.drop("line_no", "test")
+    rows = [line for line in text.splitlines() if line.strip()[:1].isdigit()]
+    pasted = "\n".join([*rows, "# Out of bounds values : 0 OK"])
+    assert sniff_tool(pasted.encode()) == "nccl_tests"
+    read = parse_nccl_tests(pasted, "x")
+    assert read.notes == ["a table without its column header: columns taken from the rows"]
+    assert read.rows.drop("line_no", "test").to_dicts() == whole.to_dicts()
+    assert set(read.rows["root"].to_list()) == {root}
+    assert set(read.rows["redop"].to_list()) == {redop}

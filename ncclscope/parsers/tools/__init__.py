@@ -23,6 +23,10 @@ _RAS_TEXT = re.compile(
     rb"Job summary\r?\n[^\n]{0,60}?={5}|NCCL version [^\n]*\r?\n(?:[^\n]*\n){0,80}?[^\n]{0,60}?"
     rb"Communicators\.\.\."
 )
+#: The table head or the footer lines of nccl-tests (a paste that starts at the table).
+_NCCL_TESTS_TEXT = re.compile(
+    rb"size\s+count\s+type\s[^\n]*busbw|Avg bus bandwidth\s*:|Out of bounds values\s*:"
+)
 _FIRST_KEY_NCCL_TESTS = re.compile(rb'\{\s*"version"\s*:\s*\d+\s*,\s*"start_time"\s*:')
 
 
@@ -61,6 +65,7 @@ def sniff_tool(head: bytes) -> str | None:
         b"# nccl-tests version" in text
         or (b"nThread " in text and b" nGpus " in text and b"minBytes " in text)
         or (b"out-of-place" in text and b"in-place" in text and b"busbw" in text)
+        or _NCCL_TESTS_TEXT.search(text)
     ):
         return "nccl_tests"
     return None

@@ -70,6 +70,7 @@ class NcclTestsRead:
     runs: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=NCCL_TESTS_RUNS_SCHEMA))
     rows: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=NCCL_TESTS_SCHEMA))
     skipped: Counter[str] = field(default_factory=Counter)
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -145,6 +146,26 @@ def _layout(tokens: list[str]) -> _Layout | None:
     return _Layout(len(tokens), fixed, (halves[0], halves[1]), timestamp)
 
 
+#: The writers' column headers by row width, for a table pasted without its header:
+#: 2.10+ (every test), then pre-2.10 with ``redop`` or with ``root``, then neither.
+_HEADERS = {
+    13: "size count type redop root time algbw busbw #wrong time algbw busbw #wrong",
+    12: "size count type {} time algbw busbw error time algbw busbw error",
+    11: "size count type time algbw busbw error time algbw busbw error",
+}
+
+
+def _guess_layout(tokens: list[str]) -> _Layout | None:
+    """The layout of a row met before any column header, from its width and whether
+    its fourth token is a reduction (``sum``) or a root (``0``)."""
+    if not _starts_row(tokens) or len(tokens) not in _HEADERS:
+        return None
+    header = _HEADERS[len(tokens)]
+    if "{}" in header:
+        header = header.format("root" if tokens[3].lstrip("-").isdigit() else "redop")
+    return _layout(header.split())
+
+
 def _nccl_version(code: str) -> str:
     """``22203`` -> ``2.22.3`` (NCCL_VERSION_CODE: major*10000 + minor*100 + patch)."""
     n = int(code)
@@ -179,6 +200,7 @@ def parse_nccl_tests(text: str, display: str) -> NcclTestsRead:
     run = _Run()
     command_test: str | None = None
     pending: tuple[int, list[str]] | None = None  # a row cut by interleaved output
+    notes_guessed = False
 
     def new_run(keep: bool = False) -> _Run:
         runs.append(run)
@@ -238,9 +260,12 @@ def parse_nccl_tests(text: str, display: str) -> NcclTestsRead:
                 if run.test is None and not run.started():
                     run.test = command_test
             continue
-        if run.layout is None:
-            continue
         tokens = line.split()
+        if run.layout is None:
+            run.layout = _guess_layout(tokens)
+            if run.layout is None:
+                continue
+            notes_guessed = True
         if pending is not None and not _starts_row(tokens) and all(map(_is_value, tokens)):
             first, before = pending
             tokens = before + tokens
@@ -262,6 +287,8 @@ def parse_nccl_tests(text: str, display: str) -> NcclTestsRead:
         run.rows.append((k, *row))
     if pending is not None:
         out.skipped["table row cut and never completed"] += 1
+    if notes_guessed:
+        out.notes.append("a table without its column header: columns taken from the rows")
     runs.append(run)
     _frames(out, [part for r in runs if r.rows or r.avgs for part in _processes(r)])
     return out
