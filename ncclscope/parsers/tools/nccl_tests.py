@@ -22,6 +22,17 @@ it (trimmed)::
     # Avg bus bandwidth    : 12.3456
 
 (the nThread line is one line; the columns are wider in the real output).
+
+Variants read (see ``fixtures/nccl-tests/README.md``): ``cputime`` for ``time`` (``-C 1``),
+``#bitdiff`` and per-iteration ``i_min i_max i_p99 i_cv%`` columns (2.19), a trailing
+``timestamp`` column (two tokens), ``N/A`` (``-c 0``), values in e-notation, ``-nan``/
+``inf`` (read as null), rccl-tests' ``*`` after a value; every line behind launcher or
+logger prefixes (:mod:`.prefix`); headers whose ``#`` was eaten by Markdown; rows cut
+into pieces by NCCL's own lines written into the same stdout buffer (stitched back);
+several runs in one file; one build without MPI started as several processes (one run
+per process); a table pasted without its column header (columns from the row width);
+the ``-J`` JSON file of 2.17+.  A line that fits nothing is counted by reason and
+skipped; it never costs the rows around it.
 """
 
 from __future__ import annotations

@@ -42,6 +42,12 @@ count per communicator (``different collective operation counts``).  ``-f json``
 "ranks": [{"rank", "host", "pid", "status": {...}, "collective_counts": {...}}],
 "missing_ranks": [{"rank", ..., "status": {"unresponsive", "considered_dead"}}]}]}``;
 2.28.9 omits the comma before a missing rank's ``status``, which is repaired here.
+
+Also read: launcher prefixes on every line, several reports polled into one file (the
+last is read, with a note), the JSON after ``nc``'s ``OK`` ack, ``Rank N reported
+<error> --`` and the ``N ranks have ...``/``N ranks reported ...`` line that says what
+the Rank lines under it share, the writer's placeholders for an unknown process (null),
+``ncclras``'s own connection failure (an input problem, not a report).
 """
 
 from __future__ import annotations
