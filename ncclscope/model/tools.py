@@ -100,6 +100,8 @@ def read_tools(
             add("nccl_tests", t.rows, fid)
             reasons = t.skipped
             n = t.rows.height
+            if t.notes:
+                notes[display] = list(t.notes)
         else:
             text = _text(path)
             ras: RasRead = (parse_ras_json if kind == "ras_json" else parse_ras_text)(text, display)

@@ -42,6 +42,12 @@ count per communicator (``different collective operation counts``).  ``-f json``
 "ranks": [{"rank", "host", "pid", "status": {...}, "collective_counts": {...}}],
 "missing_ranks": [{"rank", ..., "status": {"unresponsive", "considered_dead"}}]}]}``;
 2.28.9 omits the comma before a missing rank's ``status``, which is repaired here.
+
+Also read: launcher prefixes on every line, several reports polled into one file (the
+last is read, with a note), the JSON after ``nc``'s ``OK`` ack, ``Rank N reported
+<error> --`` and the ``N ranks have ...``/``N ranks reported ...`` line that says what
+the Rank lines under it share, the writer's placeholders for an unknown process (null),
+``ncclras``'s own connection failure (an input problem, not a report).
 """
 
 from __future__ import annotations
@@ -55,27 +61,42 @@ from typing import Any
 
 import polars as pl
 
+from ncclscope.parsers.tools.prefix import strip_prefix
 from ncclscope.schema import RAS_COMMS_SCHEMA, RAS_RANKS_SCHEMA, RAS_REPORTS_SCHEMA, validate
 
 __all__ = ["RasRead", "parse_ras_json", "parse_ras_text"]
 
-_VERSION = re.compile(r"NCCL version (\S+)")
-_CUDA = re.compile(r"CUDA runtime version (\d+), driver version (\d+)")
+_VERSION = re.compile(r"^NCCL version (\S+) compiled with CUDA")
+_CUDA = re.compile(r"CUDA runtime version (-?\d+), driver version (-?\d+)")
 _NUMS = re.compile(r"^\s*\d+(?:\s+\d+){2,4}\s*$")
 _GROUP = re.compile(
     r"^\s*(\d+)\s+(\d+)\s+(\d+)\s+(\d+(?:-\d+)?)\s+(\d+)\s+(\d+)\s+([A-Z]+)\s+([A-Z,]+)\s*$"
 )
 _COMM_HEAD = re.compile(r"^#(\d+)-(\d+) \(([0-9a-fA-F]+)\) ([A-Z]+)\s*$")
-_PROCESS = re.compile(r"^\s*Process (\d+) on node (\S+) managing GPUs? (.+?)\s*$")
+_PROCESS = re.compile(r"^\s*Process (\d+) on node (\S*) managing GPUs?(?: (.*?))?\s*$")
 _RANK = re.compile(
-    r"^\s*Rank (\d+)(?: has (launched up to operation \d+|not launched any operations"
-    r"|status [A-Z]+))? -- (?:GPU (.+?) managed by process (\d+) on node (\S+)"
+    r"^\s*Rank (\d+)(?: (has launched up to operation \d+|has not launched any operations"
+    r"|has status [A-Z]+|reported .+?))? -- (?:GPU (.+?) managed by process (\d+) on node ?(\S*)"
     r"|\[process information not found\])\s*$"
+)
+#: "30 ranks have launched up to operation 640": what the Rank lines under it share.
+_GROUP_OF_RANKS = re.compile(
+    r"^(\d+) ranks (have launched up to operation \d+|have not launched any operations"
+    r"|have status [A-Z]+|reported .+)$"
 )
 _MISSING_PROCS = re.compile(r"Missing communicator data from (\d+) job process")
 _DEAD_PROCS = re.compile(r"(\d+) job process(?:es)? (?:are|is) considered dead")
 _TIMEOUTS = re.compile(r"Encountered (\d+) communication timeout")
 _DIFFERENT = re.compile(r"Communicator ranks have different (\w+) operation counts")
+_CONNECT_FAILED = re.compile(
+    r"Failed to connect to the NCCL RAS service|^Connecting to \S+: |^Resolving \S+: "
+    r"|NCCL unexpectedly closed the connection|^Unexpected response from NCCL"
+)
+_KNOWN_PROSE = (
+    "Communicator ranks", "Missing communicator", "Initialization error", "Asynchronous error",
+    "[could not", "The outlier", "Node ", "Please make sure", "Will try to continue",
+)  # fmt: skip
+_INT32 = 2**31
 _STATUS_ORDER = ("NOCOMM", "INIT", "RUNNING", "FINALIZE", "ABORT")
 _IN_PROGRESS = 7  # ncclInProgress: not an error
 
@@ -104,8 +125,18 @@ def _hash(value: Any) -> str | None:
     return h or "0"
 
 
+def _lines(text: str) -> list[str]:
+    """The lines of ``text`` without launcher prefixes, from the last report's ``NCCL
+    version`` line on (a file of polled reports holds several; the last is the state at
+    the end)."""
+    lines = [strip_prefix(raw.strip("\ufeff\x00")).rstrip() for raw in text.splitlines()]
+    starts = [k for k, line in enumerate(lines) if _VERSION.match(line.strip())]
+    return lines[starts[-1] :] if starts else lines
+
+
 def parse_ras_text(text: str, display: str) -> RasRead:
-    """Read a text report; never raises on its content."""
+    """Read a text report (the last one where a file holds several); never raises on its
+    content."""
     out = RasRead(display)
     head: dict[str, Any] = {"missing": 0, "dead": 0, "timeouts": 0}
     comms: list[tuple[Any, ...]] = []
@@ -114,11 +145,20 @@ def parse_ras_text(text: str, display: str) -> RasRead:
     comm: str | None = None
     comm_state = ""
     op: str | None = None
+    shared: str | None = None  # what the Rank lines under "N ranks have ..." share
     summary_next = False
-    for raw in text.splitlines():
-        line = raw.rstrip()
+    failed: str | None = None
+    n_reports = sum(
+        1 for raw in text.splitlines() if _VERSION.match(strip_prefix(raw.strip()).strip())
+    )
+    if n_reports > 1:
+        out.notes.append(f"{n_reports} reports in this file; the last one is read")
+    for line in _lines(text):
         stripped = line.strip()
         if not stripped or set(stripped) == {"="}:
+            continue
+        if _CONNECT_FAILED.search(stripped):
+            failed = failed or stripped
             continue
         if (m := _VERSION.match(stripped)) and "nccl_version" not in head:
             head["nccl_version"] = m.group(1)
@@ -129,7 +169,7 @@ def parse_ras_text(text: str, display: str) -> RasRead:
         if stripped in ("Job summary", "Errors", "Warnings") or stripped.startswith(
             "Communicators..."
         ):
-            section, comm = stripped.split(".")[0], None
+            section, comm, shared = stripped.split(".")[0], None, None
             continue
         if section == "Job summary":
             if stripped.startswith("(total)"):
@@ -153,17 +193,15 @@ def parse_ras_text(text: str, display: str) -> RasRead:
                 out.skipped["communicator table row not understood"] += 1
             continue
         if m := _COMM_HEAD.match(stripped):
-            comm, comm_state, op = _hash(m.group(3)), m.group(4), None
+            comm, comm_state, op, shared = _hash(m.group(3)), m.group(4), None, None
             continue
         if m := _MISSING_PROCS.search(stripped):
             head["missing"] = int(m.group(1))
-            comm_state = "missing"
-            comm = None
+            comm_state, comm, shared = "missing", None, None
             continue
         if m := _DEAD_PROCS.search(stripped):
             head["dead"] = int(m.group(1))
-            comm_state = "dead"
-            comm = None
+            comm_state, comm, shared = "dead", None, None
             continue
         if m := _TIMEOUTS.search(stripped):
             head["timeouts"] = int(m.group(1))
@@ -171,34 +209,62 @@ def parse_ras_text(text: str, display: str) -> RasRead:
         if stripped in ("INCOMPLETE", "DEAD", "TIMEOUT"):
             continue
         if m := _DIFFERENT.search(stripped):
-            op = m.group(1)
+            # 2.24/2.25 count every collective together ("different collective operation
+            # counts"); 2.26+ name the op.
+            op, shared = (None if m.group(1) == "collective" else m.group(1)), None
+            continue
+        if stripped.startswith(("Communicator ranks have different status",
+                                "Initialization error", "Asynchronous error")):  # fmt: skip
+            op, shared = None, None
+            continue
+        if m := _GROUP_OF_RANKS.match(stripped):
+            shared = m.group(2).replace("have ", "has ", 1)
             continue
         if m := _PROCESS.match(line):
-            ranks.append((0, None, None, int(m.group(1)), m.group(2), m.group(3), comm_state, None))
+            if int(m.group(1)) >= _INT32:
+                out.skipped["process id out of range"] += 1
+                continue
+            ranks.append((0, None, None, int(m.group(1)), m.group(2) or None, m.group(3) or None,
+                          comm_state, None))  # fmt: skip
             continue
         if m := _RANK.match(line):
-            state = {"INCOMPLETE": "missing", "MISMATCH": "mismatch", "ERROR": "error"}.get(
-                comm_state, comm_state.lower() or "named"
-            )
-            what = m.group(2)
-            detail = (
-                f"{what} ({op})" if what and op and what.startswith(("launched", "not")) else what
-            )
-            if what and what.startswith("status"):
-                state = "status"
-            pid = int(m.group(4)) if m.group(4) else None
-            ranks.append((0, comm, int(m.group(1)), pid, m.group(5), m.group(3), state, detail))
+            rank, pid = int(m.group(1)), int(m.group(4)) if m.group(4) else None
+            if rank >= _INT32 or (pid is not None and pid >= _INT32):
+                out.skipped["rank or process id out of range"] += 1
+                continue
+            ranks.append((0, comm, rank, pid, m.group(5) or None, m.group(3),
+                          *_rank_state(comm_state, m.group(2) or shared, op)))  # fmt: skip
             continue
-        if section in ("Errors", "Warnings") and not stripped.startswith(
-            ("Communicator ranks", "Missing communicator", "Initialization error",
-             "Asynchronous error", "[could not", "The outlier")
-        ) and not re.match(r"^\d+ ranks have", stripped):  # fmt: skip
-            out.skipped["report line not understood"] += 1
+        if section in ("Errors", "Warnings") and not stripped.startswith(_KNOWN_PROSE):
+            # The report's own lines under a heading are indented; an unindented one
+            # is another program's output printed after it (a torch warning...).
+            reason = "report line not understood" if line[:1].isspace() else "line not from ncclras"
+            out.skipped[reason] += 1
     if "nccl_version" not in head and not comms:
-        out.problem = "no NCCL version line and no communicator table: not a RAS report"
+        out.problem = (
+            f"ncclras could not reach the job: {failed}"
+            if failed
+            else "no NCCL version line and no communicator table: not a RAS report"
+        )
         return out
     _finish(out, "text", head, None, comms, ranks)
     return out
+
+
+def _rank_state(comm_state: str, what: str | None, op: str | None) -> tuple[str, str | None]:
+    """A named rank's state and detail, from its section and what its line (or the
+    "N ranks ..." line above it) says."""
+    state = {"INCOMPLETE": "missing", "MISMATCH": "mismatch", "ERROR": "error"}.get(
+        comm_state, comm_state.lower() or "named"
+    )
+    if what is None:
+        return state, None
+    what = what.removeprefix("has ")
+    if what.startswith("status"):
+        return "status", what
+    if what.startswith(("launched", "not launched")) and op:
+        return state, f"{what} ({op})"
+    return state, what
 
 
 def _finish(
@@ -235,15 +301,20 @@ _MISSING_COMMA = re.compile(r'([\d"\]}el])(\s*\n\s*")')
 def parse_ras_json(text: str, display: str) -> RasRead:
     """Read a ``-f json`` report; never raises on its content."""
     out = RasRead(display)
-    try:
-        top = json.loads(text)
-    except ValueError:
+    docs = _documents(text)
+    if not docs:
+        docs = _documents(_MISSING_COMMA.sub(r"\1,\2", text))
+        if docs:
+            out.notes.append("a missing comma was put back (NCCL 2.28.9's writer drops one)")
+    if not docs:
         try:
-            top = json.loads(_MISSING_COMMA.sub(r"\1,\2", text))
+            json.loads(text)
         except ValueError as err:
             out.problem = f"not valid JSON ({err})"
             return out
-        out.notes.append("a missing comma was put back (NCCL 2.28.9's writer drops one)")
+    if len(docs) > 1:
+        out.notes.append(f"{len(docs)} reports in this file; the last one is read")
+    top = docs[-1] if docs else None
     if not isinstance(top, dict):
         out.problem = "not a RAS report: the top level is not an object"
         return out
@@ -283,6 +354,25 @@ def parse_ras_json(text: str, display: str) -> RasRead:
     return out
 
 
+def _documents(text: str) -> list[Any]:
+    """The JSON documents in ``text``: one report, several (polled), or one after
+    ``ncclras``'s ``OK`` ack or a command line; what is not JSON between them is passed."""
+    decoder = json.JSONDecoder()
+    docs: list[Any] = []
+    pos = 0
+    for m in re.finditer(r"(?m)^\s*\{", text):
+        if m.start() < pos:
+            continue
+        try:
+            obj, end = decoder.raw_decode(text, m.end() - 1)
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and ("nccl_version" in obj or "communicators" in obj):
+            docs.append(obj)  # a report, not an object inside a cut one
+            pos = end
+    return docs
+
+
 def _json_comm(
     k: int,
     c: dict[str, Any],
@@ -294,7 +384,9 @@ def _json_comm(
 ) -> None:
     h = _hash(c.get("hash"))
     members = [
-        r for r in _list(c.get("ranks")) if isinstance(r, dict) and _int(r.get("rank")) is not None
+        _peer(r)
+        for r in _list(c.get("ranks"))
+        if isinstance(r, dict) and _int(r.get("rank")) is not None
     ]
     bad = len(_list(c.get("ranks"))) - len(members)
     if bad:
@@ -304,7 +396,9 @@ def _json_comm(
     counts: dict[str, dict[int, int]] = {}
     for r in members:
         st = _dict(r.get("status"))
-        if st.get("abort_flag"):
+        if not st:
+            pass  # "status": null (2.29.7 while a communicator initialises): unknown
+        elif st.get("abort_flag"):
             statuses.add("ABORT")
         elif st.get("finalize_called") or st.get("destroy_flag"):
             statuses.add("FINALIZE")
@@ -345,6 +439,7 @@ def _json_comm(
         if not isinstance(m, dict) or _int(m.get("rank")) is None:
             out.skipped["missing rank entry not understood"] += 1
             continue
+        m = _peer(m)
         st = _dict(m.get("status"))
         state = (
             "dead"
@@ -360,6 +455,17 @@ def _json_comm(
     node_set = {r.get("host") for r in members if isinstance(r.get("host"), str)}
     comms.append((0, k, h, 1, _int(c.get("size")), len(node_set) or None, status, error,
                   "; ".join(details) or None))  # fmt: skip
+
+
+def _peer(r: dict[str, Any]) -> dict[str, Any]:
+    """A rank entry with the writer's placeholders for an unknown process (``"host":
+    "unknown"``, ``"pid": -1``) as None."""
+    pid, host = _int(r.get("pid")), r.get("host")
+    return {
+        **r,
+        "pid": pid if pid is not None and pid >= 0 else None,
+        "host": host if isinstance(host, str) and host not in ("", "unknown") else None,
+    }
 
 
 def _dict(value: Any) -> dict[str, Any]:
