@@ -18,9 +18,16 @@ format ``v4.0``; doubles printed with ``%lf``)::
 ``header.id`` is the communicator's hash (``commId`` in NCCL's Init lines);
 ``coll_sn`` counts per communicator and per op, from 0.
 
-Reading is vectorised: each field is pulled out of the line column with one regex, so
-key order and spacing do not matter; the few lines where a required field is missing
-are parsed again with ``json`` to say why they are skipped.
+Reading is vectorised, fastest first (:func:`read_inspector_files`):
+
+- by the writer's layout, taken from each file's first line: polars' CSV reader splits
+  the records at their commas and every cell is checked against the layout (key, the
+  objects it closes, the value's type); the ``header``/``metadata`` cells, the same for
+  every record of a process between two dumps, are parsed once per run;
+- files without a layout (verbose records with arrays, a damaged first line) through
+  polars' JSON-lines reader;
+- lines that match neither, one regex per field (key order and spacing do not matter),
+  and ``json`` to say why a line is skipped.
 """
 
 from __future__ import annotations
