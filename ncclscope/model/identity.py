@@ -58,7 +58,8 @@ class Member:
     comm_key: str = ""
     rank: int | None = None  # global rank
     #: what named the member: ``init`` (Init START/COMPLETE), ``init_timings``,
-    #: ``teardown`` (Destroy/Abort/Revoke only), ``hint`` (Trees, Ring), ``coll``
+    #: ``teardown`` (Destroy/Abort/Revoke only), ``hint`` (Trees, Ring), ``elimination``
+    #: (the one rank its communicator's other members left), ``coll`` (no rank)
     known_from: str = "init"
     #: ``Destroy`` or ``Abort``: the member's ``- Destroy COMPLETE`` / ``- Abort COMPLETE``
     ended: str | None = None
@@ -66,7 +67,7 @@ class Member:
     @property
     def anchored(self) -> bool:
         """Its lines in the log begin with the communicator (see ``ANCHORED``)."""
-        return self.known_from != "teardown"
+        return self.known_from not in ("teardown", "elimination")
 
 
 @dataclass(frozen=True)
@@ -87,9 +88,10 @@ MAX_RANKS = 1 << 20
 
 #: A member whose lines in the log start with its communicator (its Init lines, its Init
 #: timings, an init-time hint), so that its calls counted in log order are its sequence
-#: numbers.  A member named only by its teardown line may have lost its first calls
-#: with the log's head: counted from where the log starts, its calls are no sequence.
-ANCHORED = pl.col("known_from") != "teardown"
+#: numbers.  A member named only by its teardown line (or by elimination) may have lost
+#: its first calls with the log's head: counted from where the log starts, its calls
+#: are no sequence.
+ANCHORED = ~pl.col("known_from").is_in(["teardown", "elimination"])
 
 
 def listable_size(size: int | None) -> bool:
@@ -136,6 +138,7 @@ def resolve_identity(
             member.first_line = min(member.first_line, extra.first_line)
     _members_from_timings(records, members)
     matched_by = _assign_keys(list(members.values()))
+    _by_elimination(list(members.values()))
     world_key, world_size = _world(list(members.values()))
     _global_ranks(list(members.values()), world_key, records)
     nnodes = _nnodes(list(members.values()))
@@ -312,6 +315,32 @@ def _partition(group: list[Member]) -> list[list[Member]]:
         else:
             parts.append([member])
     return parts
+
+
+def _by_elimination(members: list[Member]) -> None:
+    """The rank of the one member no line names, where all the others of a whole
+    communicator are named: ranks 0, 1 and 3 of a 4-rank communicator named by their
+    Abort lines leave rank 2 to the fourth process, seen only on COLL lines (it never
+    aborted: it was elsewhere while the others timed out).
+
+    Only in a communicator matched as one (not split apart, ``_partition``) that has
+    exactly ``nranks`` members, all other ranks distinct: then no other rank is left.
+    """
+    groups: dict[str, list[Member]] = defaultdict(list)
+    for member in members:
+        groups[member.comm_key].append(member)
+    for key, group in groups.items():
+        nranks = group[0].nranks
+        if "/" in key or len(group) != nranks or any(m.nranks != nranks for m in group):
+            continue
+        unnamed = [m for m in group if m.comm_rank is None]
+        named = {m.comm_rank for m in group if m.comm_rank is not None}
+        if len(unnamed) != 1 or len(named) != nranks - 1:
+            continue
+        left = set(range(nranks)) - named
+        if len(left) == 1:
+            unnamed[0].comm_rank = left.pop()
+            unnamed[0].known_from = "elimination"
 
 
 def _world(members: list[Member]) -> tuple[str | None, int | None]:
