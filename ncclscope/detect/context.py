@@ -63,7 +63,8 @@ class Context:
         # Where opCount never changes (2.27+ single node), calls are counted in order:
         # a sequence only where the member's lines start with its communicator.  One
         # named by its teardown line alone may have lost its first calls with the log's
-        # head (``identity.ANCHORED``): its count is no sequence, and it is left out.
+        # head (``identity.ANCHORED``): unless its own opCount counts, it is left out
+        # (one call says nothing: opCount 0 may be 2.27's constant).
         counted = (pl.col("opcount_min") == pl.col("opcount_max")) & (pl.col("calls") > 1)
         key = ["file_id", "host", "pid", "comm"]
         return (
@@ -76,7 +77,7 @@ class Context:
             .filter(
                 pl.col("comm_key").is_not_null()
                 & pl.col("comm_rank").is_not_null()
-                & (pl.col("anchored") | ~counted)
+                & (pl.col("anchored") | (pl.col("opcount_min") != pl.col("opcount_max")))
             )
             .select(
                 "comm_key",
