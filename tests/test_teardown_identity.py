@@ -150,6 +150,8 @@ def test_abort_lines_name_the_culprit_of_a_hang_whose_head_was_cut() -> None:
     assert doc["job"]["world_size_source"] == "teardown"
     hang = [b for b in blamed(doc) if b[0] == "hang"]
     assert hang == [("hang", "critical", [2], ["node-b"])]
+    (finding,) = [f for f in doc["findings"] if f["kind"] == "hang"]
+    assert finding["evidence"]["torn_down"] == [{"rank": r, "ended": "Abort"} for r in (0, 1, 3)]
     # The same log without its Abort lines (what the reader saw before): nobody named.
     before = analyse(hung_job(aborts=False))
     assert ranks_of(before) == {}
@@ -170,6 +172,9 @@ def test_a_culprit_that_destroyed_its_communicator_early_is_still_named() -> Non
     lines.insert(len(lines) - 3, _teardown(2, 3.0, "Destroy"))
     doc = analyse(lines)
     assert [b for b in blamed(doc) if b[0] == "hang"] == [("hang", "critical", [2], ["node-b"])]
+    (finding,) = [f for f in doc["findings"] if f["kind"] == "hang"]
+    assert "rank 2 had destroyed the communicator" in finding["message"]
+    assert finding["evidence"]["torn_down"] == [{"rank": 2, "ended": "Destroy"}]
 
 
 def test_a_stall_whose_waiters_then_destroyed_the_communicator_is_no_hang() -> None:
