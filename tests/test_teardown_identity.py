@@ -295,3 +295,27 @@ def test_both_readers_give_the_same_init_timings_and_teardown_records() -> None:
     assert sorted(got.init_timings, key=repr) == sorted(want.init_timings, key=repr)
     assert sorted(got.comm_events, key=repr) == sorted(want.comm_events, key=repr)
     assert [e.event for _p, _n, e in want.comm_events] == ["Destroy", "Abort", "Abort"]
+
+
+@pytest.mark.parametrize(
+    ("case", "keep_from", "kind", "culprit"),
+    [
+        # 2.27 on two hosts: the world communicator's opCount counts; Destroy lines name
+        # the ranks whose Init lines were cut, so the slow rank's lateness is measured
+        ("straggler-227-ts", 0.5, "straggler", [11]),
+        # the IB error's rank, named by its Abort lines (README: rank 5 raised it)
+        ("ib-completion-error", 0.8, "nccl_error", [5]),
+    ],
+)
+def test_fixture_culprits_named_through_teardown_lines_after_a_head_cut(
+    case: str, keep_from: float, kind: str, culprit: list[int]
+) -> None:
+    cut = jobgen.cut_lines(jobgen.load_files(REPO / "fixtures" / case), keep_from, 1.0)
+    texts = {k: [ln.text for ln in v] for k, v in cut.items()}
+    assert not any(" Init " in t for v in texts.values() for t in v)
+    doc = analyse(texts)
+    named = [f["ranks"] for f in jobgen.severe(doc) if f["kind"] == kind]
+    assert culprit in named
+    # without the teardown lines nobody is named
+    bare = {k: [t for t in v if " COMPLETE" not in t] for k, v in texts.items()}
+    assert not [f["ranks"] for f in jobgen.severe(analyse(bare)) if f["ranks"]]
