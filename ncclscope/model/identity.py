@@ -15,7 +15,9 @@
   COMPLETE``; ``Abort``, ``Revoke``).  A teardown line comes after the member's calls,
   so it does not say where they began: where calls are counted in log order (opCount
   constant, 2.27+ single node) such a member's count starts wherever the log does, and
-  is no sequence (``anchored``).  ``ended`` says how the member left its communicator.
+  is no sequence (``ANCHORED``).  ``ended`` says how the member left its communicator.
+  The one member of a whole communicator that no line names takes the one rank its
+  other members left (``elimination``).
 """
 
 from __future__ import annotations
@@ -63,11 +65,6 @@ class Member:
     known_from: str = "init"
     #: ``Destroy`` or ``Abort``: the member's ``- Destroy COMPLETE`` / ``- Abort COMPLETE``
     ended: str | None = None
-
-    @property
-    def anchored(self) -> bool:
-        """Its lines in the log begin with the communicator (see ``ANCHORED``)."""
-        return self.known_from not in ("teardown", "elimination")
 
 
 @dataclass(frozen=True)
