@@ -473,13 +473,17 @@ def _launcher_world_sizes(hints: pl.DataFrame) -> list[int]:
 def _world_size(
     view: Analysis, launcher_sizes: list[int], boot_sizes: list[int]
 ) -> tuple[int | None, str | None]:
-    """NCCL's count first (Init lines, else COLL lines' ``nranks``, else the bootstrap
-    root's WARN), then what the launcher, PyTorch or DeepSpeed lines state."""
+    """NCCL's count first (Init lines, else Init timings, teardown lines or COLL lines'
+    ``nranks``, else the bootstrap root's WARN), then what the launcher, PyTorch or
+    DeepSpeed lines state."""
     ident = view.identity
     if ident.world_size is not None:
         world = ident.members.filter(pl.col("comm_key") == ident.world_key)
-        inited = world["complete"].any() or world["bus_id"].is_not_null().any()
-        return ident.world_size, "init" if inited else "coll"
+        named = set(world["known_from"].to_list())
+        for source in ("init", "init_timings", "teardown"):
+            if source in named:
+                return ident.world_size, source
+        return ident.world_size, "coll"
     if boot_sizes:
         return max(boot_sizes), "bootstrap"
     stated = [
@@ -879,9 +883,14 @@ def _gaps(analysis: Analysis, records: LineRecords) -> list[Gap]:
             )
         )
     if not any(ev.event == "Init" for _p, _l, ev in records.comm_events):
+        named = not analysis.identity.ranks.is_empty()
         gaps.append(
             Gap(
-                "No communicator init lines: ranks cannot be tied to hosts, pids and GPUs.",
+                "No communicator init lines: ranks were named only by NCCL's Init timings or "
+                "Destroy/Abort COMPLETE lines (no commId; where opCount stays 0, 2.27+ on one "
+                "node, a rank named by its teardown line alone has no collective sequence)."
+                if named
+                else "No communicator init lines: ranks cannot be tied to hosts, pids and GPUs.",
                 ("NCCL_DEBUG=INFO from process start", "NCCL_DEBUG_SUBSYS must include INIT"),
             )
         )

@@ -133,6 +133,9 @@ MEMBERS_SCHEMA = _schema(
         "complete": pl.Boolean,  # Init COMPLETE seen (not only START)
         "line_no": pl.UInt32,
         "rank": pl.Int32,  # global rank (rank in the world communicator) where known
+        # init | init_timings | teardown | hint | elimination | coll: what named the member
+        "known_from": pl.String,
+        "ended": pl.String,  # Destroy | Abort: its "- Destroy/Abort COMPLETE" line
     }
 )
 

@@ -109,6 +109,15 @@ def test_world_size_from_coll_lines_without_init_lines(tmp_path: Path) -> None:
     doc = run_cli([folder]).doc
     assert doc is not None
     job = doc["job"]
+    # The Destroy lines at the end still name each member's rank and size (issue #18).
+    assert (job["world_size"], job["world_size_source"]) == (8, "teardown")
+    assert job["ranks_without_logs"] == []
+    for path in folder.glob("*.log"):
+        kept = [x for x in path.read_text().splitlines() if " COMPLETE" not in x]
+        path.write_text("\n".join(kept) + "\n")
+    doc = run_cli([folder]).doc
+    assert doc is not None
+    job = doc["job"]
     assert (job["world_size"], job["world_size_source"]) == (8, "coll")
     # Members whose rank no line names: which ranks are absent cannot be told.
     assert job["ranks_without_logs"] is None

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from ncclscope.model.collectives import P2P_OPS
+from ncclscope.model.identity import ANCHORED
 from ncclscope.schema import INSTANCES_SCHEMA, PROGRESS_SCHEMA
 
 if TYPE_CHECKING:
@@ -59,13 +60,25 @@ class Context:
         members = self.analysis.identity.members
         if stats.is_empty() or members.is_empty():
             return pl.DataFrame(schema=PROGRESS_SCHEMA)
-        # Where opCount never changes (2.27+ single node), calls are counted in order.
+        # Where opCount never changes (2.27+ single node), calls are counted in order:
+        # a sequence only where the member's lines start with its communicator.  One
+        # named by its teardown line alone may have lost its first calls with the log's
+        # head (``identity.ANCHORED``): unless its own opCount counts, it is left out
+        # (one call says nothing: opCount 0 may be 2.27's constant).
         counted = (pl.col("opcount_min") == pl.col("opcount_max")) & (pl.col("calls") > 1)
         key = ["file_id", "host", "pid", "comm"]
         return (
             stats.filter(pl.col("coll_calls") > 0)
-            .join(members.select(*key, "comm_key", "comm_rank", "rank"), on=key, how="inner")
-            .filter(pl.col("comm_key").is_not_null() & pl.col("comm_rank").is_not_null())
+            .join(
+                members.select(*key, "comm_key", "comm_rank", "rank", ANCHORED.alias("anchored")),
+                on=key,
+                how="inner",
+            )
+            .filter(
+                pl.col("comm_key").is_not_null()
+                & pl.col("comm_rank").is_not_null()
+                & (pl.col("anchored") | (pl.col("opcount_min") != pl.col("opcount_max")))
+            )
             .select(
                 "comm_key",
                 "comm_rank",
@@ -331,12 +344,19 @@ class Context:
 
     @cached_property
     def members(self) -> pl.DataFrame:
-        """Per communicator: every member known from init lines, by comm rank."""
+        """Per communicator: every member whose rank in it is known, by comm rank, with
+        ``anchored`` (its lines start with the communicator: ``identity.ANCHORED``) and
+        how it left the communicator (``ended``: Destroy, Abort or null)."""
         m = self.analysis.identity.members
         return (
             m.filter(pl.col("comm_rank").is_not_null())
+            .with_columns(ANCHORED.alias("anchored"))
             .group_by("comm_key", "comm_rank")
-            .agg(pl.col("rank", "host", "file_id", "line_no").first())
+            .agg(
+                pl.col("rank", "host", "file_id", "line_no").first(),
+                pl.col("anchored").any(),
+                pl.col("ended").drop_nulls().first(),
+            )
             .sort("comm_key", "comm_rank")
         )
 

@@ -46,7 +46,15 @@ from ncclscope.detect.culprits import (
 )
 from ncclscope.detect.flight_findings import with_flight
 from ncclscope.detect.ras_findings import with_ras
-from ncclscope.detect.stalls import Mismatched, Stall, hosts_of, mismatches, quote_lines, stalls
+from ncclscope.detect.stalls import (
+    WHO,
+    Mismatched,
+    Stall,
+    hosts_of,
+    mismatches,
+    quote_lines,
+    stalls,
+)
 from ncclscope.detect.watchdog import PgTimeout, StopEvidence, pg_timeouts, stop_evidence
 from ncclscope.units import DTYPE_NAMES
 
@@ -156,6 +164,9 @@ class HangDetector:
             ],
             **ev.json(),
         }
+        left = _torn_down(ctx, stall.comm_key)
+        if left:
+            evidence["torn_down"] = [{"rank": r, "ended": e} for r, e in sorted(left.items())]
         extra = quote_lines(stall.extra_rows) if stall.extra_rows is not None else []
         lines = extra + quote_lines(last_calls) + quote_lines(stall.waiter_rows, 1)
         if not stall.ahead and not ev.stopped:
@@ -177,6 +188,12 @@ class HangDetector:
                 f"rank {culprit} {v.why} {op} #{stall.seq}; {len(stall.waiting)} rank(s) "
                 "entered it and waited"
             )
+            gone = [r for r in v.culprits if left.get(r) == "Destroy"]
+            if gone:
+                msg += (
+                    f"; rank {ranks_text(gone)} had destroyed the communicator (Destroy "
+                    "COMPLETE): it left before that collective"
+                )
         else:
             msg = (
                 f"the job stopped at {op} #{stall.seq}: {len(stall.waiting)} rank(s) entered "
@@ -398,6 +415,14 @@ def _group_mismatch(g: PgTimeout) -> Finding:
         lines=lines,
         hang_class="mismatch",
     )
+
+
+def _torn_down(ctx: Context, comm_key: str) -> dict[int, str]:
+    """Members of a communicator that logged ``- Destroy COMPLETE`` (left it cleanly:
+    every call they made completed) or ``- Abort COMPLETE`` (gave up on it: an error, a
+    timeout, or PyTorch's shutdown), by global rank where known."""
+    m = ctx.members.filter((pl.col("comm_key") == comm_key) & pl.col("ended").is_not_null())
+    return {int(w): str(e) for w, e in m.select(WHO, "ended").iter_rows() if w is not None}
 
 
 def _wait_cost(ctx: Context, stall: Stall) -> float | None:

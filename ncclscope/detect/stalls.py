@@ -93,10 +93,14 @@ def _stalls(ctx: Context) -> list[Stall]:
         return []
     members = ctx.members
     # Members known from init lines that never logged a call on a communicator that
-    # others used: they are behind everyone (last_seq -1).
-    silent = members.join(
-        progress.select("comm_key", "comm_rank"), on=["comm_key", "comm_rank"], how="anti"
-    ).join(progress.select("comm_key").unique(), on="comm_key", how="semi")
+    # others used: they are behind everyone (last_seq -1).  Not one named only by its
+    # teardown line: its calls may have been cut away with the log's head.
+    silent = (
+        members.filter("anchored")
+        .join(progress.select("comm_key", "comm_rank"), on=["comm_key", "comm_rank"], how="anti")
+        .join(progress.select("comm_key").unique(), on="comm_key", how="semi")
+    )
+    destroyed = members.filter(pl.col("ended") == "Destroy").select("comm_key", "comm_rank")
     table = pl.concat(
         [
             progress,
@@ -141,6 +145,8 @@ def _stalls(ctx: Context) -> list[Stall]:
         # Where the sequences part: the collective the culprit never joined, or the one
         # at which it made its extra call.
         stuck = low if ahead else low + 1
+        if _completed(group, destroyed, high if ahead else stuck):
+            continue
         # The culprits' last calls (their op) and the others' calls at the stuck one.
         seqs = sorted({int(x) for x in behind["last_seq"].to_list() if x >= 0} | {stuck})
         at_seqs = ctx.rows_at(comm_key, seqs)
@@ -178,6 +184,27 @@ def _stalls(ctx: Context) -> list[Stall]:
             )
         )
     return out
+
+
+def _completed(group: pl.DataFrame, destroyed: pl.DataFrame, stuck: int) -> bool:
+    """Did a member that logged ``stuck`` (or a later call) then destroy the
+    communicator cleanly?  ``stuck`` is the call the others would wait in: the one the
+    members behind never joined, or the extra call of members ahead.
+
+    ``comm 0x55 rank 3 nranks 8 cudaDev 3 busId 4e000 - Destroy COMPLETE`` comes after
+    the member's device work on the communicator ended (ncclCommDestroy finalizes and
+    frees its buffers; an abort would say ``Abort``): every call it made completed, and
+    a collective completes only when every member joined it.  So no member was missing
+    from ``stuck``; the lines that say so were lost (a cut, a splice), and the stall is
+    the log's, not the job's.  A culprit's own Destroy proves nothing about ``stuck``: it
+    left before it.
+    """
+    if destroyed.is_empty():
+        return False
+    reached = group.filter(pl.col("last_seq") >= stuck).join(
+        destroyed, on=["comm_key", "comm_rank"], how="semi"
+    )
+    return not reached.is_empty()
 
 
 def _called_else(

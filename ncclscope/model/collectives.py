@@ -15,7 +15,7 @@ from pathlib import Path
 
 import polars as pl
 
-from ncclscope.model.identity import CollOnlyComm
+from ncclscope.model.identity import ANCHORED, CollOnlyComm
 from ncclscope.parsers.nccl.procs import decode_proc
 from ncclscope.parsers.nccl.records import LineRecords
 from ncclscope.schema import COLL_STORE_SCHEMA, COLLECTIVES_SCHEMA
@@ -214,9 +214,24 @@ def build_collectives(
     whose ``opCount`` is constant need counting in order; those few rows are written
     to ``out_dir``.
     """
-    # (file_id, token, comm) -> identity; every row's host and pid come with it.
+    # (file_id, token, comm) -> identity; every row's host and pid come with it.  A
+    # member named only by its teardown line (``identity.ANCHORED``) may have lost its
+    # first calls with the log's head: where its own opCount does not count (0 on 2.27+
+    # single node, or one call), its calls are counted from wherever the log starts, no
+    # sequence to set beside the others'.  Its rows keep no rank, as without it.
+    unsure = ~ANCHORED & (pl.col("opcount_min") == pl.col("opcount_max")).fill_null(value=True)
     mapping = (
-        members.select(*_PROC_COMM, "comm_key", "comm_rank", "rank")
+        members.join(
+            stats.select(*_PROC_COMM, "opcount_min", "opcount_max"), on=_PROC_COMM, how="left"
+        )
+        .select(
+            *_PROC_COMM,
+            "comm_key",
+            *(
+                pl.when(unsure).then(None).otherwise(pl.col(c)).alias(c)
+                for c in ("comm_rank", "rank")
+            ),
+        )
         .join(procs, on=["host", "pid"], how="inner")
         .select(*_TOKEN_COMM, "host", "pid", "tid", "comm_key", "comm_rank", "rank")
     )

@@ -7,6 +7,17 @@
   members with the same rank together (e.g. one 8-rank group per host).
 * The *world* communicator is the largest one (first created on a tie); a rank in it
   is the global rank.  Processes holding several GPUs map by CUDA device.
+* Where a communicator's Init lines were cut away (a log's head lost, a file opened
+  late), its member is still named by the lines that remain (``known_from``): the
+  ``Init timings`` line NCCL prints right after Init COMPLETE (rank and size, no comm
+  pointer: matched to the process's next communicator of that size on COLL lines), or
+  its teardown line (``comm 0x55 rank 3 nranks 8 cudaDev 3 busId 4e000 - Destroy
+  COMPLETE``; ``Abort``, ``Revoke``).  A teardown line comes after the member's calls,
+  so it does not say where they began: where calls are counted in log order (opCount
+  constant, 2.27+ single node) such a member's count starts wherever the log does, and
+  is no sequence (``ANCHORED``).  ``ended`` says how the member left its communicator.
+  The one member of a whole communicator that no line names takes the one rank its
+  other members left (``elimination``).
 """
 
 from __future__ import annotations
@@ -19,7 +30,15 @@ import polars as pl
 from ncclscope.parsers.nccl.records import LineRecords, ProcKey
 from ncclscope.schema import MEMBERS_SCHEMA, RANKS_SCHEMA, validate
 
-__all__ = ["MAX_RANKS", "CollOnlyComm", "Identity", "Member", "listable_size", "resolve_identity"]
+__all__ = [
+    "ANCHORED",
+    "MAX_RANKS",
+    "CollOnlyComm",
+    "Identity",
+    "Member",
+    "listable_size",
+    "resolve_identity",
+]
 
 
 @dataclass
@@ -40,6 +59,12 @@ class Member:
     local_rank: int | None = None
     comm_key: str = ""
     rank: int | None = None  # global rank
+    #: what named the member: ``init`` (Init START/COMPLETE), ``init_timings``,
+    #: ``teardown`` (Destroy/Abort/Revoke only), ``hint`` (Trees, Ring), ``elimination``
+    #: (the one rank its communicator's other members left), ``coll`` (no rank)
+    known_from: str = "init"
+    #: ``Destroy`` or ``Abort``: the member's ``- Destroy COMPLETE`` / ``- Abort COMPLETE``
+    ended: str | None = None
 
 
 @dataclass(frozen=True)
@@ -56,6 +81,14 @@ class CollOnlyComm:
 #: above it is a damaged number (``[nranks=2147483647]``): kept as data, never enumerated
 #: (a list of the ranks that left no line would hold billions).
 MAX_RANKS = 1 << 20
+
+
+#: A member whose lines in the log start with its communicator (its Init lines, its Init
+#: timings, an init-time hint), so that its calls counted in log order are its sequence
+#: numbers.  A member named only by its teardown line (or by elimination) may have lost
+#: its first calls with the log's head: counted from where the log starts, its calls
+#: are no sequence.
+ANCHORED = ~pl.col("known_from").is_in(["teardown", "elimination"])
 
 
 def listable_size(size: int | None) -> bool:
@@ -82,18 +115,27 @@ class Identity:
 def resolve_identity(
     records: LineRecords, coll_only: list[CollOnlyComm], paths: list[str]
 ) -> Identity:
-    """Build members and ranks from init lines, layouts and (as a fallback) COLL lines."""
+    """Build members and ranks from init lines, layouts and (as a fallback) teardown
+    lines, Init timings and COLL lines."""
     members = _members_from_init(records)
+    _members_from_teardown(records, members)
     for extra in coll_only:
         # No ``[nranks=N]``: the line was cut there (an excerpt's last line), and the
         # comm pointer in front of it may be cut too.  Nothing to match it by.
         if extra.nranks is None:
             continue
-        if (extra.proc, extra.comm) not in members:
+        member = members.get((extra.proc, extra.comm))
+        if member is None:
             members[(extra.proc, extra.comm)] = Member(
-                extra.proc, extra.comm, extra.nranks, extra.first_line
+                extra.proc, extra.comm, extra.nranks, extra.first_line, known_from="coll"
             )
+        elif member.known_from == "teardown":
+            # Created where its first call is, not where it was torn down: the order
+            # of creation matches communicators across processes.
+            member.first_line = min(member.first_line, extra.first_line)
+    _members_from_timings(records, members)
     matched_by = _assign_keys(list(members.values()))
+    _by_elimination(list(members.values()))
     world_key, world_size = _world(list(members.values()))
     _global_ranks(list(members.values()), world_key, records)
     nnodes = _nnodes(list(members.values()))
@@ -132,6 +174,100 @@ def _members_from_init(records: LineRecords) -> dict[tuple[ProcKey, str], Member
             member.nnodes = layout.nnodes
             member.local_rank = layout.local_rank
     return members
+
+
+#: Lifecycle events after a communicator's init: its member is named by them where the
+#: Init lines were cut away.  Only a COMPLETE Destroy or Abort ends the member.
+_TEARDOWN = frozenset({"Destroy", "Abort", "Revoke"})
+_ENDS = frozenset({"Destroy", "Abort"})
+
+
+def _members_from_teardown(
+    records: LineRecords, members: dict[tuple[ProcKey, str], Member]
+) -> None:
+    """Members whose Init lines are not in the log, from their teardown lines; and how
+    every member left its communicator (``ended``).
+
+    Sample (2.12+, INIT subsystem; DESTROY from 2.30.3)::
+
+        node-a:4101:4177 [0] NCCL INFO comm 0x7f00faaa5c00 rank 0 nranks 4 cudaDev 0
+        busId 6000 - Abort COMPLETE
+    """
+    for proc, line_no, ev in records.comm_events:
+        if ev.event not in _TEARDOWN or ev.comm == "(nil)":
+            continue
+        key = (proc, ev.comm)
+        member = members.get(key)
+        if member is None:
+            member = Member(
+                proc,
+                ev.comm,
+                ev.nranks,
+                line_no,
+                comm_rank=ev.rank,
+                cuda_dev=ev.cuda_dev,
+                nvml_dev=ev.nvml_dev,
+                bus_id=ev.bus_id,
+                known_from="teardown",
+            )
+            members[key] = member
+        elif line_no < member.first_line or member.comm_rank != ev.rank:
+            continue  # an earlier communicator at that pointer, or another one
+        if ev.event in _ENDS and ev.phase == "COMPLETE" and member.ended is None:
+            member.ended = ev.event
+
+
+def _members_from_timings(records: LineRecords, members: dict[tuple[ProcKey, str], Member]) -> None:
+    """Ranks from ``Init timings`` for members whose Init lines were cut away.
+
+    Sample (2.23+, INIT|PROFILE)::
+
+        node-a:4101:4101 [0] NCCL INFO Init timings - ncclCommInitRankConfig: rank 3
+        nranks 8 total 0.74 (kernels 0.17, alloc 0.03, bootstrap 0.00, ...)
+
+    NCCL prints it right after the communicator's Init COMPLETE, before any call on
+    it, and names no pointer: it belongs to a communicator of that size whose first
+    call in the same process comes after it.  A member takes its rank where every
+    such line before its first call names the same rank (a process may have created
+    several communicators of one size before using them), and is then anchored: its
+    calls in the log start with the communicator.  A rank that disagrees with the
+    member's own teardown line names nothing.
+    """
+    if not records.init_timings:
+        return
+    # Per process, in file order: Init COMPLETE lines and Init timings.  A timings line
+    # right after an Init COMPLETE of the same rank and size belongs to that member,
+    # whose Init lines are in the log: it names no other.
+    events: dict[ProcKey, list[tuple[int, int, int, int]]] = defaultdict(list)
+    for proc, line_no, ev in records.comm_events:
+        if ev.event == "Init" and ev.phase == "COMPLETE":
+            events[proc].append((line_no, 0, ev.rank, ev.nranks))
+    for proc, line_no, t in records.init_timings:
+        events[proc].append((line_no, 1, t.rank, t.nranks))
+    by_proc: dict[ProcKey, list[tuple[int, int, int]]] = defaultdict(list)
+    for proc, rows in events.items():
+        complete: tuple[int, int] | None = None
+        for line_no, is_timings, rank, nranks in sorted(rows):
+            if not is_timings:
+                complete = (rank, nranks)
+            elif complete == (rank, nranks):
+                complete = None  # the timings of that Init COMPLETE
+            else:
+                by_proc[proc].append((line_no, rank, nranks))
+    for member in members.values():
+        if member.known_from not in ("teardown", "coll"):
+            continue
+        timings = by_proc.get(member.proc)
+        if not timings:
+            continue
+        before = {r for line, r, n in timings if line < member.first_line and n == member.nranks}
+        if len(before) != 1:
+            continue
+        rank = next(iter(before))
+        if member.comm_rank is not None and member.comm_rank != rank:
+            continue
+        member.comm_rank = rank
+        member.known_from = "init_timings"
 
 
 def _assign_keys(members: list[Member]) -> dict[str, str]:
@@ -178,6 +314,32 @@ def _partition(group: list[Member]) -> list[list[Member]]:
     return parts
 
 
+def _by_elimination(members: list[Member]) -> None:
+    """The rank of the one member no line names, where all the others of a whole
+    communicator are named: ranks 0, 1 and 3 of a 4-rank communicator named by their
+    Abort lines leave rank 2 to the fourth process, seen only on COLL lines (it never
+    aborted: it was elsewhere while the others timed out).
+
+    Only in a communicator matched as one (not split apart, ``_partition``) that has
+    exactly ``nranks`` members, all other ranks distinct: then no other rank is left.
+    """
+    groups: dict[str, list[Member]] = defaultdict(list)
+    for member in members:
+        groups[member.comm_key].append(member)
+    for key, group in groups.items():
+        nranks = group[0].nranks
+        if "/" in key or len(group) != nranks or any(m.nranks != nranks for m in group):
+            continue
+        unnamed = [m for m in group if m.comm_rank is None]
+        named = {m.comm_rank for m in group if m.comm_rank is not None}
+        if len(unnamed) != 1 or len(named) != nranks - 1:
+            continue
+        left = set(range(nranks)) - named
+        if len(left) == 1:
+            unnamed[0].comm_rank = left.pop()
+            unnamed[0].known_from = "elimination"
+
+
 def _world(members: list[Member]) -> tuple[str | None, int | None]:
     if not members:
         return None, None
@@ -207,6 +369,7 @@ def _global_ranks(members: list[Member], world_key: str | None, records: LineRec
             hints = records.rank_hints.get(member.proc)
             if hints and len(hints) == 1:
                 member.comm_rank = next(iter(hints))
+                member.known_from = "hint"
 
 
 def _nnodes(members: list[Member]) -> dict[str, int]:
@@ -237,6 +400,8 @@ def _members_frame(members: list[Member]) -> pl.DataFrame:
             "complete": m.complete,
             "line_no": m.first_line,
             "rank": m.rank,
+            "known_from": m.known_from,
+            "ended": m.ended,
         }
         for m in members
     ]

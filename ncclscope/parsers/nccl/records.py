@@ -91,6 +91,8 @@ class LineRecords:
 
     versions: list[tuple[int, str | None, int | None, Version]] = field(default_factory=list)
     comm_events: list[tuple[ProcKey, int, CommEvent]] = field(default_factory=list)
+    #: ``Init timings`` lines (2.22+): a rank and size per process, no comm pointer
+    init_timings: list[tuple[ProcKey, int, InitTimings]] = field(default_factory=list)
     layouts: list[tuple[ProcKey, NodeLayout]] = field(default_factory=list)
     connections: list[tuple[ProcKey, int, Connection]] = field(default_factory=list)
     #: connection lines read in polars (``add_connection_lines``), ``CONNECTIONS_SCHEMA``
@@ -303,6 +305,8 @@ def _take_plain(out: LineRecords, proc: ProcKey, line_no: int, kind: str, body: 
     """Record a body that needs neither the line's time nor its thread's state."""
     if isinstance(body, CommEvent):
         out.comm_events.append((proc, line_no, body))
+    elif isinstance(body, InitTimings):
+        out.init_timings.append((proc, line_no, body))
     elif isinstance(body, NodeLayout):
         out.layouts.append((proc, body))
     elif isinstance(body, Connection):
@@ -420,9 +424,11 @@ def add_connection_lines(out: LineRecords, conns: pl.DataFrame) -> None:
 
 #: First words of INFO messages whose record a table uses (``lines.INFO_FAMILIES``) or
 #: that name the network; every other INFO message is only counted.  Rank 0's ring
-#: listings (``Channel 00/32 : 0 1 2 ...``) and Init timings are parsed by the
-#: reference parser but feed no table yet, so they are counted here too.
+#: listings (``Channel 00/32 : 0 1 2 ...``) are parsed by the reference parser but feed
+#: no table yet, so they are counted here too.  ``Init timings`` name a process's rank
+#: and size where its Init lines were cut away (``identity.py``).
 _RECORD_WORDS = (
+    "Init",
     "Ring",
     "CollNet",
     "Trees",
