@@ -4,7 +4,7 @@ band and false positives on healthy jobs, with no timestamp on any line.
 
 Jobs come from ``ncclscope.synth.inspector`` (the physics of a collective: each rank's
 execution time is the last arrival minus its own arrival, plus the transfer time, plus
-noise), written as the plugin writes its records and read back by the Inspector reader;
+noise), written as the plugin writes its files and read back as ``analyze`` reads them;
 then the ``exec_straggler`` detector's metric and policy run on the records.  Each job
 draws its shape at random: 2 to 32 ranks, 2 to 8 a host, 5 to 50 ms of compute between
 collectives, compute jitter 1 to 5% (coefficient of variation) with occasional spikes on
@@ -26,10 +26,15 @@ from __future__ import annotations
 
 import argparse
 import random
+import shutil
+import tempfile
 import time
+from pathlib import Path
+
+import polars as pl
 
 from ncclscope.detect.exec_straggler import exec_times_metric, flagged
-from ncclscope.parsers.tools.inspector import read_inspector_text
+from ncclscope.parsers.tools.inspector import read_inspector_files
 from ncclscope.synth.inspector import InspectorJob, inspector_files
 
 BANDS = ((0.025, 0.05), (0.05, 0.10), (0.10, 0.15), (0.15, 0.25), (0.25, 0.50))
@@ -53,9 +58,16 @@ def _job(rng: random.Random, seed: int, straggler: bool, band: tuple[float, floa
     )
 
 
-def _named(job: InspectorJob) -> list[int]:
-    text = "".join(inspector_files(job).values())
-    rows = read_inspector_text(text, "bench").rows
+def _named(job: InspectorJob, work: Path) -> list[int]:
+    # Written as files and read as ``analyze`` reads them (by the writer's layout).
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    files = []
+    for k, (name, text) in enumerate(sorted(inspector_files(job).items())):
+        (work / name).write_text(text)
+        files.append((k, work / name, name))
+    reads = read_inspector_files(files)
+    rows = pl.concat([reads[k].rows for k, _p, _n in files])
     return [int(r) for r in flagged(exec_times_metric(rows))["comm_rank"].to_list()]
 
 
@@ -66,6 +78,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=18)
     args = ap.parse_args()
     rng = random.Random(args.seed)
+    work = Path(tempfile.mkdtemp(prefix="bench-exec-")) / "job"
     started = time.perf_counter()
     print(f"{'slowdown band':>15} {'jobs':>5} {'found':>6} {'recall':>7} {'wrong':>6}")
     at_least_10 = [0, 0]
@@ -73,7 +86,7 @@ def main() -> None:
         found = wrong = 0
         for k in range(args.jobs):
             job = _job(rng, rng.randrange(1 << 30) + k, True, (lo, hi))
-            named = _named(job)
+            named = _named(job, work)
             found += job.straggler in named
             wrong += any(r != job.straggler for r in named)
         if lo >= 0.10:
@@ -84,11 +97,12 @@ def main() -> None:
     fp = 0
     for _k in range(args.healthy):
         job = _job(rng, rng.randrange(1 << 30), False, (0.0, 0.0))
-        fp += bool(_named(job))
+        fp += bool(_named(job, work))
     print(f"recall at >= 10% slowdown: {at_least_10[0]}/{at_least_10[1]} "
           f"= {at_least_10[0] / max(1, at_least_10[1]):.3f}")  # fmt: skip
     print(f"healthy jobs: {args.healthy}, with a finding (false positives): {fp}")
     print(f"({time.perf_counter() - started:.0f} s)")
+    shutil.rmtree(work.parent, ignore_errors=True)
 
 
 if __name__ == "__main__":
