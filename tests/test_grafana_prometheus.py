@@ -7,8 +7,9 @@ at 50x, with recorded telemetry beside it, serves ``/metrics`` on another port. 
 collective timeout comes 36 s (real) into the replay, 6 s after fewer than 300 s are
 left: the NcclscopeTimeoutImminent alert must be firing by then, naming rank 6.  Then
 every panel's query and every variable of both dashboards must return data, and every
-rule must evaluate without error.  Locally it skips without ``prometheus``; under CI it
-fails.
+rule must evaluate without error.  An agent following ``fixtures/inspector``'s Inspector
+files, scraped as a second job, gives the bandwidth panel its data.  Locally it skips
+without ``prometheus``; under CI it fails.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 LOG = REPO / "fixtures" / "stalled-227-ts" / "job.log"
 TELEMETRY = REPO / "tests" / "data" / "telemetry" / "stalled-227-ts"
 RULES = REPO / "grafana" / "ncclscope-rules.yml"
+INSPECTOR = REPO / "fixtures" / "inspector"
 SPEED = 50.0
 #: The replay's timeout, in real seconds after its clock starts: the first waiter enters
 #: AllGather #30 9.2 s (log time) after the replay's first timestamp (DeepSpeed's first line,
@@ -50,6 +52,7 @@ def _firing(base: str, deadline: float) -> dict[str, Any] | None:
         for alert in alerts:
             if (
                 alert["labels"]["alertname"] == "NcclscopeTimeoutImminent"
+                and alert["labels"].get("job") == "ncclscope"
                 and alert["state"] == "firing"
             ):
                 return dict(alert)
@@ -59,7 +62,7 @@ def _firing(base: str, deadline: float) -> dict[str, Any] | None:
 
 def test_dashboards_and_alerts_on_a_real_prometheus(tmp_path: Path) -> None:
     prometheus, promtool = tools()
-    prom_port, replay_port = free_port(), free_port()
+    prom_port, replay_port, agent_port = free_port(), free_port(), free_port()
     config = tmp_path / "prometheus.yml"
     config.write_text(
         "global: {scrape_interval: 1s, evaluation_interval: 1s, scrape_timeout: 900ms}\n"
@@ -67,6 +70,8 @@ def test_dashboards_and_alerts_on_a_real_prometheus(tmp_path: Path) -> None:
         "scrape_configs:\n"
         "  - job_name: ncclscope\n"
         f"    static_configs: [{{targets: ['127.0.0.1:{replay_port}']}}]\n"
+        "  - job_name: ncclscope-inspector\n"
+        f"    static_configs: [{{targets: ['127.0.0.1:{agent_port}']}}]\n"
     )
     check = subprocess.run([promtool, "check", "config", str(config)], capture_output=True)
     assert check.returncode == 0, check.stdout.decode() + check.stderr.decode()
@@ -87,12 +92,20 @@ def test_dashboards_and_alerts_on_a_real_prometheus(tmp_path: Path) -> None:
          "--analyse-every", "0.5", "--linger", "60"],
         stdout=replay_log, stderr=subprocess.STDOUT,
     )  # fmt: skip
+    agent_log = (tmp_path / "agent.log").open("wb")
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "ncclscope", "agent", "--follow", str(INSPECTOR / "gpu-*.log"),
+         "--from-start", "--listen", f"127.0.0.1:{agent_port}", "--interval", "0.25",
+         "--analyse-every", "0.5", "--sysfs-root", "none"],
+        stdout=agent_log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
     started = time.monotonic()
     try:
         alert = _firing(base, started + TIMEOUT_AT_S + 5)
         logs = (
             f"\n--- prometheus\n{(tmp_path / 'prometheus.log').read_text()[-3000:]}"
             f"\n--- replay\n{(tmp_path / 'replay.log').read_text()[-3000:]}"
+            f"\n--- agent\n{(tmp_path / 'agent.log').read_text()[-3000:]}"
         )
         assert alert is not None, f"no firing NcclscopeTimeoutImminent{logs}"
         # Its value is the replay's seconds left when it was evaluated: before the timeout.
@@ -147,7 +160,9 @@ def test_dashboards_and_alerts_on_a_real_prometheus(tmp_path: Path) -> None:
             pass
         stop(prom)
         stop(replay)
+        stop(agent)
         prom_log.close()
         replay_log.close()
+        agent_log.close()
     assert prom.returncode == 0
     assert replay.returncode == 0

@@ -418,6 +418,30 @@ def job_dashboard() -> dict[str, Any]:
                 h=6,
             ),
         ],
+        [
+            Panel(
+                "timeseries",
+                "Bus bandwidth per op and message size (NCCL Inspector)",
+                (
+                    Target(
+                        "max by (op, size_bucket) "
+                        f"(ncclscope_collective_bus_bandwidth_bytes_per_second{{{_JOB}}})",
+                        "{{op}} {{size_bucket}} B",
+                    ),
+                ),
+                w=24,
+                h=8,
+                unit="Bps",
+                description=(
+                    "NCCL Inspector's median bus bandwidth over the agent's window, per op "
+                    "and power-of-two message size (the best of the nodes' agents). Empty "
+                    "unless the agents follow Inspector output. A fall at one size while "
+                    "the others hold points at a rank or a link, not the fabric; compare "
+                    "with nccl-tests' bus bandwidth at the same size."
+                ),
+                options=_LEGEND_TABLE,
+            ),
+        ],
     ]
     return _dashboard(
         "ncclscope-job",
