@@ -184,6 +184,26 @@ def test_inspector_joins_the_coll_lines(tmp_path: Path) -> None:
     assert [f["path"] for f in doc["inputs"]] == [str(tmp_path / "train.log")]
 
 
+@pytest.mark.parametrize(
+    ("log", "why"),
+    [("whole", None), ("head cut", "no_comm_ids"), ("none", "no_coll_lines")],
+)
+def test_why_inspector_records_did_not_join(tmp_path: Path, log: str, why: str | None) -> None:
+    job = InspectorJob(nranks=4, ranks_per_host=2, collectives=30, drop=0.0, seed=4)
+    for name, text in inspector_files(job).items():
+        (tmp_path / name).write_text(text)
+    lines = coll_log(job).splitlines(keepends=True)
+    if log == "whole":
+        (tmp_path / "train.log").write_text("".join(lines))
+    elif log == "head cut":  # the Init lines (and their commId) are gone, COLL lines stay
+        (tmp_path / "train.log").write_text("".join(lines[len(lines) // 3 :]))
+    ins = _analyze(str(tmp_path))["nccl_tools"]["inspector"]
+    assert ins["not_joined_why"] == why
+    assert (ins["joined"] == ins["records"]) if why is None else (ins["joined"] == 0)
+    text = CliRunner().invoke(cli, ["analyze", str(tmp_path), "--no-progress"]).stdout
+    assert ("not joined to the logs:" in text) == (why is not None)
+
+
 #: The first fixtures of each tool (the directories hold more layouts since).
 FIRST = [
     "ras/ras_2_24_healthy.txt",

@@ -138,6 +138,7 @@ def _tools(analysis: Analysis) -> dict[str, Any]:
             "by_op": _records(by_op, ()),
             "joined": joined.height,
             "joined_size_agrees": int(joined["agree"].sum()),
+            "not_joined_why": t.inspector_unjoined,
         },
         "nccl_tests": {"runs": runs},
         "ras": {"reports": reports},

@@ -11,6 +11,7 @@ from ncclscope import __version__
 from ncclscope.diagnose import Diagnosis
 from ncclscope.export.json_report import FLIGHT_JOIN_WHY, to_json_dict
 from ncclscope.model.identity import listable_size
+from ncclscope.model.inspector import INSPECTOR_UNJOINED
 from ncclscope.units import human_bytes, rank_ranges
 
 __all__ = ["render_text"]
@@ -368,6 +369,9 @@ def _tools(out: list[str], doc: dict[str, Any]) -> None:
             f"{', '.join(ins['versions']) or '-'}); joined to COLL lines: {ins['joined']:,}"
             f" ({ins['joined_size_agrees']:,} with the same size)"
         )
+        if ins["not_joined_why"]:
+            why = INSPECTOR_UNJOINED.get(ins["not_joined_why"], ins["not_joined_why"])
+            out.append(f"    not joined to the logs: {why}; Inspector's times are read alone")
         if ops:
             out.append(f"    {ops}")
     for run in t["nccl_tests"]["runs"]:

@@ -20,13 +20,26 @@ from ncclscope.model.tools import ToolTables
 from ncclscope.parsers.tools.inspector import normalise_hash
 from ncclscope.schema import INSPECTOR_JOIN_SCHEMA, validate
 
-__all__ = ["join_inspector"]
+__all__ = ["INSPECTOR_UNJOINED", "join_inspector"]
+
+#: Why Inspector records joined no COLL line (``ToolTables.inspector_unjoined``).
+INSPECTOR_UNJOINED = {
+    "no_coll_lines": "no COLL lines among the logs",
+    "no_comm_ids": (
+        "the logs name no communicator by its commId (the Init lines that print it are "
+        "not there: log head cut, or NCCL_DEBUG_SUBSYS without INIT)"
+    ),
+    "other_communicators": "the logs' communicators are not the ones Inspector measured",
+    "no_matching_calls": "no call of the logs lines up with a record (rank, op, order)",
+}
 
 
 def join_inspector(tools: ToolTables, collectives: pl.LazyFrame | None) -> ToolTables:
     """``tools`` with ``inspector_joined`` filled from the COLL lines."""
-    if collectives is None or tools.inspector.is_empty():
+    if tools.inspector.is_empty():
         return tools
+    if collectives is None:
+        return replace(tools, inspector_unjoined="no_coll_lines")
     lines = (
         collectives.select("comm_key", "comm_rank", "rank", "op", "seq", "size_bytes")
         .filter(pl.col("comm_key").str.starts_with("0x"))
@@ -47,6 +60,18 @@ def join_inspector(tools: ToolTables, collectives: pl.LazyFrame | None) -> ToolT
         .sort("comm_key", "op", "sn", "comm_rank")
         .collect()
     )
+    why = None
+    if joined.is_empty():
+        keys = lines.select("comm_hash").unique().collect()["comm_hash"]
+        why = (
+            "no_comm_ids"
+            if keys.is_empty()
+            else "other_communicators"
+            if not tools.inspector["comm_hash"].is_in(keys.implode()).any()
+            else "no_matching_calls"
+        )
     return replace(
-        tools, inspector_joined=validate(joined, INSPECTOR_JOIN_SCHEMA, "inspector_joined")
+        tools,
+        inspector_joined=validate(joined, INSPECTOR_JOIN_SCHEMA, "inspector_joined"),
+        inspector_unjoined=why,
     )

@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 
@@ -58,6 +59,8 @@ class ToolTables:
     ras_ranks: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=RAS_RANKS_SCHEMA))
     skipped: dict[str, dict[str, int]] = field(default_factory=dict)
     notes: dict[str, list[str]] = field(default_factory=dict)
+    #: Why no Inspector record joined a COLL line (``INSPECTOR_UNJOINED``), else None.
+    inspector_unjoined: str | None = None
 
 
 def _with_id(frame: pl.DataFrame, fid: int) -> pl.DataFrame:
@@ -118,12 +121,9 @@ def read_tools(
         kept = {r: c for r, c in sorted(reasons.items()) if c}
         if kept:
             skipped[display] = kept
+    frames: dict[str, Any] = {name: pl.concat(part) for name, part in parts.items()}
     tables = ToolTables(
-        files=files,
-        inspector_versions=sorted(versions),
-        skipped=skipped,
-        notes=notes,
-        **{name: pl.concat(frames) for name, frames in parts.items()},
+        files=files, inspector_versions=sorted(versions), skipped=skipped, notes=notes, **frames
     )
     return tables, problems
 
