@@ -9,6 +9,8 @@ from typing import Any
 
 import polars as pl
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
 
 from ncclscope.parsers.tools import inspector
@@ -181,3 +183,70 @@ def test_many_large_files_keep_their_lines_in_order(tmp_path: Path) -> None:
         assert rows["file_id"].unique().to_list() == [k]
         assert rows["line_no"].to_list() == list(range(1, 6001))
         assert rows["sn"].to_list() == list(range(6000))
+
+
+#: The required fields, with the record's place.
+_KEYED = ["file_id", "line_no", "comm_hash", "comm_rank", "op", "sn", "msg_size_bytes",
+          "exec_time_s"]  # fmt: skip
+_FUZZ = settings(
+    deadline=None,
+    derandomize=True,
+    database=None,
+    max_examples=60,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+#: Bytes that matter to the layout reader: cell and object bounds, quotes, line ends.
+_SHARP = st.sampled_from([b",", b"}", b"{", b'"', b":", b"\n", b"\r\n", b"\\", b"\x00", b"\xff"])
+
+
+@_FUZZ
+@given(
+    edits=st.lists(
+        st.tuples(
+            st.integers(0, 10**9),
+            st.sampled_from(["insert", "delete", "replace", "cut"]),
+            st.one_of(_SHARP, st.binary(min_size=1, max_size=4)),
+        ),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_damaged_files_read_by_layout_as_each_alone(
+    tmp_path_factory: pytest.TempPathFactory, edits: list[tuple[int, str, bytes]]
+) -> None:
+    # Random edits at random places of a well-formed file (its first line may be hit
+    # too): whatever path reads it, the records, lines and reasons are those of the
+    # file read on its own.
+    tmp = tmp_path_factory.mktemp("fuzz")
+    data = bytearray(("\n".join(_lines(12, NAMED)) + "\n").encode())
+    for at, kind, chunk in edits:
+        i = at % (len(data) + 1)
+        if kind == "insert":
+            data[i:i] = chunk
+        elif kind == "delete":
+            del data[i : i + len(chunk)]
+        elif kind == "replace":
+            data[i : i + len(chunk)] = chunk
+        else:
+            del data[i:]
+    clean = tmp / "h-pid0.log"
+    clean.write_text("\n".join(_lines(5, NAMED)) + "\n")
+    damaged = tmp / "h-pid1.log"
+    damaged.write_bytes(bytes(data))
+    files = [(0, clean, clean.name), (1, damaged, damaged.name)]
+    together = read_inspector_files(files)
+    intact = {
+        k + 1
+        for k, line in enumerate(bytes(data).split(b"\n"))
+        if line.decode(errors="replace") in _lines(12, NAMED)
+    }
+    for fid, path, name in files:
+        alone = read_inspector(path, name)
+        got, want = together[fid], alone.rows.with_columns(pl.lit(fid, pl.UInt32).alias("file_id"))
+        assert (got.lines, dict(got.skipped)) == (alone.lines, dict(alone.skipped))
+        # The same records with the same required fields; every field the same on the
+        # lines the edits left intact (on a damaged line an optional field may be read by
+        # its key alone, or by its object and key).
+        _same(got.rows.select(_KEYED), want.select(_KEYED))
+        on_intact = pl.col("line_no").is_in(sorted(intact)) if fid else pl.lit(True)
+        _same(got.rows.filter(on_intact), want.filter(on_intact))

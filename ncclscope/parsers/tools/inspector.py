@@ -20,7 +20,7 @@ format ``v4.0``; doubles printed with ``%lf``)::
 
 Reading is vectorised, fastest first (:func:`read_inspector_files`):
 
-- by the writer's layout, taken from each file's first line: polars' CSV reader splits
+- by the writer's layout, taken from each file's first lines: polars' CSV reader splits
   the records at their commas and every cell is checked against the layout (key, the
   objects it closes, the value's type); the ``header``/``metadata`` cells, the same for
   every record of a process between two dumps, are parsed once per run;
@@ -143,21 +143,14 @@ def normalise_hash(value: pl.Expr) -> pl.Expr:
 def read_inspector(path: Path, display: str) -> InspectorRead:
     """Read one Inspector output file; never raises on its content.
 
-    A whole file of well-formed records goes through polars' JSON-lines reader in one
-    call; a file with a damaged line is read line by line (per-field regexes), so that
-    every good record is kept and every bad line counted with its reason.
+    A whole file of well-formed JSON lines goes through polars' JSON-lines reader in one
+    call; the lines it cannot take as records, or every line of a file that is not all
+    JSON, are read line by line (per-field regexes), so that every good record is kept
+    and every bad line counted with its reason.
     """
     try:
-        raw = pl.read_csv(
-            path,
-            has_header=False,
-            quote_char=None,
-            separator="\x1f",
-            schema={"line": pl.String},
-            truncate_ragged_lines=True,
-            encoding="utf8-lossy",
-        ).with_row_index("line_no", offset=1)
-    except (OSError, pl.exceptions.PolarsError) as err:
+        raw = _text_lines(path)
+    except OSError as err:
         out = InspectorRead(display)
         out.skipped[f"cannot read: {err}"] += 1
         return out
@@ -168,11 +161,18 @@ def read_inspector(path: Path, display: str) -> InspectorRead:
         doc = None
     if doc is None or doc.height != raw.height:
         return _read(raw, display)
-    fields = doc.select(
-        pl.col(obj).struct.field(key).cast(_FIELDS[name][1], strict=False).alias(name)
-        for name, (obj, key) in _FROM_NDJSON.items()
-    )
-    return _finish(InspectorRead(display, lines=raw.height), raw.hstack(fields))
+    parsed = raw.hstack(_fields(doc))
+    good = parsed.filter(_valid())
+    if good.height == parsed.height:
+        return _finish(InspectorRead(display, lines=raw.height), parsed)
+    # Lines the JSON reader could not take as records (a key of an object damaged, a
+    # field out of place) get the per-field regexes, as on every other path.
+    again = _read(raw.join(good.select("line_no"), on="line_no", how="anti"), display)
+    out = _finish(InspectorRead(display, lines=raw.height), good)
+    out.rows = pl.concat([out.rows, again.rows]).sort("line_no")
+    out.skipped = again.skipped
+    out.versions = sorted({*out.versions, *again.versions})
+    return out
 
 
 def _fields(doc: pl.DataFrame) -> pl.DataFrame:
@@ -202,7 +202,7 @@ def read_inspector_files(files: Sequence[tuple[int, Path, str]]) -> dict[int, In
     out: dict[int, InspectorRead] = {}
     groups: dict[_Layout, list[tuple[int, Path, str]]] = {}
     for fid, path, display in files:
-        layout = _layout(_first_line(path))
+        layout = _file_layout(path)
         if layout is not None:
             groups.setdefault(layout, []).append((fid, path, display))
     for layout, members in groups.items():
@@ -272,17 +272,31 @@ class _Cell:
 _Layout = tuple[_Cell, ...]
 
 
-def _first_line(path: Path) -> str | None:
-    """The first line of ``path`` (at most 64 KiB), or None."""
+def _file_layout(path: Path) -> _Layout | None:
+    """The layout most of the file's first lines (up to 8, within 64 KiB) share, so that
+    one damaged first line does not decide how the file is read."""
     try:
         with path.open("rb") as fh:
-            head = fh.readline(65536)
+            head = fh.read(65536)
     except OSError:
         return None
-    try:
-        return head.decode().rstrip("\r\n")
-    except UnicodeDecodeError:
+    lines = head.split(b"\n")[:8]
+    if len(lines) > 1 and len(head) == 65536:
+        lines = lines[:-1]  # the last may be cut by the read
+    seen: Counter[_Layout] = Counter()
+    for raw in lines:
+        try:
+            layout = _layout(raw.decode().rstrip("\r"))
+        except UnicodeDecodeError:
+            continue
+        if layout is not None:
+            seen[layout] += 1
+    if not seen:
         return None
+    # Most lines first; between as many, the layout that reads more fields (a damaged
+    # key reads one field fewer).
+    wanted = set(_FROM_NDJSON.values())
+    return max(seen, key=lambda lay: (seen[lay], sum(c.path in wanted for c in lay)))
 
 
 def _layout(line: str | None) -> _Layout | None:
@@ -483,21 +497,25 @@ def _heads(
     )
 
 
+def _text_lines(path: Path) -> pl.DataFrame:
+    """The file's lines (``line_no``, ``line``), invalid UTF-8 replaced.  Split in Python,
+    not by a CSV reader: any separator byte a reader is given can be in a damaged line,
+    and would cut it there."""
+    lines = path.read_bytes().decode("utf-8", errors="replace").split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return pl.DataFrame({"line": lines}, schema={"line": pl.String}).with_row_index(
+        "line_no", offset=1
+    )
+
+
 def _again(path: Path, display: str, line_nos: pl.Series, rows: int) -> InspectorRead | None:
     """The lines ``line_nos`` of ``path`` read with the per-field regexes (``lines``: the
     file's lines but blank ones); None where the file's lines as text are not the ones
     the CSV reader saw (then it is read whole)."""
     try:
-        raw = pl.read_csv(
-            path,
-            has_header=False,
-            quote_char=None,
-            separator="\x1f",
-            schema={"line": pl.String},
-            truncate_ragged_lines=True,
-            encoding="utf8-lossy",
-        ).with_row_index("line_no", offset=1)
-    except (OSError, pl.exceptions.PolarsError):
+        raw = _text_lines(path)
+    except OSError:
         return None
     if raw.height != rows:
         return None
