@@ -299,7 +299,7 @@ def _file_layout(path: Path) -> _Layout | None:
     return max(seen, key=lambda lay: (seen[lay], sum(c.path in wanted for c in lay)))
 
 
-def _layout(line: str | None) -> _Layout | None:
+def _layout(line: str) -> _Layout | None:
     """The cells of a record as ``line`` lays them out, where every field is a scalar
     and no value holds a comma (the plugin's ``fprintf`` records); None otherwise.
 
