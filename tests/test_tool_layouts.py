@@ -289,3 +289,40 @@ def test_a_table_pasted_without_its_header(name: str, root: int | None, redop: s
     assert read.rows.drop("line_no", "test").to_dicts() == whole.to_dicts()
     assert set(read.rows["root"].to_list()) == {root}
     assert set(read.rows["redop"].to_list()) == {redop}
+
+
+#: MSCCL++'s copies of nccl-tests' writer: the in-place half first, and (for tests with
+#: no out-of-place variant) only that half printed; no ``type`` column.
+_INPLACE_FIRST = """\
+#                                        in-place                       out-of-place
+#       size         count     time   algbw   busbw  #wrong     time   algbw   busbw  #wrong
+#        (B)    (elements)     (us)  (GB/s)  (GB/s)             (us)  (GB/s)  (GB/s)
+     4194304       1048576    61.25   68.48  119.84      0{second}
+     8388608       2097152    101.9   82.32  144.06      0{second}
+
+# Out of bounds values : 0 OK
+"""
+
+
+@pytest.mark.parametrize("second", ["", "    70.10   59.83  104.70      0"])
+def test_a_table_with_the_in_place_half_first(second: str) -> None:
+    read = parse_nccl_tests(_INPLACE_FIRST.format(second=second), "x")
+    assert dict(read.skipped) == {}
+    rows = read.rows
+    assert rows["size_bytes"].to_list() == [4 << 20, 8 << 20]
+    # The first half printed is the in-place one, whatever the order of the columns.
+    assert rows["ip_bus_bw_bytes_per_s"].to_list() == [119.84e9, 144.06e9]
+    assert rows["ip_time_s"].to_list() == pytest.approx([61.25e-6, 101.9e-6])
+    oop = rows["oop_bus_bw_bytes_per_s"].to_list()
+    assert oop == ([None, None] if not second else [104.70e9, 104.70e9])
+
+
+def test_a_short_row_under_nccl_tests_own_header_is_a_cut_row() -> None:
+    # Out-of-place first (nccl-tests itself): a row with one half is cut, not half a row.
+    text = (FIX / "nccl-tests/all_gather_2_13.txt").read_text()
+    rows = [line for line in text.splitlines() if line.strip()[:1].isdigit()]
+    half = " ".join(rows[0].split()[:9])  # size, count, type, redop, root, one half
+    cut = text.replace(rows[0], half)
+    read = parse_nccl_tests(cut, "x")
+    assert read.skipped["table row cut and never completed"] == 1
+    assert read.rows.height == len(rows) - 1

@@ -129,14 +129,22 @@ class _Layout:
 
     ncol: int
     fixed: dict[str, int]
-    halves: tuple[dict[str, int], dict[str, int]]
+    halves: tuple[dict[str, int], dict[str, int]]  # out-of-place, in-place
     timestamp: bool  # a trailing ``timestamp`` column (two tokens: date and time)
+    #: Tokens of a row that prints only its first half, where rows may (MSCCL++'s
+    #: tests, under an ``in-place out-of-place`` header, print the in-place half alone);
+    #: 0 elsewhere: in nccl-tests' own tables a short row is a cut one.
+    first_ncol: int = 0
+    #: Which of ``halves`` is printed first: 1 where the header reads ``in-place
+    #: out-of-place`` (MSCCL++'s copies of nccl-tests' writer).
+    first: int = 0
 
 
-def _layout(tokens: list[str]) -> _Layout | None:
+def _layout(tokens: list[str], ip_first: bool = False) -> _Layout | None:
     """The layout of a column header (``size count type redop root time algbw busbw
-    #wrong time ...``), or None where it is not one.  Columns this reader does not know
-    (``#bitdiff``, ``i_min``...) are kept in place and ignored."""
+    #wrong time ...``), or None where it is not one (``ip_first``: the line above it
+    names the in-place half first).  Columns this reader does not know (``#bitdiff``,
+    ``i_min``...) are kept in place and ignored."""
     starts = [k for k, t in enumerate(tokens) if t in _TIME_COLUMNS]
     if tokens[:2] != ["size", "count"] or len(starts) != 2:
         return None
@@ -154,7 +162,8 @@ def _layout(tokens: list[str]) -> _Layout | None:
         if "busbw" not in half:
             return None
         halves.append(half)
-    return _Layout(len(tokens), fixed, (halves[0], halves[1]), timestamp)
+    pair = (halves[1], halves[0]) if ip_first else (halves[0], halves[1])
+    return _Layout(len(tokens), fixed, pair, timestamp, starts[1] if ip_first else 0, int(ip_first))
 
 
 #: The writers' column headers by row width, for a table pasted without its header:
@@ -211,6 +220,7 @@ def parse_nccl_tests(text: str, display: str) -> NcclTestsRead:
     run = _Run()
     command_test: str | None = None
     pending: tuple[int, list[str]] | None = None  # a row cut by interleaved output
+    ip_first = False  # the half-names line above the column header: in-place first
     notes_guessed = False
 
     def new_run(keep: bool = False) -> _Run:
@@ -251,9 +261,13 @@ def parse_nccl_tests(text: str, display: str) -> NcclTestsRead:
             value = _num(m.group(1))
             run.avgs.append(value * 1e9 if value is not None else None)
             continue
+        if "out-of-place" in line and "in-place" in line:
+            ip_first = line.index("in-place") < line.index("out-of-place")
+            continue
         tokens = line.lstrip("#").split()
         if tokens[:2] == ["size", "count"]:
-            layout = _layout(tokens)
+            layout = _layout(tokens, ip_first)
+            ip_first = False
             if layout is None:
                 out.skipped["table header with unknown columns"] += 1
             elif run.rows:
@@ -286,7 +300,7 @@ def parse_nccl_tests(text: str, display: str) -> NcclTestsRead:
             k, pending = first, None
         else:
             if pending is not None:
-                out.skipped["table row cut and never completed"] += 1
+                _half_or_cut(out, run, pending)
                 pending = None
             if _starts_row(tokens) and len(tokens) < run.layout.ncol - run.layout.timestamp:
                 pending = (k, tokens)
@@ -297,12 +311,23 @@ def parse_nccl_tests(text: str, display: str) -> NcclTestsRead:
             continue
         run.rows.append((k, *row))
     if pending is not None:
-        out.skipped["table row cut and never completed"] += 1
+        _half_or_cut(out, run, pending)
     if notes_guessed:
         out.notes.append("a table without its column header: columns taken from the rows")
     runs.append(run)
     _frames(out, [part for r in runs if r.rows or r.avgs for part in _processes(r)])
     return out
+
+
+def _half_or_cut(out: NcclTestsRead, run: _Run, pending: tuple[int, list[str]]) -> None:
+    """A short row followed by no continuation: a row that prints only its first half,
+    or one cut and never completed."""
+    k, tokens = pending
+    row = _row(tokens, run.layout) if run.layout is not None else None
+    if row is None:
+        out.skipped["table row cut and never completed"] += 1
+    else:
+        run.rows.append((k, *row))
 
 
 def _processes(run: _Run) -> list[_Run]:
@@ -346,7 +371,11 @@ def _row(tokens: list[str], lay: _Layout) -> tuple[object, ...] | None:
     elif lay.timestamp and n == lay.ncol:
         tokens = tokens[:-1]
         n = len(tokens)
-    if n != lay.ncol - (1 if lay.timestamp else 0):
+    halves: tuple[dict[str, int], ...] = lay.halves
+    if n == lay.first_ncol and lay.first_ncol:
+        # Only the first printed half: the other one's values are missing.
+        halves = tuple(h if k == lay.first else {} for k, h in enumerate(lay.halves))
+    elif n != lay.ncol - (1 if lay.timestamp else 0):
         return None
     try:
         size, count = int(tokens[lay.fixed["size"]]), int(tokens[lay.fixed["count"]])
@@ -355,7 +384,7 @@ def _row(tokens: list[str], lay: _Layout) -> tuple[object, ...] | None:
         root = int(tokens[lay.fixed["root"]]) if "root" in lay.fixed else None
         values = [
             _num(tokens[half[name]]) if name in half else None
-            for half in lay.halves
+            for half in halves
             for name in ("time", "algbw", "busbw", "wrong")
         ]
     except (ValueError, KeyError, IndexError):
