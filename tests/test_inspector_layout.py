@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
+from test_nccl_tools import RECORD
 
 from ncclscope.parsers.tools import inspector
 from ncclscope.parsers.tools.inspector import (
@@ -22,14 +23,6 @@ from ncclscope.parsers.tools.inspector import (
 )
 from ncclscope.synth.inspector import InspectorJob, inspector_files
 
-RECORD = (
-    '{"header":{"id":"0a1b2c3d4e5f6071","rank":1,"n_ranks":2,"nnodes":1},'
-    '"metadata":{"inspector_output_format_version":"v4.0","git_rev":"g","rec_mechanism":'
-    '"nccl_profiler_interface","dump_timestamp_us":1764000000000000,"hostname":"h","pid":7},'
-    '"coll_perf":{"coll":"AllGather","coll_sn":3,"coll_msg_size_bytes":1048576,'
-    '"coll_exec_time_us":250,"coll_timing_source":"kernel_gpu","coll_algobw_gbs":8.388608,'
-    '"coll_busbw_gbs":4.194304}}'
-)
 NAMED = RECORD.replace('"nnodes":1}', '"nnodes":1,"comm_name":"dp"}')
 
 

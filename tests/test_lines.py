@@ -499,11 +499,8 @@ def test_info_messages_read_in_polars_give_the_reference_records() -> None:
         "datatype 7 op 0 root 0 comm 0x3 [nranks=2] stream 0x4",
         "node-a:1:1 [0] NCCL INFO transport/net.cc:1286 -> 6",
     ]
-    rows = [(0, k + 1, 2, t, len(t)) for k, t in enumerate(texts)]
+    rows, frame = line_frame(texts)
     want = collect_records(rows)
-    frame = pl.DataFrame(
-        rows, schema=["file_id", "i", "kind", "text", "n_bytes"], orient="row"
-    ).with_columns(pl.col("file_id", "i").cast(pl.UInt32))
     got = LineRecords()
     messages = info_messages(frame.lazy())
     done = add_info_messages(got, messages)
@@ -533,3 +530,17 @@ def test_info_messages_read_in_polars_give_the_reference_records() -> None:
     assert [(g.proc, g.line_no, g.message, g.chain) for g in got.errors] == [
         (g.proc, g.line_no, g.message, g.chain) for g in want.errors
     ]
+
+
+def line_frame(
+    texts: list[str],
+) -> tuple[list[tuple[int, int, int, str | None, int]], pl.DataFrame]:
+    """Lines of one file as the reference parser takes them (``file_id``, line number,
+    kind, text, bytes) and as the polars fast path's frame holds them."""
+    rows: list[tuple[int, int, int, str | None, int]] = [
+        (0, k + 1, 2, t, len(t)) for k, t in enumerate(texts)
+    ]
+    frame = pl.DataFrame(
+        rows, schema=["file_id", "i", "kind", "text", "n_bytes"], orient="row"
+    ).with_columns(pl.col("file_id", "i").cast(pl.UInt32))
+    return rows, frame

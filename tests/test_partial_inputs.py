@@ -99,22 +99,25 @@ def test_the_stopped_rank_without_a_file_is_exposed_to_detectors(tmp_path: Path)
     assert Context(analysis.analysis).ranks_without_logs == frozenset({2})
 
 
+def _drop_lines(folder: Path, needle: str) -> None:
+    """Remove from every log of ``folder`` the lines that hold ``needle``."""
+    for path in folder.glob("*.log"):
+        kept = [x for x in path.read_text().splitlines() if needle not in x]
+        path.write_text("\n".join(kept) + "\n")
+
+
 def test_world_size_from_coll_lines_without_init_lines(tmp_path: Path) -> None:
     spec = SynthSpec(ranks=8, hosts=2, steps=3, era="2.27", timestamps=True, seed=4,
                      layout="per-rank")  # fmt: skip
     folder = _per_rank_job(tmp_path, spec)
-    for path in folder.glob("*.log"):
-        kept = [x for x in path.read_text().splitlines() if " Init " not in x]
-        path.write_text("\n".join(kept) + "\n")
+    _drop_lines(folder, " Init ")
     doc = run_cli([folder]).doc
     assert doc is not None
     job = doc["job"]
     # The Destroy lines at the end still name each member's rank and size (issue #18).
     assert (job["world_size"], job["world_size_source"]) == (8, "teardown")
     assert job["ranks_without_logs"] == []
-    for path in folder.glob("*.log"):
-        kept = [x for x in path.read_text().splitlines() if " COMPLETE" not in x]
-        path.write_text("\n".join(kept) + "\n")
+    _drop_lines(folder, " COMPLETE")
     doc = run_cli([folder]).doc
     assert doc is not None
     job = doc["job"]

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import jobgen
-import polars as pl
 import pytest
+from test_lines import line_frame
 
 from ncclscope.analysis import run_analysis
 from ncclscope.export.json_report import to_json_dict
@@ -278,11 +278,8 @@ def test_both_readers_give_the_same_init_timings_and_teardown_records() -> None:
         "node-b:5200:5290 [0] NCCL INFO comm 0x55b1c0 rank 2 nRanks 4 cudaDev 0 busId 18000 "
         "- Abort START",
     ]
-    rows = [(0, k + 1, 2, t, len(t)) for k, t in enumerate(texts)]
+    rows, frame = line_frame(texts)
     want = collect_records(rows)
-    frame = pl.DataFrame(
-        rows, schema=["file_id", "i", "kind", "text", "n_bytes"], orient="row"
-    ).with_columns(pl.col("file_id", "i").cast(pl.UInt32))
     assert plain_info_lines(frame.lazy()).is_empty()  # none of them is only counted
     got = LineRecords()
     done = add_info_messages(got, info_messages(frame.lazy()))
