@@ -38,6 +38,7 @@ from typing import TextIO
 
 import polars as pl
 
+from ncclscope.agent.progress import MARK_EVERY
 from ncclscope.analysis import Analysis, build
 from ncclscope.detect.straggler import lateness
 from ncclscope.detect.timeout import countdown
@@ -45,7 +46,16 @@ from ncclscope.diagnose import Diagnosis, diagnose
 from ncclscope.model.collectives import P2P_OPS
 from ncclscope.parsers.nccl.patterns import HEADER_RE, PREFIX_TS_RE
 
-__all__ = ["DEFAULT_TIMEOUT_S", "MARK_EVERY", "LiveWindow", "job_rows", "stamp"]
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "MARK_EVERY",
+    "LiveWindow",
+    "countdown_rows",
+    "diagnosis_rows",
+    "job_rows",
+    "stamp",
+    "timeout_of",
+]
 
 #: The collective timeout assumed where the logs state none: PyTorch's NCCL default
 #: since 2.2 (``default_pg_nccl_timeout``, 10 minutes).
@@ -229,7 +239,7 @@ class LiveWindow:
     def _read(self, seg: _Segment, *, keep_coll: bool = True) -> list[str]:
         """A segment's lines (without its COLL lines unless ``keep_coll``), stamped when
         the job's NCCL prints no times."""
-        with seg.path.open(encoding="utf-8", errors="replace") as fh:
+        with seg.path.open(encoding="utf-8", errors="replace", newline="") as fh:
             lines = fh.read().split("\n")[: seg.lines]
         arrived = _arrivals(seg, len(lines)) if self.own_times is False else []
         if not keep_coll:
@@ -263,7 +273,7 @@ class LiveWindow:
         self._seq += 1
         path = self.folder / f"{seg.stem}.{self._seq:09d}.seg"
         seg.open = _Segment(path)
-        seg.fh = path.open("w", encoding="utf-8", errors="replace")
+        seg.fh = path.open("w", encoding="utf-8", errors="replace", newline="")
 
     def write(self, folder: Path) -> list[Path]:
         """Write each file's window to ``folder`` as one file; returns the paths written."""
@@ -273,7 +283,7 @@ class LiveWindow:
             if seg.fh is not None:
                 seg.fh.flush()
             out = folder / f"{seg.stem}.log"
-            with out.open("w", encoding="utf-8", errors="replace") as dst:
+            with out.open("w", encoding="utf-8", errors="replace", newline="") as dst:
                 dst.writelines(seg.head)
                 dst.writelines(seg.tail)
                 for part in [*seg.done, *([seg.open] if seg.open else [])]:
@@ -314,6 +324,16 @@ class LiveWindow:
         self.dropped = self._dropped_frame(counts, diagnosis.analysis.paths)
         return diagnosis
 
+    def file_ids(self, paths: list[str]) -> dict[str, int]:
+        """Followed path -> its file id in an analysis of the window whose inputs were
+        ``paths`` (the files ``write`` wrote)."""
+        ids = {Path(p).name: k for k, p in enumerate(paths)}
+        return {
+            path: ids[f"{seg.stem}.log"]
+            for path, seg in self._files.items()
+            if f"{seg.stem}.log" in ids
+        }
+
     def _dropped_frame(
         self, counts: dict[str, Counter[tuple[str, int, str]]], paths: list[str]
     ) -> pl.DataFrame:
@@ -343,7 +363,7 @@ def _calls_per_member(path: Path, n_lines: int) -> Counter[tuple[str, int, str]]
     A counted line: ``node-0:4103:4103 [3] NCCL INFO AllGather: opCount 0 sendbuff ...
     comm 0x55d4c8a0 [nranks=8] stream 0x55d4c9b0``.
     """
-    with path.open(encoding="utf-8", errors="replace") as fh:
+    with path.open(encoding="utf-8", errors="replace", newline="") as fh:
         lines = fh.read().split("\n")[:n_lines]
     parts = (
         pl.DataFrame({"line": lines}, schema={"line": pl.String})
@@ -387,13 +407,6 @@ def _counted_seq(
         .sort("comm_key", "who")
     )
     return [((str(c), str(w)), float(s)) for c, w, s in seqs.iter_rows()]
-
-
-#: Sequence numbers at which a member's arrival time is also exported as a mark (every
-#: multiple of each): Prometheus compares members of one communicator at the same mark,
-#: whatever moment each node's agent last exported.  Two spacings, so that one of them
-#: lasts seconds to minutes on jobs whose collectives come every 5 ms or every 0.5 s.
-MARK_EVERY = (64, 1024)
 
 
 def _member_facts(
@@ -472,32 +485,32 @@ def job_rows(
     dropped: pl.DataFrame | None = None,
 ) -> dict[str, list[tuple[tuple[str, ...], float]]]:
     """The job's metric rows from a diagnosis of the window at time ``now``, read from
-    the context its detectors read (lateness and stalls are not computed again).
+    the context its detectors read (lateness and stalls are not computed again): the
+    post-mortem reference of what the agent exports live (``agent.progress``).
 
     ``dropped`` (``LiveWindow.dropped_calls``): the calls that left the window, so that
     ``ncclscope_collective_seq`` counts every call since the follower started.
     """
     analysis = diagnosis.analysis
-    ctx = diagnosis.context
     rows: dict[str, list[tuple[tuple[str, ...], float]]] = {}
     rows["ncclscope_collective_seq"] = _counted_seq(analysis, dropped)
     rows.update(_member_facts(analysis, dropped))
-    late = lateness(ctx)
-    if len(late):
-        world = late.filter(pl.col("members") == late["members"].max())
-        typical = world["median_s"].median()
-        for r in world.iter_rows(named=True):
-            who = str(r["rank"] if r["rank"] is not None else r["comm_rank"])
-            rows.setdefault("ncclscope_collective_lateness_seconds", []).append(
-                ((who,), float(r["median_s"]))
-            )
-            if r["gap_s"] and isinstance(typical, float):
-                score = max(0.0, (r["median_s"] - typical) / r["gap_s"])
-                rows.setdefault("ncclscope_straggler_score", []).append(((who,), score))
-    timeout_s, _source = analysis.frameworks.timeout
-    timeout_s = timeout_s if timeout_s is not None else DEFAULT_TIMEOUT_S
-    rows["ncclscope_collective_timeout_seconds"] = [((), timeout_s)]
-    pending = countdown(ctx, now, timeout_s)
+    rows.update(diagnosis_rows(diagnosis))
+    rows.update(countdown_rows(countdown(diagnosis.context, now, timeout_of(diagnosis))))
+    return rows
+
+
+def timeout_of(diagnosis: Diagnosis) -> float:
+    """The collective timeout in force: as the logs state it, else PyTorch's default."""
+    timeout_s, _source = diagnosis.analysis.frameworks.timeout
+    return timeout_s if timeout_s is not None else DEFAULT_TIMEOUT_S
+
+
+def countdown_rows(pending: pl.DataFrame) -> dict[str, list[tuple[tuple[str, ...], float]]]:
+    """The countdown's rows (``detect.timeout.countdown``): per communicator with a
+    collective some members entered and others did not, its age, the seconds left and
+    whom it waits for."""
+    rows: dict[str, list[tuple[tuple[str, ...], float]]] = {}
     for r in pending.iter_rows(named=True):
         comm = str(r["comm_key"])
         if r["age_s"] is not None:
@@ -512,6 +525,27 @@ def job_rows(
             rows.setdefault("ncclscope_timeout_culprit_info", []).append(
                 ((comm, str(rank), str(r["op"]), str(r["seq"])), 1.0)
             )
+    return rows
+
+
+def diagnosis_rows(diagnosis: Diagnosis) -> dict[str, list[tuple[tuple[str, ...], float]]]:
+    """What only a whole analysis of the window tells: lateness and straggler scores,
+    the timeout in force, NCCL errors, findings, Inspector's bandwidth, unread lines."""
+    analysis = diagnosis.analysis
+    rows: dict[str, list[tuple[tuple[str, ...], float]]] = {}
+    late = lateness(diagnosis.context)
+    if len(late):
+        world = late.filter(pl.col("members") == late["members"].max())
+        typical = world["median_s"].median()
+        for r in world.iter_rows(named=True):
+            who = str(r["rank"] if r["rank"] is not None else r["comm_rank"])
+            rows.setdefault("ncclscope_collective_lateness_seconds", []).append(
+                ((who,), float(r["median_s"]))
+            )
+            if r["gap_s"] and isinstance(typical, float):
+                score = max(0.0, (r["median_s"] - typical) / r["gap_s"])
+                rows.setdefault("ncclscope_straggler_score", []).append(((who,), score))
+    rows["ncclscope_collective_timeout_seconds"] = [((), timeout_of(diagnosis))]
     errors = analysis.errors.group_by("kind", "severity").len()
     rows["ncclscope_nccl_errors"] = [((str(k), str(s)), float(n)) for k, s, n in errors.iter_rows()]
     counts: dict[tuple[str, str], int] = {}

@@ -25,7 +25,7 @@ from ncclscope.schema import INSTANCES_SCHEMA, PROGRESS_SCHEMA
 if TYPE_CHECKING:
     from ncclscope.model import Analysis
 
-__all__ = ["SAMPLE_ROWS", "Context"]
+__all__ = ["SAMPLE_ROWS", "Context", "progress_table"]
 
 #: COLL lines read for timing: enough instances for stable medians on any job, a bounded
 #: cost on a large one.
@@ -56,47 +56,7 @@ class Context:
         """Per (communicator, member): calls, the last sequence reached, its last line
         and the signature of its calls (``PROGRESS_SCHEMA``).  Read off the per-process
         statistics the analysis already holds: no pass over the collectives."""
-        stats = self.analysis.stats
-        members = self.analysis.identity.members
-        if stats.is_empty() or members.is_empty():
-            return pl.DataFrame(schema=PROGRESS_SCHEMA)
-        # Where opCount never changes (2.27+ single node), calls are counted in order:
-        # a sequence only where the member's lines start with its communicator.  One
-        # named by its teardown line alone may have lost its first calls with the log's
-        # head (``identity.ANCHORED``): unless its own opCount counts, it is left out
-        # (one call says nothing: opCount 0 may be 2.27's constant).
-        counted = (pl.col("opcount_min") == pl.col("opcount_max")) & (pl.col("calls") > 1)
-        key = ["file_id", "host", "pid", "comm"]
-        return (
-            stats.filter(pl.col("coll_calls") > 0)
-            .join(
-                members.select(*key, "comm_key", "comm_rank", "rank", ANCHORED.alias("anchored")),
-                on=key,
-                how="inner",
-            )
-            .filter(
-                pl.col("comm_key").is_not_null()
-                & pl.col("comm_rank").is_not_null()
-                & (pl.col("anchored") | (pl.col("opcount_min") != pl.col("opcount_max")))
-            )
-            .select(
-                "comm_key",
-                "comm_rank",
-                "rank",
-                "host",
-                pl.col("coll_calls").alias("calls"),
-                pl.when(counted)
-                .then(pl.col("calls") - 1)
-                .otherwise(pl.col("coll_opcount_max"))
-                .alias("last_seq"),
-                "file_id",
-                pl.col("last_line").alias("line_no"),
-                "signature",
-            )
-            .cast(PROGRESS_SCHEMA)
-            .unique(["comm_key", "comm_rank"], keep="first", maintain_order=True)
-            .sort("comm_key", "comm_rank")
-        )
+        return progress_table(self.analysis.stats, self.analysis.identity.members)
 
     @property
     def ranks_without_logs(self) -> frozenset[int]:
@@ -395,3 +355,50 @@ class Context:
         ]
         times = [t for t in candidates if isinstance(t, datetime)]
         return max(times) if times else None
+
+
+def progress_table(stats: pl.DataFrame, members: pl.DataFrame) -> pl.DataFrame:
+    """``Context.progress`` from per-process statistics (``proc_comm_stats``: calls,
+    opCount range, collective calls, last opCount and line, signature per file, host,
+    pid and comm pointer) and the identity's members.  The agent's live progress
+    (``agent.progress``) keeps the same statistics line by line and calls this too, so
+    that live and post-mortem read members' progress by one rule."""
+    if stats.is_empty() or members.is_empty():
+        return pl.DataFrame(schema=PROGRESS_SCHEMA)
+    # Where opCount never changes (2.27+ single node), calls are counted in order:
+    # a sequence only where the member's lines start with its communicator.  One
+    # named by its teardown line alone may have lost its first calls with the log's
+    # head (``identity.ANCHORED``): unless its own opCount counts, it is left out
+    # (one call says nothing: opCount 0 may be 2.27's constant).
+    counted = (pl.col("opcount_min") == pl.col("opcount_max")) & (pl.col("calls") > 1)
+    key = ["file_id", "host", "pid", "comm"]
+    return (
+        stats.filter(pl.col("coll_calls") > 0)
+        .join(
+            members.select(*key, "comm_key", "comm_rank", "rank", ANCHORED.alias("anchored")),
+            on=key,
+            how="inner",
+        )
+        .filter(
+            pl.col("comm_key").is_not_null()
+            & pl.col("comm_rank").is_not_null()
+            & (pl.col("anchored") | (pl.col("opcount_min") != pl.col("opcount_max")))
+        )
+        .select(
+            "comm_key",
+            "comm_rank",
+            "rank",
+            "host",
+            pl.col("coll_calls").alias("calls"),
+            pl.when(counted)
+            .then(pl.col("calls") - 1)
+            .otherwise(pl.col("coll_opcount_max"))
+            .alias("last_seq"),
+            "file_id",
+            pl.col("last_line").alias("line_no"),
+            "signature",
+        )
+        .cast(PROGRESS_SCHEMA)
+        .unique(["comm_key", "comm_rank"], keep="first", maintain_order=True)
+        .sort("comm_key", "comm_rank")
+    )
