@@ -102,7 +102,17 @@ def _agent_options(fn: _F) -> _F:
             type=click.FloatRange(0.1, 600),
             default=5.0,
             show_default=True,
-            help="Seconds between runs of the detectors over the followed logs.",
+            help="Shortest time in seconds between two full analyses of the followed logs, "
+            "run when a new rank, an NCCL warning or a watchdog line arrives. Stalls, "
+            "sequences and the timeout countdown are updated every --interval anyway.",
+        ),
+        click.option(
+            "--refresh-every",
+            type=click.FloatRange(1, 3600),
+            default=60.0,
+            show_default=True,
+            help="While lines arrive, a full analysis (findings, lateness, errors) at least "
+            "this often, in seconds. A log at rest is never analysed again.",
         ),
         click.option(
             "--window-lines",
@@ -177,6 +187,7 @@ def agent(
     listen: str,
     interval: float,
     analyse_every: float,
+    refresh_every: float,
     window_lines: int,
     out: Path | None,
     part_seconds: float,
@@ -206,6 +217,7 @@ def agent(
         listen=_listen(listen),
         interval_s=interval,
         analyse_s=analyse_every,
+        refresh_s=refresh_every,
         window_lines=window_lines,
         out=out,
         part_s=part_seconds,
@@ -240,7 +252,13 @@ def agent(
 @click.option("--interval", type=click.FloatRange(0.05, 60), default=0.5, show_default=True)
 @click.option(
     "--analyse-every", type=click.FloatRange(0.05, 600), default=1.0, show_default=True,
-    help="Seconds (real time) between runs of the detectors.",
+    help="Shortest time in seconds (real time) between two full analyses, run when a new "
+    "rank, an NCCL warning or a watchdog line arrives; stalls and countdowns follow every "
+    "--interval.",
+)  # fmt: skip
+@click.option(
+    "--refresh-every", type=click.FloatRange(0.05, 3600), default=10.0, show_default=True,
+    help="While lines arrive, a full analysis at least this often (real time).",
 )  # fmt: skip
 @click.option("--textfile", type=click.Path(dir_okay=False, path_type=Path))
 @click.option(
@@ -274,6 +292,7 @@ def replay(
     listen: str,
     interval: float,
     analyse_every: float,
+    refresh_every: float,
     textfile: Path | None,
     linger: float,
     telemetry: tuple[Path, ...],
@@ -313,6 +332,7 @@ def replay(
         listen=_listen(listen),
         interval_s=interval,
         analyse_s=analyse_every,
+        refresh_s=refresh_every,
         textfile=textfile,
         hostname=hostname,
     )
@@ -404,6 +424,7 @@ def run(
     listen: str,
     interval: float,
     analyse_every: float,
+    refresh_every: float,
     window_lines: int,
     part_seconds: float,
     textfile: Path | None,
@@ -455,6 +476,7 @@ def run(
         listen=_listen(listen),
         interval_s=interval,
         analyse_s=analyse_every,
+        refresh_s=refresh_every,
         window_lines=window_lines,
         out=out / "telemetry",
         part_s=part_seconds,

@@ -36,6 +36,7 @@ __all__ = [
     "INSTANCES_SCHEMA",
     "LATENESS_SCHEMA",
     "LINE_KIND",
+    "LIVE_CALLS_SCHEMA",
     "MEMBERS_SCHEMA",
     "MEMORY_SCHEMA",
     "NCCL_TESTS_RUNS_SCHEMA",
@@ -509,6 +510,26 @@ FLIGHT_JOIN_SCHEMA = _schema(
 # instance, never per line.
 
 #: Per (communicator, member): how far it got.
+#: The agent's live progress: each member's last calls (``agent.progress``), one row a
+#: COLL line as the agent read it.
+LIVE_CALLS_SCHEMA = _schema(
+    {
+        "path": pl.String,  # the followed file
+        "host": pl.String,
+        "pid": pl.Int32,
+        "comm": pl.String,
+        "op": pl.String,
+        "opcount": pl.Int64,
+        "count": pl.Int64,
+        "dtype": pl.Int16,
+        "nranks": pl.Int32,
+        "ts": TS,
+        "idx": pl.Int64,  # the member's calls before this one (Send/Recv included)
+        "coll_idx": pl.Int64,  # its collective calls before this one; null for Send/Recv
+        "line_no": pl.UInt32,  # the call's number among the member's calls, from 1
+    }
+)
+
 PROGRESS_SCHEMA = _schema(
     {
         "comm_key": pl.String,

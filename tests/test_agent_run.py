@@ -5,7 +5,9 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from conftest import scrape_metrics
@@ -330,8 +332,16 @@ def test_a_slow_detector_run_delays_neither_samples_nor_the_stop() -> None:
             return super().sample()
 
     class _OneLine:
+        """One line at the first poll: a window that changed once."""
+
+        def __init__(self) -> None:
+            self.given = False
+
         def poll(self) -> list[object]:
-            return []
+            if self.given:
+                return []
+            self.given = True
+            return [SimpleNamespace(path="job.log", text="hello", arrived=datetime.now(UTC))]
 
     host = _Counting()
     a = Agent(
@@ -346,7 +356,7 @@ def test_a_slow_detector_run_delays_neither_samples_nor_the_stop() -> None:
         time.sleep(3.0)
         return True
 
-    a._detect_once = slow  # type: ignore[method-assign]
+    a._reference_once = slow  # type: ignore[method-assign]
     stop = threading.Event()
     runner = threading.Thread(target=a.run, args=(stop,))
     runner.start()

@@ -34,6 +34,7 @@ from ncclscope.detect.context import Context, progress_table
 from ncclscope.model.collectives import P2P_OPS
 from ncclscope.model.identity import ANCHORED
 from ncclscope.parsers.nccl.patterns import HOST_CHARS
+from ncclscope.schema import LIVE_CALLS_SCHEMA as CALLS_SCHEMA
 from ncclscope.schema import TS
 
 __all__ = ["MARK_EVERY", "LiveContext", "LiveProgress", "Member"]
@@ -71,25 +72,6 @@ NOTABLE = (
 )
 
 _KEY = ("path", "host", "pid", "comm")
-
-#: The calls kept per member (``LiveProgress.calls``).
-CALLS_SCHEMA = pl.Schema(
-    {
-        "path": pl.String,
-        "host": pl.String,
-        "pid": pl.Int32,
-        "comm": pl.String,
-        "op": pl.String,
-        "opcount": pl.Int64,
-        "count": pl.Int64,
-        "dtype": pl.Int16,
-        "nranks": pl.Int32,
-        "ts": TS,
-        "idx": pl.Int64,  # the member's calls before this one (Send/Recv included)
-        "coll_idx": pl.Int64,  # its collective calls before this one; null for Send/Recv
-        "line_no": pl.UInt32,  # the call's number among the member's calls, from 1
-    }
-)
 
 
 @dataclass
@@ -460,10 +442,10 @@ def member_rows(live: LiveProgress, members: pl.DataFrame, file_ids: dict[str, i
         return rows
     order = sorted(last)
     for comm_key, who in order:
-        op, ts, _host, _n = last[(comm_key, who)]
-        if ts is not None:
+        op, entered, _host, _n = last[(comm_key, who)]
+        if entered is not None:
             rows.setdefault("ncclscope_collective_entered_timestamp_seconds", []).append(
-                ((comm_key, str(who)), ts.timestamp())
+                ((comm_key, str(who)), entered.timestamp())
             )
         rows.setdefault("ncclscope_collective_op_info", []).append(
             ((comm_key, str(who), str(op)), 1.0)

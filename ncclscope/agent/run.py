@@ -16,17 +16,25 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
 from ncclscope.agent.exporter import Board, Rows, identity_rows, serve, write_textfile
-from ncclscope.agent.live import LiveWindow, job_rows
+from ncclscope.agent.live import (
+    LiveWindow,
+    countdown_rows,
+    diagnosis_rows,
+    timeout_of,
+)
 from ncclscope.agent.nvml import NvmlCollector
+from ncclscope.agent.progress import LiveContext, LiveProgress, member_rows
 from ncclscope.agent.telemetry import TelemetryWriter
 from ncclscope.agent.topology import collector_topology, link_rows
+from ncclscope.detect.timeout import countdown
+from ncclscope.diagnose import Diagnosis
 from ncclscope.hosts import short_host
 
 __all__ = ["Agent", "AgentConfig", "LineSource", "gpu_rows", "host_rows"]
@@ -47,7 +55,12 @@ class AgentConfig:
     follow: list[str] = field(default_factory=list)
     listen: str | None = None
     interval_s: float = 1.0
+    #: the shortest time between two reference analyses of the window, run when lines
+    #: that change what it says arrive (a new member, an NCCL WARN, a watchdog line)
     analyse_s: float = 5.0
+    #: while lines arrive but none of those, a reference analysis this often (findings,
+    #: lateness, errors); stalls, sequences and countdowns follow every tick anyway
+    refresh_s: float = 60.0
     out: Path | None = None
     part_s: float = 10.0
     textfile: Path | None = None
@@ -156,6 +169,28 @@ class _Health:
         }
 
 
+@dataclass(frozen=True)
+class _Reference:
+    """The last reference analysis of the window (``analyze``'s pipeline): who is who,
+    and what only a whole analysis tells (``live.diagnosis_rows``)."""
+
+    diagnosis: Diagnosis
+    #: followed path -> its file id in the analysis
+    file_ids: dict[str, int]
+    rows: Mapping[str, Rows]
+    timeout_s: float
+
+
+@dataclass
+class _Seen:
+    """What the window and the live progress had taken in when a reference analysis
+    started (it says nothing of what came after)."""
+
+    added: int = -1
+    members: int = 0
+    notable: int = 0
+
+
 class Agent:
     """One agent: collectors, the live window, the board and its outputs.
 
@@ -205,6 +240,12 @@ class Agent:
             prefix="ncclscope-agent-", ignore_cleanup_errors=True
         )
         self.window = LiveWindow(Path(self._workdir.name) / "window", max_lines=config.window_lines)
+        #: every member's progress, line by line: what the job rows are read from
+        self.progress = LiveProgress()
+        self._reference: _Reference | None = None
+        self._seen = _Seen()
+        #: (progress version, reference) -> its live context and member rows
+        self._live: tuple[tuple[int, int], LiveContext, Mapping[str, Rows]] | None = None
 
     # -- collectors ---------------------------------------------------------------------
 
@@ -228,8 +269,10 @@ class Agent:
         if self.lines is None:
             return True
         got = self.lines.poll()
+        lines = [(str(x.path), x.text, x.arrived) for x in got]
         with self._window_lock:
-            self.window.add((str(x.path), x.text, x.arrived) for x in got)
+            self.window.add(lines)
+        self.progress.add(lines, own_times=self.window.own_times)
         stats = getattr(self.lines, "stats", None)
         if stats is not None:  # the follower counts bytes as read, incomplete lines too
             self.lines_read, self.bytes_read = stats.lines_read, stats.bytes_read
@@ -249,37 +292,79 @@ class Agent:
         return True
 
     def _detect(self) -> bool:
-        """The window through the detectors, every ``analyse_s`` (ages and seconds left
-        move with the clock even when no line came)."""
-        now_mono = time.monotonic()
-        if now_mono - self._last_analysis < self.config.analyse_s:
-            return True
+        """The job's rows from the live progress, every tick (ages and seconds left move
+        with the clock even when no line came); a reference analysis of the window when
+        one is due (``_due``)."""
+        now = self.wall()
+        if self._due():
+            self._start_reference()
+        self._publish(now)
+        return True
+
+    def _due(self) -> bool:
+        """A reference analysis is due when lines came since the last one started, and
+        either they hold a new member or a notable line (``progress.NOTABLE``) and
+        ``analyse_s`` has passed, or ``refresh_s`` has; never while one runs."""
         if self._detector is not None and self._detector.is_alive():
-            return True  # the last run is still going: no queue of runs behind it
-        self._last_analysis = now_mono
+            return False  # the last run is still going: no queue of runs behind it
+        seen, p = self._seen, self.progress
+        if self.window.added == seen.added:
+            return False  # nothing new: an unchanged window is never read again
+        since = time.monotonic() - self._last_analysis
+        if self._reference is None or p.new_members != seen.members or p.notable != seen.notable:
+            return since >= self.config.analyse_s
+        return since >= self.config.refresh_s
+
+    def _start_reference(self) -> None:
+        self._last_analysis = time.monotonic()
+        p = self.progress
+        self._seen = _Seen(self.window.added, p.new_members, p.notable)
         if not self.config.detect_in_thread:
-            return self._detect_once()
+            self.health.timed("detect", self._reference_once)
+            return
         self._detector = threading.Thread(
             target=self._detect_thread,
             name="ncclscope-detect",
             daemon=True,  # a stop never waits for a run: its rows would be stale anyway
         )
         self._detector.start()
-        return True
 
     def _detect_thread(self) -> None:
-        self.health.timed("detect", self._detect_once)
+        self.health.timed("detect", self._reference_once)
         if self._finished:  # the agent stopped during this run: the folder goes now
             self._workdir.cleanup()
 
-    def _detect_once(self) -> bool:
+    def _reference_once(self) -> bool:
         work = Path(self._workdir.name) / "live"
         now = self.wall()
         diagnosis = self.window.analyse(work, lock=self._window_lock, now=now)
         if diagnosis is not None:
-            self.board.set("job", job_rows(diagnosis, now, dropped=self.window.dropped))
+            self._reference = _Reference(
+                diagnosis,
+                self.window.file_ids(diagnosis.analysis.paths),
+                diagnosis_rows(diagnosis),
+                timeout_of(diagnosis),
+            )
             self._learn_pids(diagnosis.analysis)
         return True
+
+    def _publish(self, now: datetime) -> None:
+        """The job's rows at ``now``: the members' rows and the stalls are computed again
+        only when a line or a reference analysis changed them; the countdown is
+        arithmetic on them as the clock moves."""
+        ref = self._reference
+        if ref is None:
+            return
+        key = (self.progress.version, id(ref))
+        if self._live is None or self._live[0] != key:
+            ctx = LiveContext(
+                ref.diagnosis.context.analysis, now=now, live=self.progress, file_ids=ref.file_ids
+            )
+            members = ref.diagnosis.context.analysis.identity.members
+            self._live = (key, ctx, member_rows(self.progress, members, ref.file_ids))
+        _key, ctx, rows = self._live
+        pending = countdown(ctx, now, ref.timeout_s)
+        self.board.set("job", {**ref.rows, **rows, **countdown_rows(pending)})
 
     def _learn_pids(self, analysis: Any) -> None:
         """Without --pid or --match, watch the processes the logs name on this host."""
@@ -310,10 +395,7 @@ class Agent:
                 "clock", {"ncclscope_clock_timestamp_seconds": [((), self.wall().timestamp())]}
             )
             self.health.timed("logs", self._follow)
-            if self.config.detect_in_thread:
-                self._detect()  # the thread reports its own health when it ends
-            else:
-                self.health.timed("detect", self._detect)
+            self.health.timed("progress", self._detect)
         self.board.set("health", self.health.rows())
         if self.telemetry is not None:
             self.telemetry.maybe_flush()
