@@ -257,7 +257,7 @@ def agent(
     "--interval.",
 )  # fmt: skip
 @click.option(
-    "--refresh-every", type=click.FloatRange(0.05, 3600), default=10.0, show_default=True,
+    "--refresh-every", type=click.FloatRange(0.05, 3600), default=60.0, show_default=True,
     help="While lines arrive, a full analysis at least this often (real time).",
 )  # fmt: skip
 @click.option("--textfile", type=click.Path(dir_okay=False, path_type=Path))

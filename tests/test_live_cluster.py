@@ -26,6 +26,8 @@ import re
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -212,15 +214,32 @@ def waves(tmp_path_factory: pytest.TempPathFactory) -> list[Wave]:
     return done
 
 
+def _answering(ports: list[int], timeout_s: float) -> bool:
+    """Every agent serves /metrics (their imports take seconds on a busy machine)."""
+    deadline = time.monotonic() + timeout_s
+    waiting = set(ports)
+    while waiting and time.monotonic() < deadline:
+        for port in list(waiting):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2):
+                    waiting.discard(port)
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+        time.sleep(0.2)
+    return not waiting
+
+
 def _run_wave(wave: Wave, prometheus: str, folder: Path, rules: Path) -> None:
     ports = {(j.scenario.name, h): free_port() for j in wave.jobs for h in j.files}
     config = folder / "prometheus.yml"
     config.write_text(_config(wave, ports, rules))
-    prom = Prometheus(prometheus, config, folder)
     logs: list[BinaryIO] = []
+    prom: Prometheus | None = None
     try:
-        assert prom.ready(), prom.tail()
-        wave.start_at = time.time() + 4.0  # the replays' imports take a second or two
+        # The replays' shared clock starts once they and Prometheus are up (a replay that
+        # starts late sends what it missed at once: its times are the logs').  Prometheus
+        # starts after the agents answer, so that no agent is down at its first scrape.
+        wave.start_at = time.time() + 10.0
         for job in wave.jobs:
             for host, paths in sorted(job.files.items()):
                 log = (folder / f"agent-{job.scenario.name}-{host}.log").open("wb")
@@ -230,10 +249,12 @@ def _run_wave(wave: Wave, prometheus: str, folder: Path, rules: Path) -> None:
                      "--hostname", host,
                      "--listen", f"127.0.0.1:{ports[(job.scenario.name, host)]}",
                      "--speed", str(SPEED), "--start-at", f"{wave.start_at:.3f}",
-                     "--log-start", LOG_START, "--interval", "0.25", "--analyse-every", "1",
-                     "--linger", "60"],
+                     "--log-start", LOG_START, "--interval", "0.25", "--linger", "60"],
                     stdout=log, stderr=subprocess.STDOUT,
                 )  # fmt: skip
+        assert _answering(list(ports.values()), 120.0), "the agents did not start"
+        prom = Prometheus(prometheus, config, folder)
+        assert prom.ready(), prom.tail()
         kills = {
             (j.scenario.name, j.scenario.kill): wave.to_wall(j.last_coll_s[j.scenario.kill]) + 1.0
             for j in wave.jobs
@@ -263,7 +284,8 @@ def _run_wave(wave: Wave, prometheus: str, folder: Path, rules: Path) -> None:
             stop(proc)
         for log in logs:
             log.close()
-        prom.close()
+        if prom is not None:
+            prom.close()
 
 
 def _scenario(waves: list[Wave], name: str) -> tuple[Wave, Job]:
