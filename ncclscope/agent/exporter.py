@@ -1,11 +1,11 @@
 """The Prometheus side of the agent: a board of latest values and a collector over it.
 
 Collectors (NVML, host, the job's logs) each replace their own rows on the
-:class:`Board` after every run; the HTTP thread renders whatever the board holds at
-scrape time, through one custom collector built from the catalog (client_python's
-custom-collector pattern: no global registry, no per-series objects to expire).  A
-series that stops being reported (a process that exited, a rank that left) disappears
-with the collector's next rows.
+:class:`Board` after every run; a scrape gets whatever the board holds, rendered once
+per change of the board, in the text format one custom collector built from the catalog
+would write (client_python's custom-collector pattern: no global registry, no per-series
+objects to expire).  A series that stops being reported (a process that exited, a rank
+that left) disappears with the collector's next rows.
 """
 
 from __future__ import annotations
@@ -50,12 +50,25 @@ DEFAULT_LISTEN = "127.0.0.1:9477"
 
 
 class Board:
-    """The latest rows per collector, per metric; thread-safe."""
+    """The latest rows per collector, per metric; thread-safe.
+
+    ``version`` grows with every :meth:`set`, so what is rendered from the board can be
+    kept until the board changes (:func:`render`).
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._rows: dict[str, dict[str, list[tuple[tuple[str, ...], float]]]] = {}
         self._known = by_name()
+        self._version = 0
+        #: the last exposition and the version it was rendered at or after
+        self._rendered: tuple[int, bytes] | None = None
+        self._render_lock = threading.Lock()
+
+    @property
+    def version(self) -> int:
+        """How many times :meth:`set` has been called."""
+        return self._version
 
     def set(self, collector: str, rows: Mapping[str, Rows]) -> None:
         """Replace everything ``collector`` reported before with ``rows``."""
@@ -72,6 +85,7 @@ class Board:
             checked[name] = [(tuple(str(x) for x in labels), float(v)) for labels, v in series]
         with self._lock:
             self._rows[collector] = checked
+            self._version += 1
 
     def snapshot(self) -> dict[str, list[tuple[tuple[str, ...], float]]]:
         """Every metric's rows, merged over collectors."""
@@ -159,8 +173,25 @@ def _needs_escape(series: Sequence[tuple[tuple[str, ...], float]]) -> bool:
 
 def render(board: Board) -> bytes:
     """The board in the Prometheus text format (what ``generate_latest`` would write for
-    :func:`new_registry`, at a fraction of the cost)."""
-    rows = board.snapshot()
+    :func:`new_registry`, at a fraction of the cost), rendered once per version of the
+    board however many scrapes ask."""
+    # The version is read before the rows, so a body is never older than its tag: a
+    # set() in between costs one more render, never a stale answer.
+    version = board.version
+    done = board._rendered
+    if done is not None and done[0] >= version:
+        return done[1]
+    with board._render_lock:  # scrapes that missed together wait for one render
+        done = board._rendered
+        if done is not None and done[0] >= version:
+            return done[1]
+        body = _exposition(board.snapshot())
+        board._rendered = (version, body)
+    return body
+
+
+def _exposition(rows: Mapping[str, Sequence[tuple[tuple[str, ...], float]]]) -> bytes:
+    """Rows (as :meth:`Board.snapshot` gives them) in the Prometheus text format."""
     out: list[str] = []
     for metric in CATALOG:
         series = rows.get(metric.name)
