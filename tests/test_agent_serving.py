@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ncclscope.agent.exporter import Board, MetricsServer, identity_rows, render, write_textfile
+from ncclscope.agent.run import Agent, AgentConfig
 
 #: how long anything may take before the test calls it a hang
 GUARD_S = 10.0
@@ -107,6 +108,7 @@ def test_past_every_handler_and_the_queue_a_scrape_gets_a_fast_503() -> None:
         assert b"Retry-After: 1" in head
         assert b"busy" in body
         assert server.rejected == 1
+        assert server.rows() == {"ncclscope_http_requests_rejected_total": [((), 1.0)]}
 
         board.gate.set()
         answers = [_answer(sock) for sock in busy + queued]
@@ -171,6 +173,25 @@ def test_render_once_per_version_of_the_board() -> None:
         assert board.renders == 2
         assert render(board) == body
         assert board.renders == 2
+
+
+def test_the_agent_puts_the_rejections_on_its_board() -> None:
+    a = Agent(AgentConfig(listen="127.0.0.1:0", hostname="node-7"))
+    a.start()
+    try:
+        assert a.server is not None
+        a.tick()
+        assert b"ncclscope_http_requests_rejected_total 0.0\n" in render(a.board)
+        a.server.rejected = 3  # as three 503s would have left it
+        a.tick()
+        assert a.bound is not None
+        status, body = _scrape(a.bound[1])
+        assert status == 200
+        assert b"ncclscope_http_requests_rejected_total 3.0\n" in body
+    finally:
+        a.finish()
+        if a.server is not None:
+            a.server.close()
 
 
 def test_textfile_is_replaced_whole(tmp_path: Path) -> None:

@@ -351,6 +351,10 @@ class MetricsServer(socketserver.TCPServer):
             self._close_lingering()
         self.server_close()
 
+    def rows(self) -> dict[str, Rows]:
+        """The server's own metrics, for the board."""
+        return {"ncclscope_http_requests_rejected_total": [((), float(self.rejected))]}
+
     # -- socketserver hooks ---------------------------------------------------------------
 
     # A TCP server's requests are sockets (the base class also allows UDP's tuples).
