@@ -15,7 +15,6 @@ bounded number of threads and never a queue of renders.
 
 from __future__ import annotations
 
-import collections
 import functools
 import importlib.metadata
 import logging
@@ -25,7 +24,6 @@ import queue
 import socket
 import socketserver
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -285,10 +283,6 @@ class MetricsServer(socketserver.TCPServer):
     """
 
     allow_reuse_address = True  # as HTTPServer: a restarted agent rebinds its port
-    #: how long an answered 503's socket stays open for the client's request to arrive
-    linger_s = 1.0
-    #: the most 503 sockets kept lingering; past it the oldest is closed early
-    max_lingering = 128
 
     def __init__(
         self,
@@ -316,7 +310,6 @@ class MetricsServer(socketserver.TCPServer):
         self.rejected = 0
         self._waiting: queue.Queue[tuple[socket.socket, object] | None] = queue.Queue(waiting)
         self._busy = _busy_response(handlers, waiting)
-        self._lingering: collections.deque[tuple[float, socket.socket]] = collections.deque()
         self._threads: list[threading.Thread] = []
 
     @property
@@ -347,8 +340,6 @@ class MetricsServer(socketserver.TCPServer):
             for thread in self._threads:
                 thread.join()
             self._threads = []
-        while self._lingering:
-            self._close_lingering()
         self.server_close()
 
     def rows(self) -> dict[str, Rows]:
@@ -367,13 +358,6 @@ class MetricsServer(socketserver.TCPServer):
         except queue.Full:
             self._reject(request)
 
-    def service_actions(self) -> None:
-        """Close the 503 sockets whose time is up (the accepting loop calls this after
-        every connection, and at least every half second)."""
-        now = time.monotonic()
-        while self._lingering and self._lingering[0][0] <= now:
-            self._close_lingering()
-
     def handle_error(self, request: object, client_address: object) -> None:
         """Log, where socketserver would print a traceback."""
         _log.debug("/metrics: error from %s", client_address, exc_info=True)
@@ -388,18 +372,9 @@ class MetricsServer(socketserver.TCPServer):
             request.send(self._busy)  # a few hundred bytes: an empty socket buffer takes all
             request.shutdown(socket.SHUT_WR)
         except OSError:  # the client is gone already
+            pass
+        finally:
             request.close()
-            return
-        # Closed now, a request still on its way would be answered with a reset; the
-        # socket stays open a moment to swallow it.
-        self._lingering.append((time.monotonic() + self.linger_s, request))
-        if len(self._lingering) > self.max_lingering:
-            self._close_lingering()
-
-    def _close_lingering(self) -> None:
-        _deadline, sock = self._lingering.popleft()
-        _drain(sock)
-        sock.close()
 
     def _work(self) -> None:
         while True:
