@@ -12,24 +12,40 @@ Modes:
 * ``soak --minutes 30``: the agent at 0.1 s following a log that grows by 1 MB/s of
   NCCL COLL lines; prints its RSS every minute and the change from minute 5 to the end
   (target within 10%).
+* ``scrapers --seconds 30``: ``/metrics`` of a board of ~300 series (the render board at
+  64 ranks) that changes every second, as an agent's does, served in a process of its
+  own to 200 scrapers (asyncio HTTP/1.0 GETs in ``--procs`` client processes), each in
+  a loop with a 5 s timeout; per server, one after the other in the same run: the
+  server before #25 (``baseline``: a thread per connection, listen backlog 5, a render
+  per scrape), ncclscope's bounded server, and node_exporter's own /metrics if it is
+  installed. Prints requests, 200s, 503s, timeouts, p50/p99 latency and the server's
+  CPU (targets: no timeouts, p99 under 1 s, every 503 counted).
 
 Usage:
     .venv/bin/python benchmarks/bench_agent.py render
     .venv/bin/python benchmarks/bench_agent.py idle --seconds 60
     .venv/bin/python benchmarks/bench_agent.py soak --minutes 30
+    .venv/bin/python benchmarks/bench_agent.py scrapers --seconds 30
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import multiprocessing as mp
 import os
+import shutil
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -38,13 +54,23 @@ sys.path.insert(0, str(REPO))
 import psutil  # noqa: E402
 from prometheus_client import generate_latest  # noqa: E402
 
-from ncclscope.agent.exporter import Board, identity_rows, new_registry, render, serve  # noqa: E402
+from ncclscope.agent.exporter import (  # noqa: E402
+    CONTENT_TYPE,
+    Board,
+    MetricsServer,
+    _exposition,
+    identity_rows,
+    new_registry,
+    render,
+    serve,
+)
 
 
-def bench_render() -> None:
+def _board(n_ranks: int) -> Board:
+    """Each rank on the world and a host communicator, 8 GPUs, 16 processes."""
     board = Board()
     board.set("identity", identity_rows("node-0"))
-    ranks = range(1024)
+    ranks = range(n_ranks)
     board.set(
         "job",
         {
@@ -71,6 +97,11 @@ def bench_render() -> None:
         "host",
         {"ncclscope_process_resident_memory_bytes": [((str(p),), 1e9) for p in range(16)]},
     )
+    return board
+
+
+def bench_render() -> None:
+    board = _board(1024)
     registry = new_registry(board)
 
     def timed(fn: Callable[[], bytes], n: int = 200) -> tuple[list[float], bytes]:
@@ -83,7 +114,8 @@ def bench_render() -> None:
         return sorted(times), body
 
     base, expected = timed(lambda: generate_latest(registry))
-    fast, body = timed(lambda: render(board))
+    # The render itself, not render()'s cache of it (which answers all but the first)
+    fast, body = timed(lambda: _exposition(board.snapshot()))
     assert body == expected, "render() differs from generate_latest()"
     _host, port = serve(board, "127.0.0.1:0")
     url = f"http://127.0.0.1:{port}/metrics"
@@ -103,7 +135,7 @@ def bench_render() -> None:
     print(f"  client_python generate_latest (baseline): {stats(base)}")
     print(f"  ncclscope render:                         {stats(fast)} "
           f"({statistics.median(base) / statistics.median(fast):.1f}x faster)")  # fmt: skip
-    print(f"  HTTP GET /metrics over loopback:          {stats(http)}")
+    print(f"  HTTP GET /metrics over loopback (cached): {stats(http)}")
 
 
 def _agent(args: list[str]) -> subprocess.Popen[bytes]:
@@ -244,9 +276,197 @@ def _hwm(pid: int) -> int:
     return 0
 
 
+# -- scrapers: /metrics under 200 concurrent scrapers ---------------------------------------
+
+
+class _OldHandler(BaseHTTPRequestHandler):
+    """The handler before #25: a render per scrape."""
+
+    board: Board
+
+    def do_GET(self) -> None:
+        body = _exposition(self.board.snapshot())
+        self.send_response(200)
+        self.send_header("Content-Type", CONTENT_TYPE)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def _server_process(kind: str, n_ranks: int, conn: Connection) -> None:
+    """Serve a board that changes every second until told to stop; send back the port,
+    then the CPU seconds used and the 503s counted."""
+    board = _board(n_ranks)
+    if kind == "baseline":  # serve() before #25: ThreadingHTTPServer, backlog 5
+        handler = type("Handler", (_OldHandler,), {"board": board})
+        old = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        old.daemon_threads = True
+        # quiet: it printed a traceback on stderr for every client that gave up waiting
+        old.handle_error = lambda *_: None
+        threading.Thread(target=old.serve_forever, daemon=True).start()
+        port, counted = old.server_address[1], lambda: 0
+    else:
+        server = MetricsServer(board, "127.0.0.1:0")
+        server.start()
+        port, counted = server.address[1], lambda: server.rejected
+    cpu0 = time.process_time()
+    conn.send(port)
+    k = 0
+    while not conn.poll(1.0):  # the agent's tick: the board changes every second
+        k += 1
+        board.set("host", {"ncclscope_host_cpu_utilization_ratio": [((), k % 100 / 100)]})
+    conn.recv()
+    conn.send((time.process_time() - cpu0, counted()))
+
+
+async def _scrape_once(port: int) -> int:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"GET /metrics HTTP/1.0\r\nHost: bench\r\n\r\n")
+        data = await reader.read()  # to the server's close
+    finally:
+        writer.close()
+    status = int(data.split(b" ", 2)[1])
+    if status == 200 and b"\r\n\r\n#" not in data:
+        return 0  # a 200 without a body is not an answer
+    return status
+
+
+async def _scrapers(port: int, n: int, start: float, seconds: float) -> list[tuple[str, float]]:
+    """``n`` scrapers from wall time ``start`` for ``seconds``: (outcome, latency) each."""
+    await asyncio.sleep(max(0.0, start - time.time()))
+    end = time.monotonic() + seconds
+    out: list[tuple[str, float]] = []
+
+    async def one() -> None:
+        while time.monotonic() < end:
+            t0 = time.perf_counter()
+            try:
+                outcome = str(await asyncio.wait_for(_scrape_once(port), 5.0))
+            except TimeoutError:
+                outcome = "timeout"
+            except (OSError, IndexError, ValueError):  # refused, reset, a broken answer
+                outcome = "error"
+            out.append((outcome, time.perf_counter() - t0))
+
+    await asyncio.gather(*(one() for _ in range(n)))
+    return out
+
+
+def _client_process(port: int, n: int, start: float, seconds: float, conn: Connection) -> None:
+    conn.send(asyncio.run(_scrapers(port, n, start, seconds)))
+
+
+def _crowd(port: int, scrapers: int, procs: int, seconds: float) -> list[tuple[str, float]]:
+    ctx = mp.get_context("fork")
+    start = time.time() + 1.0  # every client process starts at once
+    clients = []
+    for k in range(procs):
+        n = scrapers // procs + (k < scrapers % procs)
+        mine, theirs = ctx.Pipe()
+        client = ctx.Process(target=_client_process, args=(port, n, start, seconds, theirs))
+        client.start()
+        clients.append((client, mine))
+    results = [r for _client, pipe in clients for r in pipe.recv()]
+    for client, _pipe in clients:
+        client.join()
+    return results
+
+
+def _node_exporter(port: int) -> subprocess.Popen[bytes] | None:
+    """node_exporter on 127.0.0.1:``port`` with its defaults (--web.max-requests 40)."""
+    binary = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
+    if binary is None:
+        return None
+    proc = subprocess.Popen(
+        [binary, f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    for _ in range(100):  # up in well under 10 s
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        except OSError:
+            time.sleep(0.1)
+        else:
+            return proc
+    proc.kill()
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def scrapers(seconds: float, *, n: int, procs: int, n_ranks: int, servers: list[str]) -> None:
+    series = sum(1 for x in render(_board(n_ranks)).splitlines() if not x.startswith(b"#"))
+    print(f"scrapers: {n} scrapers in {procs} processes for {seconds:.0f} s each, "
+          f"5 s timeout; board of {series} series changing every 1 s; "
+          f"load average before {os.getloadavg()[0]:.1f}")  # fmt: skip
+    print("| server | requests | 200 | 503 | 503 counted | timeouts | errors | req/s | "
+          "p50 ms | p99 ms | p99 of 200s ms | server CPU |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    ctx = mp.get_context("fork")
+    for kind in servers:
+        if kind == "node_exporter":
+            port = _free_port()
+            ne = _node_exporter(port)
+            if ne is None:
+                print("| node_exporter | not installed |")
+                continue
+            ne_proc = psutil.Process(ne.pid)
+            cpu0, t0 = sum(ne_proc.cpu_times()[:2]), time.monotonic()
+            results = _crowd(port, n, procs, seconds)
+            cpu = (sum(ne_proc.cpu_times()[:2]) - cpu0) / (time.monotonic() - t0)
+            counted = "-"
+            ne.terminate()
+            ne.wait(10)
+        else:
+            mine, theirs = ctx.Pipe()
+            server = ctx.Process(target=_server_process, args=(kind, n_ranks, theirs))
+            server.start()
+            port = mine.recv()
+            t0 = time.monotonic()
+            results = _crowd(port, n, procs, seconds)
+            mine.send("stop")
+            cpu_s, rejected = mine.recv()
+            cpu = cpu_s / (time.monotonic() - t0)
+            counted = str(rejected) if kind != "baseline" else "-"
+            server.join(10)
+        _report(kind, results, seconds, cpu, counted)
+
+
+def _report(
+    kind: str, results: list[tuple[str, float]], seconds: float, cpu: float, counted: str
+) -> None:
+    """One row of the table; ``cpu``: the server's share of one core."""
+
+    def count(outcome: str) -> int:
+        return sum(1 for o, _ in results if o == outcome)
+
+    def pct(times: list[float], q: float) -> str:
+        if not times:
+            return "-"
+        times = sorted(times)
+        return f"{times[min(len(times) - 1, int(q * len(times)))] * 1000:.0f}"
+
+    answered = [t for o, t in results if o in ("200", "503")]
+    ok = [t for o, t in results if o == "200"]
+    name = {"baseline": "before #25 (baseline)", "ncclscope": "ncclscope, bounded"}.get(kind, kind)
+    print(f"| {name} | {len(results)} | {count('200')} | {count('503')} | {counted} | "
+          f"{count('timeout')} | {count('error') + count('0')} | {len(results) / seconds:.0f} | "
+          f"{pct(answered, 0.5)} | {pct(answered, 0.99)} | {pct(ok, 0.99)} | "
+          f"{cpu:.0%} |", flush=True)  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=["render", "idle", "soak"])
+    parser.add_argument("mode", choices=["render", "idle", "soak", "scrapers"])
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--minutes", type=float, default=30)
     parser.add_argument(
@@ -255,9 +475,28 @@ def main(argv: list[str] | None = None) -> int:
         help="idle: the agent without and with PCIe topology recorded, alternating",
     )
     parser.add_argument("--rounds", type=int, default=1, help="idle --topology: runs of each")
+    parser.add_argument("--scrapers", type=int, default=200, help="scrapers: how many")
+    parser.add_argument("--procs", type=int, default=2, help="scrapers: client processes")
+    parser.add_argument("--ranks", type=int, default=64, help="scrapers: ranks on the board")
+    parser.add_argument(
+        "--servers",
+        default="baseline,ncclscope,node_exporter",
+        help="scrapers: which, in order (baseline, ncclscope, node_exporter)",
+    )
     args = parser.parse_args(argv)
     if args.mode == "render":
         bench_render()
+    elif args.mode == "scrapers":
+        unknown = set(args.servers.split(",")) - {"baseline", "ncclscope", "node_exporter"}
+        if unknown:
+            parser.error(f"--servers: no server named {', '.join(sorted(unknown))}")
+        scrapers(
+            args.seconds,
+            n=args.scrapers,
+            procs=args.procs,
+            n_ranks=args.ranks,
+            servers=args.servers.split(","),
+        )
     elif args.mode == "idle":
         idle(args.seconds, topology=args.topology, rounds=args.rounds)
     else:

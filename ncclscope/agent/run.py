@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from ncclscope.agent.exporter import Board, Rows, identity_rows, serve, write_textfile
+from ncclscope.agent.exporter import Board, MetricsServer, Rows, identity_rows, write_textfile
 from ncclscope.agent.live import (
     LiveWindow,
     countdown_rows,
@@ -226,6 +226,8 @@ class Agent:
             else None
         )
         self.bound: tuple[str, int] | None = None
+        #: the /metrics server, once started with ``listen``
+        self.server: MetricsServer | None = None
         self.lines_read = 0
         self.bytes_read = 0
         self._last_analysis = -math.inf
@@ -397,6 +399,10 @@ class Agent:
             self.health.timed("logs", self._follow)
             self.health.timed("progress", self._detect)
         self.board.set("health", self.health.rows())
+        if self.server is not None:
+            # Published here, once a tick, not at each 503: a board that changed at
+            # every rejection would be rendered again for every scrape that got through.
+            self.board.set("http", self.server.rows())
         if self.telemetry is not None:
             self.telemetry.maybe_flush()
         if self.config.textfile is not None:
@@ -420,7 +426,9 @@ class Agent:
                 }
                 self.topology_rows = dict(link_rows(topo, keys))
         if self.config.listen:
-            self.bound = serve(self.board, self.config.listen)
+            self.server = MetricsServer(self.board, self.config.listen)
+            self.server.start()
+            self.bound = self.server.address
 
     def run(self, stop: threading.Event, *, ticks: int | None = None) -> None:
         """Tick on schedule until ``stop`` is set (or ``ticks`` ticks have run)."""
