@@ -109,7 +109,7 @@ def _agent_options(fn: _F) -> _F:
         click.option(
             "--refresh-every",
             type=click.FloatRange(1, 3600),
-            default=60.0,
+            default=300.0,
             show_default=True,
             help="While lines arrive, a full analysis (findings, lateness, errors) at least "
             "this often, in seconds. A log at rest is never analysed again.",

@@ -72,8 +72,7 @@ def _feed(
         batch = []
         for name in files:
             take = rng.randint(0, 400)
-            for text in files[name][at[name] : at[name] + take]:
-                batch.append((name, text, now))
+            batch.extend((name, text, now) for text in files[name][at[name] : at[name] + take])
             at[name] += take
         window.add(batch)
         live.add(batch, own_times=window.own_times)
@@ -123,9 +122,7 @@ def compare(files: Mapping[str, Sequence[str]], *, seed: int = 0) -> list[str]:
         out = _differ("progress", ref.progress.select(_PROGRESS), got.progress.select(_PROGRESS))
         timeout_s = timeout_of(d)
         pending = _pending(got, now, timeout_s)
-        out += _countdown_differs(
-            "countdown", _pending(ref, now, timeout_s), pending, timed=True
-        )
+        out += _countdown_differs("countdown", _pending(ref, now, timeout_s), pending, timed=True)
         rows = member_rows(live, ref.analysis.identity.members, ids)
         reference_rows = job_rows(d, now)
         for name in _LIVE_METRICS:
@@ -142,7 +139,9 @@ def compare(files: Mapping[str, Sequence[str]], *, seed: int = 0) -> list[str]:
                 paths.append(str(path))
             post = diagnose(build(paths, workdir=work / "post"), now=now).context
             out += _differ(
-                "progress (analyze)", post.progress.select(_PROGRESS), got.progress.select(_PROGRESS)
+                "progress (analyze)",
+                post.progress.select(_PROGRESS),
+                got.progress.select(_PROGRESS),
             )
             out += _countdown_differs(
                 "countdown (analyze)", _pending(post, now, timeout_s), pending, timed=True

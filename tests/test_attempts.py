@@ -11,7 +11,8 @@ from conftest import run_cli
 
 import ncclscope.analysis as analysis_module
 import ncclscope.diagnose as diagnose_module
-from ncclscope.agent.live import LiveWindow, job_rows
+from ncclscope.agent.live import LiveWindow
+from ncclscope.agent.progress import LiveProgress, member_rows
 from ncclscope.detect.base import Finding
 from ncclscope.detect.context import Context
 
@@ -185,6 +186,7 @@ def test_live_sequence_keeps_growing_past_the_window(tmp_path: Path) -> None:
     window = LiveWindow(tmp_path / "seg", max_lines=40, segment_lines=10, keep_lines=20)
     comms = {0: "0x55d400a0", 1: "0x55e500b0"}
     t0 = datetime(2026, 3, 2, 10, 0, 1, tzinfo=UTC)
+    live = LiveProgress()  # what the agent counts the calls with, line by line
     window.add([("r.log", _init(700 + d, d, comms[d]), t0) for d in (0, 1)])
     seen: list[float] = []
     seq = 0
@@ -195,9 +197,12 @@ def test_live_sequence_keeps_growing_past_the_window(tmp_path: Path) -> None:
             lines += [("r.log", _coll(700 + d, d, seq, comms[d]), at) for d in (0, 1)]
             seq += 1
         window.add(lines)
+        live.add(lines, own_times=window.own_times)
         analysis = window.analyse(tmp_path / f"w{poll}")
         assert analysis is not None
-        rows = dict(job_rows(analysis, at, dropped=window.dropped)["ncclscope_collective_seq"])
+        ids = window.file_ids(analysis.analysis.paths)
+        members = analysis.context.analysis.identity.members
+        rows = dict(member_rows(live, members, ids)["ncclscope_collective_seq"])
         assert len(rows) == 2
         assert len(set(rows.values())) == 1  # both members at the same call
         seen.append(next(iter(rows.values())))

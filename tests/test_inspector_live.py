@@ -24,7 +24,7 @@ def _rows(job: Path, tmp: Path) -> dict[str, list[tuple[tuple[str, ...], float]]
                 t += timedelta(microseconds=100)
         d = window.analyse(tmp / "live", now=t)
         assert d is not None
-        return job_rows(d, t, dropped=window.dropped)
+        return job_rows(d, t)
     finally:
         window.close()
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Iterable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -60,18 +60,6 @@ __all__ = [
 #: The collective timeout assumed where the logs state none: PyTorch's NCCL default
 #: since 2.2 (``default_pg_nccl_timeout``, 10 minutes).
 DEFAULT_TIMEOUT_S = 600.0
-
-#: A COLL line's header token (``[rank3]:node-0:4103:4103``), op and comm pointer.
-_COLL_MEMBER = (
-    r"(?P<token>\S+) \[\d+\] NCCL INFO (?P<op>\w+): opCount .* comm (?P<comm>0x[0-9a-f]+)"
-)
-_DROPPED_SCHEMA = {
-    "file_id": pl.UInt32,
-    "host": pl.String,
-    "pid": pl.Int32,
-    "comm": pl.String,
-    "dropped": pl.Int64,
-}
 
 
 def _ts_text(arrived: datetime) -> str:
@@ -170,14 +158,6 @@ class LiveWindow:
     own_times: bool | None = None
     added: int = 0
     _seq: int = 0
-    #: per file (segment stem): collective calls (P2P left out) per (host, pid, comm
-    #: pointer) in the segments already dropped.  Kept outside the window so that a
-    #: member's sequence keeps growing once the window is full, whatever opCount does
-    #: (NCCL >= 2.27 prints 0 on every single-node call).
-    _dropped_calls: dict[str, Counter[tuple[str, int, str]]] = field(default_factory=dict)
-    #: the dropped calls as of the last ``analyse`` (for ``job_rows``), by that
-    #: analysis's file ids
-    dropped: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=_DROPPED_SCHEMA))
 
     def __post_init__(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -193,21 +173,24 @@ class LiveWindow:
         return sum(s.held + (s.open.lines if s.open else 0) for s in self._files.values())
 
     def add(self, lines: Iterable[tuple[str, str, datetime]]) -> int:
-        """Add ``(path, text, arrived)`` lines; returns how many."""
+        """Add ``(path, text, arrived)`` lines; returns how many.  Each file's lines keep
+        their order; files' lines interleaved in ``lines`` (a replay merges them by
+        time) are written a file at a time, one write per file and arrival."""
         n = 0
-        key: tuple[str, datetime] | None = None
-        batch: list[str] = []
+        runs: dict[str, list[tuple[datetime, list[str]]]] = {}
         for path, text, arrived in lines:
-            if key is None or path != key[0] or arrived is not key[1]:
-                if batch and key is not None:
-                    self._write(key[0], batch, key[1])
-                key, batch = (path, arrived), []
+            mine = runs.get(path)
+            if mine is None:
+                mine = runs[path] = [(arrived, [])]
+            elif mine[-1][0] != arrived:
+                mine.append((arrived, []))
             if self.own_times is None and " NCCL " in text and (m := HEADER_RE.search(text)):
                 self.own_times = PREFIX_TS_RE.search(text[: m.start()]) is not None
-            batch.append(text.rstrip("\n"))
+            mine[-1][1].append(text.rstrip("\n"))
             n += 1
-        if batch and key is not None:
-            self._write(key[0], batch, key[1])
+        for path, mine in runs.items():
+            for arrived, batch in mine:
+                self._write(path, batch, arrived)
         self.added += n
         return n
 
@@ -253,8 +236,6 @@ class LiveWindow:
     def _drop(self, seg: _Segments) -> None:
         """Delete the oldest segment, keeping its lines that are not COLL lines."""
         old = seg.done.pop(0)
-        counted = self._dropped_calls.setdefault(seg.stem, Counter())
-        counted.update(_calls_per_member(old.path, old.lines))
         for line in self._read(old, keep_coll=False):
             if len(seg.head) < self.keep_lines:
                 seg.head.append(line + "\n")
@@ -311,8 +292,6 @@ class LiveWindow:
                 return None
             paths = self.write(workdir / "window")
             stamped = self.own_times is False
-            # Taken with the copy: a segment dropped after it would be counted twice.
-            counts = {stem: Counter(c) for stem, c in self._dropped_calls.items()}
         diagnosis = diagnose(
             build(
                 [str(p) for p in paths],
@@ -321,7 +300,6 @@ class LiveWindow:
             ),
             now=now,
         )
-        self.dropped = self._dropped_frame(counts, diagnosis.analysis.paths)
         return diagnosis
 
     def file_ids(self, paths: list[str]) -> dict[str, int]:
@@ -334,20 +312,6 @@ class LiveWindow:
             if f"{seg.stem}.log" in ids
         }
 
-    def _dropped_frame(
-        self, counts: dict[str, Counter[tuple[str, int, str]]], paths: list[str]
-    ) -> pl.DataFrame:
-        """``counts`` per (file_id, host, pid, comm), with the analysis's file ids
-        (``paths``: its inputs, the files ``write`` wrote)."""
-        ids = {Path(p).name: k for k, p in enumerate(paths)}
-        rows = [
-            {"file_id": ids[f"{stem}.log"], "host": host, "pid": pid, "comm": comm, "dropped": n}
-            for stem, per_member in counts.items()
-            if f"{stem}.log" in ids
-            for (host, pid, comm), n in per_member.items()
-        ]
-        return pl.DataFrame(rows, schema=_DROPPED_SCHEMA)
-
     def close(self) -> None:
         """Close the open segments (the files stay until ``folder`` is removed)."""
         for seg in self._files.values():
@@ -356,66 +320,29 @@ class LiveWindow:
                 seg.fh = None
 
 
-def _calls_per_member(path: Path, n_lines: int) -> Counter[tuple[str, int, str]]:
-    """Collective calls (Send/Recv left out) per (host, pid, comm pointer) in the first
-    ``n_lines`` lines of a segment file, counted in polars.
-
-    A counted line: ``node-0:4103:4103 [3] NCCL INFO AllGather: opCount 0 sendbuff ...
-    comm 0x55d4c8a0 [nranks=8] stream 0x55d4c9b0``.
-    """
-    with path.open(encoding="utf-8", errors="replace", newline="") as fh:
-        lines = fh.read().split("\n")[:n_lines]
-    parts = (
-        pl.DataFrame({"line": lines}, schema={"line": pl.String})
-        .filter(pl.col("line").str.contains(" opCount ", literal=True))
-        .select(pl.col("line").str.extract_groups(_COLL_MEMBER).alias("m"))
-        .unnest("m")
-        .filter(pl.col("comm").is_not_null() & ~pl.col("op").is_in(P2P_OPS))
-        .with_columns(pl.col("token").str.split(":").alias("parts"))
-        .select(
-            pl.col("parts").list.get(-3, null_on_oob=True).alias("host"),
-            pl.col("parts")
-            .list.get(-2, null_on_oob=True)
-            .cast(pl.Int64, strict=False)
-            .alias("pid"),
-            "comm",
-        )
-        .drop_nulls()
-        .group_by("host", "pid", "comm")
-        .len()
-    )
-    return Counter({(h, int(p), c): int(n) for h, p, c, n in parts.iter_rows()})
-
-
-def _counted_seq(
-    analysis: Analysis, dropped: pl.DataFrame | None
-) -> list[tuple[tuple[str, ...], float]]:
-    """Per (communicator, member): the sequence of its last collective counted since
-    the follower started: calls dropped from the window plus calls in it, less one."""
+def _counted_seq(analysis: Analysis) -> list[tuple[tuple[str, ...], float]]:
+    """Per (communicator, member): the sequence of its last collective counted from the
+    start of the lines: its collective calls, less one."""
     stats, members = analysis.stats, analysis.identity.members
     if stats.is_empty() or members.is_empty():
         return []
     key = ["file_id", "host", "pid", "comm"]
-    gone = dropped if dropped is not None else pl.DataFrame(schema=_DROPPED_SCHEMA)
     seqs = (
         stats.filter(pl.col("coll_calls") > 0)
         .join(members.select(*key, "comm_key", "comm_rank", "rank"), on=key, how="inner")
         .filter(pl.col("comm_key").is_not_null() & pl.col("comm_rank").is_not_null())
-        .join(gone.cast({"file_id": stats.schema["file_id"]}), on=key, how="left")
         .group_by("comm_key", pl.coalesce("rank", "comm_rank").alias("who"))
-        .agg((pl.col("coll_calls") + pl.col("dropped").fill_null(0) - 1).max().alias("seq"))
+        .agg((pl.col("coll_calls") - 1).max().alias("seq"))
         .sort("comm_key", "who")
     )
     return [((str(c), str(w)), float(s)) for c, w, s in seqs.iter_rows()]
 
 
-def _member_facts(
-    analysis: Analysis, dropped: pl.DataFrame | None
-) -> dict[str, list[tuple[tuple[str, ...], float]]]:
+def _member_facts(analysis: Analysis) -> dict[str, list[tuple[tuple[str, ...], float]]]:
     """Per (communicator, member): when it entered its last collective, that op, and its
     arrival time at the last mark (``MARK_EVERY``); per communicator: its size; per
-    rank: its host.  Sequence numbers count as ``_counted_seq`` does (calls dropped from
-    the window plus calls in it), so that every node's agent numbers a collective alike.
+    rank: its host.  Sequence numbers count as ``_counted_seq`` does, so that every
+    node's agent numbers a collective alike.
 
     From the window's COLL lines, e.g. ``[2025-03-14 09:00:09.387136] node-6:5381:5381
     [3] NCCL INFO AllGather: opCount 1a ... comm 0x55d4c8a0 [nranks=16] stream 0x55..``.
@@ -425,18 +352,13 @@ def _member_facts(
     if coll is None:
         return rows
     key = ["file_id", "host", "pid", "comm"]
-    gone = dropped if dropped is not None else pl.DataFrame(schema=_DROPPED_SCHEMA)
     calls = (
         coll.filter(~pl.col("op").is_in(P2P_OPS) & pl.col("comm_key").is_not_null())
         .select(*key, "comm_key", "rank", "op", "nranks", "ts", "line_no")
         .collect()
-        .join(gone.cast({"file_id": pl.UInt32}), on=key, how="left")
         .sort("file_id", "line_no")
         .with_columns(
-            (
-                pl.col("dropped").fill_null(0)
-                + pl.int_range(pl.len()).over("comm_key", "rank", "file_id", "pid")
-            ).alias("seq"),
+            pl.int_range(pl.len()).over("comm_key", "rank", "file_id", "pid").alias("seq"),
             pl.col("rank").cast(pl.String).alias("who"),
         )
         .filter(pl.col("who").is_not_null())
@@ -478,23 +400,16 @@ def _member_facts(
     return rows
 
 
-def job_rows(
-    diagnosis: Diagnosis,
-    now: datetime,
-    *,
-    dropped: pl.DataFrame | None = None,
-) -> dict[str, list[tuple[tuple[str, ...], float]]]:
-    """The job's metric rows from a diagnosis of the window at time ``now``, read from
+def job_rows(diagnosis: Diagnosis, now: datetime) -> dict[str, list[tuple[tuple[str, ...], float]]]:
+    """The job's metric rows from a diagnosis of some lines at time ``now``, read from
     the context its detectors read (lateness and stalls are not computed again): the
-    post-mortem reference of what the agent exports live (``agent.progress``).
-
-    ``dropped`` (``LiveWindow.dropped_calls``): the calls that left the window, so that
-    ``ncclscope_collective_seq`` counts every call since the follower started.
+    post-mortem reference of what the agent exports live (``agent.progress``), where
+    sequences count every call since the agent started, whatever left its window.
     """
     analysis = diagnosis.analysis
     rows: dict[str, list[tuple[tuple[str, ...], float]]] = {}
-    rows["ncclscope_collective_seq"] = _counted_seq(analysis, dropped)
-    rows.update(_member_facts(analysis, dropped))
+    rows["ncclscope_collective_seq"] = _counted_seq(analysis)
+    rows.update(_member_facts(analysis))
     rows.update(diagnosis_rows(diagnosis))
     rows.update(countdown_rows(countdown(diagnosis.context, now, timeout_of(diagnosis))))
     return rows

@@ -23,16 +23,22 @@ A line read (2.27, NCCL's own timestamp)::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+import math
+import re
+from collections import deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
+from typing import NamedTuple
 
 import polars as pl
 
 from ncclscope.detect.context import Context, progress_table
 from ncclscope.model.collectives import P2P_OPS
 from ncclscope.model.identity import ANCHORED
+from ncclscope.parsers.nccl.lines import Coll, parse_line, parse_ts
 from ncclscope.parsers.nccl.patterns import HOST_CHARS
 from ncclscope.schema import LIVE_CALLS_SCHEMA as CALLS_SCHEMA
 from ncclscope.schema import TS
@@ -45,38 +51,24 @@ __all__ = ["MARK_EVERY", "LiveContext", "LiveProgress", "Member"]
 #: lasts seconds to minutes on jobs whose collectives come every 5 ms or every 0.5 s.
 MARK_EVERY = (64, 1024)
 
-#: A COLL line from the NCCL header on, with the timestamp NCCL may print before it
-#: (``NCCL_DEBUG_TIMESTAMP_FORMAT``'s default ``[%F %T.%Nf] ``).  The header and body
-#: are those of ``patterns.HEADER_RE`` and ``patterns.COLL_RE``.
-_COLL = (
-    r"(?:\[?(?P<date>\d{4}-\d{2}-\d{2})[ T_](?P<clock>\d{2}:\d{2}:\d{2})"
-    r"(?:[.,](?P<frac>\d{1,9}))?\]?\s*)?"
-    rf"(?P<host>{HOST_CHARS}+):(?P<pid>\d+):\d+ (?:\[-?\d+\] )?NCCL INFO "
-    r"(?P<op>[A-Za-z]+): opCount (?P<opcount>[0-9a-fA-F]+) sendbuff \S+ recvbuff \S+ "
-    r"count (?P<count>\d+) datatype (?P<dtype>\d+) op \d+ root -?\d+ "
-    r"comm (?P<comm>\S+) \[nranks=(?P<nranks>\d+)\]"
-)
+#: Lines that are not COLL lines but change what the reference analysis would say: any
+#: other NCCL line (a new member's init, a WARN, a teardown; NCCL prints none between
+#: collectives of a running job), a watchdog's report, an error: the agent runs it again
+#: soon after one.  A COLL line that cannot be read counts too (damage to report).
+NOTABLE = (" NCCL ", "Watchdog", "Timeout(ms)", "ERROR", "Traceback")
 
-#: Lines that are not COLL lines but change what the reference analysis would say (a
-#: new member, an error, a watchdog's report): the agent runs it again soon after one.
-NOTABLE = (
-    " Init COMPLETE",
-    " Init START",
-    " Destroy COMPLETE",
-    " Abort COMPLETE",
-    " NCCL WARN ",
-    "Watchdog",
-    "Timeout(ms)",
-    "ERROR",
-    "Traceback",
-)
+_NOTABLE_RE = re.compile("|".join(re.escape(x) for x in NOTABLE))
 
 _KEY = ("path", "host", "pid", "comm")
+
+#: A member: followed path, host, pid, comm pointer.
+MemberKey = tuple[str, str, int, str]
 
 
 @dataclass
 class Member:
-    """One NCCL member's statistics so far (``proc_comm_stats``'s columns)."""
+    """One NCCL member's statistics so far (``proc_comm_stats``'s columns; no call
+    signature: only the mismatch detector reads it, and it does not run live)."""
 
     calls: int = 0
     coll_calls: int = 0
@@ -84,42 +76,137 @@ class Member:
     opcount_max: int | None = None
     coll_opcount_max: int | None = None
     nranks: int | None = None
-    signature: int = 0
     #: its last collective call: op and time (None without one)
     op: str | None = None
     ts: datetime | None = None
     #: per mark spacing: (sequence, time) of the last mark reached with a time
     marks: dict[int, tuple[int, datetime]] = field(default_factory=dict)
+    #: when its last call arrived (the agent's clock, whatever the log's says)
+    seen: datetime | None = None
+    #: its last calls: (calls before it, its opCount, collective calls before it or
+    #: None for Send/Recv, arrival, the line), read again only for a stall's evidence
+    held: deque[tuple[int, int | None, int | None, datetime, str]] = field(default_factory=deque)
 
 
-def _ts(own: bool) -> pl.Expr:
-    """A COLL line's time: NCCL's own (``[%F %T.%Nf]``, read as UTC like the reference
-    parser's ``to_dt``: microseconds, more digits cut), else the arrival time."""
-    if not own:
-        return pl.col("arrived")
-    frac = pl.col("frac").fill_null("").str.slice(0, 6).str.pad_end(6, "0")
-    text = pl.concat_str(pl.col("date"), pl.lit(" "), pl.col("clock"), pl.lit("."), frac)
-    return text.str.to_datetime(
-        "%Y-%m-%d %H:%M:%S%.f", time_unit="us", time_zone="UTC", strict=False
+#: The body's words at its odd places 1-15 (``opCount X sendbuff X ... comm X``).
+_BODY_WORDS = ("opCount", "sendbuff", "recvbuff", "count", "datatype", "op", "root", "comm")
+
+
+class _Call(NamedTuple):
+    """What the hot path reads of a COLL line."""
+
+    host: str
+    pid: int
+    op: str
+    opcount: int | None
+    comm: str
+    nranks: int | None
+    #: where NCCL's header starts (the prefix before it holds the line's time)
+    header_at: int
+
+
+def _read_fast(text: str) -> _Call | None:
+    """A COLL line's member, op, opCount and size, by splitting on spaces: the body's
+    words sit at fixed places after ``NCCL INFO`` in every version (2.4-2.30) and the
+    header token (``host:pid:tid``) is the last before it or before ``[dev]``.  None
+    where the line is not that plain (a bar's ``\\r``, two headers spliced, words out of
+    place): ``parse_line``, the reference parser, reads those.
+
+    >>> _read_fast("[2025-03-14 09:00:09.387136] node-6:5381:5381 [3] NCCL INFO AllGather: "
+    ...            "opCount 1a sendbuff 0x7f recvbuff 0x7e count 4 datatype 9 op 0 root 0 "
+    ...            "comm 0x55d1 [nranks=16] stream 0x55")
+    _Call(host='node-6', pid=5381, op='AllGather', opcount=26, comm='0x55d1', nranks=16, \
+header_at=29)
+    """
+    at = text.find(" NCCL INFO ")
+    if at <= 0 or "\r" in text or text.count(" NCCL ", at + 11) or len(text) > 4096:
+        return None
+    body = text[at + 11 :].split(" ", 18)
+    if len(body) < 18 or not body[0].endswith(":") or not body[17].startswith("[nranks="):
+        return None
+    if tuple(body[1:16:2]) != _BODY_WORDS:
+        return None
+    head = text[:at]
+    start = head.rfind(" ") + 1
+    token = head[start:]
+    if token.startswith("[") and token.endswith("]"):  # [dev]
+        head = head[: start - 1]
+        start = head.rfind(" ") + 1
+        token = head[start:]
+    member = _token(token)
+    if member is None:
+        return None
+    host, pid, offset = member
+    try:
+        opcount: int | None = int(body[2], 16)
+    except ValueError:
+        opcount = None
+    nranks = body[17][8:-1]
+    size = int(nranks) if nranks.isdigit() else None
+    return _Call(host, pid, body[0][:-1], opcount, body[16], size, start + offset)
+
+
+_HOST_RE = re.compile(rf"(?P<host>{HOST_CHARS}+):(?P<pid>\d+):\d+$")
+
+
+@functools.lru_cache(maxsize=4096)
+def _token(token: str) -> tuple[str, int, int] | None:
+    """``host:pid:tid`` (after any launcher tag glued to it, ``[rank3]:``) as (host,
+    pid, where the host starts); a job has a few tokens, each read once."""
+    m = _HOST_RE.search(token)
+    return (m["host"], int(m["pid"]), m.start()) if m else None
+
+
+_INT32 = 2**31 - 1
+_INT64 = 2**63 - 1
+
+
+def _fits(call: _Call) -> bool:
+    """Numbers the tables' columns hold (pid and size Int32, opCount Int64): a line with
+    others is damage, as the reference reader counts it."""
+    return (
+        call.pid <= _INT32
+        and (call.nranks is None or call.nranks <= _INT32)
+        and (call.opcount is None or call.opcount <= _INT64)
     )
 
 
+def _read_slow(text: str) -> tuple[_Call, datetime | None] | None:
+    """A COLL line as the reference parser reads it (any prefix, ``\\r`` bars, spliced
+    lines), with its time."""
+    rec = parse_line(text)
+    if rec is None or rec.kind != "coll" or rec.header is None:
+        return None
+    body = rec.body
+    if not isinstance(body, Coll):
+        return None
+    call = _Call(rec.header.host, rec.header.pid, body.op, body.opcount, body.comm, body.nranks, 0)
+    return call, rec.ts
+
+
+def _time(text: str, call: _Call) -> datetime | None:
+    """The time NCCL printed before the header (``[%F %T.%Nf] ``; a logger's where NCCL's
+    is absent), as the reference parser reads it."""
+    return parse_ts(text[: call.header_at])[0]
+
+
 class LiveProgress:
-    """Every NCCL member's progress over the lines added so far.
+    """Every NCCL member's progress over the lines added so far, updated line by line
+    with string operations (no regex, no frame: ~2-3 us a COLL line).
 
     ``version`` grows with every poll that changed something; ``notable`` counts
-    lines that call for a new reference analysis (``NOTABLE``), ``new_members`` the
-    members first seen since ``mark_analysed``.
+    lines that call for a new reference analysis (``NOTABLE``); ``new_members`` the
+    members ever seen.
     """
 
-    def __init__(self, *, keep_calls: int = 2048) -> None:
+    def __init__(self, *, keep_calls: int = 512) -> None:
         self.keep_calls = keep_calls
-        self.members: dict[tuple[str, str, int, str], Member] = {}
+        self.members: dict[MemberKey, Member] = {}
         self.version = 0
         self.notable = 0
         self.new_members = 0
-        self._parts: list[pl.DataFrame] = []
-        self._held = 0
+        #: the job's NCCL lines carry their own times (else arrivals are their times)
+        self._own = False
 
     def add(
         self,
@@ -130,138 +217,103 @@ class LiveProgress:
         """Read ``(path, text, arrived)`` lines of one poll; returns the COLL lines read.
         ``own_times``: the job's NCCL lines carry their own times (else each line's
         arrival is its time, as the window stamps it)."""
-        if not lines:
-            return 0
-        paths, texts, arrived = zip(*lines, strict=True)
-        frame = pl.DataFrame(
-            {"path": paths, "text": texts, "arrived": arrived},
-            schema={"path": pl.String, "text": pl.String, "arrived": TS},
-        )
-        is_coll = pl.col("text").str.contains(" opCount ", literal=True)
-        notable = frame.select(
-            (~is_coll & pl.col("text").str.contains_any(list(NOTABLE))).sum()
-        ).item()
-        self.notable += int(notable)
-        coll = frame.filter(is_coll)
-        if coll.is_empty():
-            if notable:
-                self.version += 1
-            return 0
-        calls = self._read(coll, own=bool(own_times))
-        if calls.is_empty():
-            return 0
-        self._update(calls)
-        self.version += 1
-        return calls.height
-
-    def _read(self, coll: pl.DataFrame, *, own: bool) -> pl.DataFrame:
-        """The COLL lines' fields, each call numbered within its member after the calls
-        its member made before."""
-        parts = (
-            coll.select("path", "arrived", pl.col("text").str.extract_groups(_COLL).alias("m"))
-            .unnest("m")
-            .filter(pl.col("comm").is_not_null())
-        )
-        if parts.is_empty():
-            return pl.DataFrame(schema=CALLS_SCHEMA)
-        fields = parts.select(
-            "path",
-            "host",
-            pl.col("pid").cast(pl.Int32, strict=False),
-            "comm",
-            "op",
-            pl.col("opcount").str.to_integer(base=16, strict=False).cast(pl.Int64),
-            pl.col("count").cast(pl.Int64, strict=False),
-            pl.col("dtype").cast(pl.Int16, strict=False),
-            pl.col("nranks").cast(pl.Int32, strict=False),
-            _ts(own).alias("ts"),
-        ).drop_nulls(["pid"])
-        before = pl.DataFrame(
-            [(p, h, pid, c, m.calls, m.coll_calls) for (p, h, pid, c), m in self.members.items()],
-            schema={**{k: CALLS_SCHEMA[k] for k in _KEY}, "calls0": pl.Int64, "coll0": pl.Int64},
-            orient="row",
-        )
-        coll_call = ~pl.col("op").is_in(P2P_OPS)
-        return (
-            fields.join(before, on=list(_KEY), how="left", maintain_order="left")
-            .with_columns(
-                (pl.col("calls0").fill_null(0) + pl.int_range(pl.len()).over(_KEY)).alias("idx"),
-                pl.when(coll_call)
-                .then(pl.col("coll0").fill_null(0) + coll_call.cum_sum().over(_KEY) - 1)
-                .alias("coll_idx"),
-            )
-            .with_columns((pl.col("idx") + 1).cast(pl.UInt32).alias("line_no"))
-            .select(list(CALLS_SCHEMA))
-            .cast(CALLS_SCHEMA)
-        )
-
-    def _update(self, calls: pl.DataFrame) -> None:
-        coll_call = ~pl.col("op").is_in(P2P_OPS)
-        # proc_comm_stats' signature: a hash of (op token, count, datatype) per call
-        call = pl.struct(
-            pl.concat_str(pl.col("op"), pl.lit(":")).alias("op_tok"), "count", "dtype"
-        ).hash(seed=0)
-        per = calls.group_by(_KEY, maintain_order=True).agg(
-            pl.len().alias("n"),
-            coll_call.sum().alias("coll"),
-            pl.col("opcount").min().alias("oc_min"),
-            pl.col("opcount").max().alias("oc_max"),
-            pl.col("opcount").filter(coll_call).max().alias("coll_oc_max"),
-            pl.col("nranks").max(),
-            pl.when(coll_call).then(call).otherwise(0).sum().alias("signature"),
-            pl.col("op").filter(coll_call).last().alias("op"),
-            pl.col("ts").filter(coll_call).last().alias("ts"),
-            pl.col("coll_idx").filter(coll_call).last().alias("last"),
-        )
-        for path, host, pid, comm, n, nc, lo, hi, chi, nranks, sig, op, ts, last in per.iter_rows():
-            key = (path, host, pid, comm)
+        self._own = bool(own_times)
+        read = notable = 0
+        last: dict[MemberKey, tuple[Member, str, _Call | None, datetime]] = {}
+        for path, text, arrived in lines:
+            if " opCount " not in text:
+                if _NOTABLE_RE.search(text):
+                    notable += 1
+                continue
+            call = _read_fast(text)
+            ts: datetime | None = None
+            if call is None:
+                slow = _read_slow(text)
+                if slow is None or not _fits(slow[0]):
+                    notable += 1  # damaged: the reference analysis counts it
+                    continue
+                call, ts = slow
+            elif not _fits(call):
+                notable += 1
+                continue
+            key = (path, call.host, call.pid, call.comm)
             m = self.members.get(key)
             if m is None:
-                m = self.members[key] = Member()
+                m = self.members[key] = Member(held=deque(maxlen=self.keep_calls))
                 self.new_members += 1
-            m.calls += n
-            m.coll_calls += nc
-            m.opcount_min = _least(m.opcount_min, lo)
-            m.opcount_max = _most(m.opcount_max, hi)
-            m.coll_opcount_max = _most(m.coll_opcount_max, chi)
-            m.nranks = _most(m.nranks, nranks)
-            m.signature = (m.signature + int(sig)) % (1 << 64)
-            if nc and last is not None:
-                m.op, m.ts = op, ts
-        for every in MARK_EVERY:
-            marks = (
-                calls.filter(
-                    pl.col("coll_idx").is_not_null()
-                    & (pl.col("coll_idx") % every == 0)
-                    & pl.col("ts").is_not_null()
-                )
-                .group_by(_KEY, maintain_order=True)
-                .agg(pl.col("coll_idx", "ts").last())
-            )
-            for path, host, pid, comm, seq, ts in marks.iter_rows():
-                self.members[(path, host, pid, comm)].marks[every] = (int(seq), ts)
-        self._keep(calls)
+            read += 1
+            idx, oc = m.calls, call.opcount
+            m.calls += 1
+            if oc is not None:
+                m.opcount_min = oc if m.opcount_min is None else min(m.opcount_min, oc)
+                m.opcount_max = oc if m.opcount_max is None else max(m.opcount_max, oc)
+            if call.nranks is not None and (m.nranks is None or call.nranks > m.nranks):
+                m.nranks = call.nranks
+            coll_idx = None
+            if call.op not in P2P_OPS:
+                coll_idx = m.coll_calls
+                m.coll_calls += 1
+                if oc is not None and (m.coll_opcount_max is None or oc > m.coll_opcount_max):
+                    m.coll_opcount_max = oc
+                m.op, m.seen = call.op, arrived
+                last[key] = (m, text, None if ts is not None else call, arrived)
+                if ts is not None:
+                    m.ts = ts
+                if coll_idx % _MARK_GCD == 0:
+                    when = arrived if not own_times else ts or _time(text, call)
+                    for every in MARK_EVERY:
+                        if coll_idx % every == 0 and when is not None:
+                            m.marks[every] = (coll_idx, when)
+            m.held.append((idx, oc, coll_idx, arrived, text))
+        # A member's time is read off its last collective line of the poll only.
+        for m, text, call, arrived in last.values():
+            if not own_times:
+                m.ts = arrived
+            elif call is not None:
+                m.ts = _time(text, call)
+        self.notable += notable
+        if read or notable:
+            self.version += 1
+        return read
 
-    def _keep(self, calls: pl.DataFrame) -> None:
-        """Hold the new calls; past twice the bound, keep each member's last
-        ``keep_calls`` (a member that stopped keeps its last calls however long the
-        others go on)."""
-        self._parts.append(calls)
-        self._held += calls.height
-        bound = 2 * self.keep_calls * max(1, len(self.members))
-        if self._held <= bound:
-            return
-        held = pl.concat(self._parts)
-        kept = held.filter(pl.col("idx") >= pl.col("idx").max().over(_KEY) - (self.keep_calls - 1))
-        self._parts, self._held = [kept], kept.height
+    def silent(self, now: datetime, for_s: float) -> bool:
+        """Has a member logged no collective for ``for_s`` seconds of the agent's clock?
+        Until one has, every collective some members entered and others not is one a
+        poll cut through (the others' lines are on their way): no stall to read."""
+        return any(
+            m.seen is not None and (now - m.seen).total_seconds() >= for_s
+            for m in self.members.values()
+        )
 
-    def calls(self) -> pl.DataFrame:
-        """The calls held (each member's last ``keep_calls`` at least), in order."""
-        if not self._parts:
-            return pl.DataFrame(schema=CALLS_SCHEMA)
-        if len(self._parts) > 1:
-            self._parts = [pl.concat(self._parts)]
-        return self._parts[0]
+    def calls(
+        self, keys: Iterable[MemberKey] | None = None, seqs: Iterable[int] | None = None
+    ) -> pl.DataFrame:
+        """The held calls (``LIVE_CALLS_SCHEMA``) of ``keys``' members (all by default),
+        only those that may be at ``seqs`` where given (counted in order or by opCount),
+        each line read again by the reference parser."""
+        wanted = set(seqs) if seqs is not None else None
+        rows = []
+        for key in keys if keys is not None else list(self.members):
+            m = self.members.get(key)
+            if m is None:
+                continue
+            for idx, oc, coll_idx, arrived, text in m.held:
+                if wanted is not None and idx not in wanted and oc not in wanted:
+                    continue
+                rec = parse_line(text)
+                if rec is None or not isinstance(rec.body, Coll):
+                    continue
+                b = rec.body
+                rows.append(
+                    (*key, b.op, b.opcount, b.count, b.dtype, b.nranks, rec.ts or None,
+                     idx, coll_idx, idx + 1, arrived)
+                )  # fmt: skip
+        frame = pl.DataFrame(rows, schema={**_CALL_COLUMNS, "arrived": TS}, orient="row")
+        return (
+            frame.drop("arrived")
+            if self._own
+            else frame.drop("ts").rename({"arrived": "ts"}).select(list(CALLS_SCHEMA))
+        )
 
     def stats(self, file_ids: dict[str, int]) -> pl.DataFrame:
         """``proc_comm_stats``' columns for the members of the files in ``file_ids``
@@ -269,12 +321,17 @@ class LiveProgress:
         rows = [
             (
                 file_ids[path], host, pid, comm, m.calls, m.coll_calls, m.opcount_min,
-                m.opcount_max, m.coll_opcount_max, m.calls, m.signature, m.nranks,
+                m.opcount_max, m.coll_opcount_max, m.calls, 0, m.nranks,
             )
             for (path, host, pid, comm), m in self.members.items()
             if path in file_ids
         ]  # fmt: skip
         return pl.DataFrame(rows, schema=_STATS_SCHEMA, orient="row")
+
+
+_CALL_COLUMNS = dict(CALLS_SCHEMA.items())
+#: the coarsest spacing every mark spacing is a multiple of
+_MARK_GCD = math.gcd(*MARK_EVERY)
 
 
 _STATS_SCHEMA = pl.Schema(
@@ -322,22 +379,22 @@ class LiveContext(Context):
         return progress_table(self._stats, self.analysis.identity.members)
 
     @cached_property
-    def _calls(self) -> pl.DataFrame:
-        """The held calls as ``COLLECTIVES_SCHEMA`` rows (by ``collectives_frame``'s
-        rules: identity, and the sequence counted in order where opCount is constant)."""
-        assert self.live is not None
-        held = self.live.calls()
+    def _mapping(self) -> pl.DataFrame:
+        """Per member of the held calls: its file id, communicator and ranks (by
+        ``collectives_frame``'s rules: none where its opCount cannot place it), and
+        whether its calls are counted in order (opCount constant)."""
+        stats = self._stats
+        key = ["file_id", "host", "pid", "comm"]
+        unsure = ~ANCHORED & (pl.col("opcount_min") == pl.col("opcount_max")).fill_null(value=True)
         ids = pl.DataFrame(
             {"path": list(self.file_ids), "file_id": list(self.file_ids.values())},
             schema={"path": pl.String, "file_id": pl.UInt32},
         )
-        stats = self._stats
-        key = ["file_id", "host", "pid", "comm"]
-        unsure = ~ANCHORED & (pl.col("opcount_min") == pl.col("opcount_max")).fill_null(value=True)
-        mapping = (
+        return (
             self.analysis.identity.members.join(
-                stats.select(*key, "opcount_min", "opcount_max"), on=key, how="left"
+                stats.select(*key, "opcount_min", "opcount_max", "calls"), on=key, how="inner"
             )
+            .filter(pl.col("comm_key").is_not_null())
             .select(
                 *key,
                 "comm_key",
@@ -345,19 +402,28 @@ class LiveContext(Context):
                     pl.when(unsure).then(None).otherwise(pl.col(c)).alias(c)
                     for c in ("comm_rank", "rank")
                 ),
+                ((pl.col("opcount_min") == pl.col("opcount_max")) & (pl.col("calls") > 1))
+                .fill_null(value=False)
+                .alias("counted"),
             )
-            .unique(key, keep="first")
+            .unique(key, keep="first", maintain_order=True)
+            .join(ids, on="file_id", how="inner")
         )
-        counted = stats.filter(
-            (pl.col("opcount_min") == pl.col("opcount_max")) & (pl.col("calls") > 1)
-        ).select(*key, pl.lit(value=True).alias("counted"))
+
+    def _rows(self, mapping: pl.DataFrame, seqs: list[int] | None = None) -> pl.DataFrame:
+        """The held calls of ``mapping``'s members as ``COLLECTIVES_SCHEMA``-like rows,
+        with their sequence (counted in order where opCount is constant); only those
+        that may be at ``seqs`` where given."""
+        assert self.live is not None
+        keys = [
+            (str(p), str(h), int(pid), str(c)) for p, h, pid, c in mapping.select(_KEY).iter_rows()
+        ]
         return (
-            held.join(ids, on="path", how="inner")
-            .join(mapping, on=key, how="left")
-            .join(counted, on=key, how="left")
-            .filter(~pl.col("op").is_in(P2P_OPS) & pl.col("comm_key").is_not_null())
+            self.live.calls(keys, seqs)
+            .join(mapping, on=list(_KEY), how="inner")
+            .filter(~pl.col("op").is_in(P2P_OPS))
             .with_columns(
-                pl.when(pl.col("counted").fill_null(value=False))
+                pl.when(pl.col("counted"))
                 .then(pl.col("idx"))
                 .otherwise(pl.col("opcount"))
                 .alias("seq")
@@ -365,21 +431,13 @@ class LiveContext(Context):
         )
 
     def collectives(self) -> pl.LazyFrame | None:
-        return self._calls.lazy()
+        return self._rows(self._mapping).lazy()
 
     def rows_at(self, comm_key: str, seqs: list[int]) -> pl.DataFrame:
         if not seqs:
             return pl.DataFrame()
-        return self._calls.filter(
-            (pl.col("comm_key") == comm_key) & pl.col("seq").is_in(seqs)
-        ).sort("seq", "comm_rank")
-
-
-def live_context(
-    reference: Context, live: LiveProgress, file_ids: dict[str, int], now: datetime
-) -> LiveContext:
-    """``reference`` (the last analysis of the window) with ``live``'s progress."""
-    return LiveContext(reference.analysis, now=now, live=live, file_ids=file_ids)
+        mine = self._mapping.filter(pl.col("comm_key") == comm_key)
+        return self._rows(mine, seqs).filter(pl.col("seq").is_in(seqs)).sort("seq", "comm_rank")
 
 
 Rows = dict[str, list[tuple[tuple[str, ...], float]]]

@@ -60,7 +60,7 @@ class AgentConfig:
     analyse_s: float = 5.0
     #: while lines arrive but none of those, a reference analysis this often (findings,
     #: lateness, errors); stalls, sequences and countdowns follow every tick anyway
-    refresh_s: float = 60.0
+    refresh_s: float = 300.0
     out: Path | None = None
     part_s: float = 10.0
     textfile: Path | None = None
@@ -247,7 +247,7 @@ class Agent:
         self._reference: _Reference | None = None
         self._seen = _Seen()
         #: (progress version, reference) -> its live context and member rows
-        self._live: tuple[tuple[int, int], LiveContext, Mapping[str, Rows]] | None = None
+        self._live: tuple[tuple[int, int, bool], LiveContext, Mapping[str, Rows]] | None = None
 
     # -- collectors ---------------------------------------------------------------------
 
@@ -351,13 +351,17 @@ class Agent:
         return True
 
     def _publish(self, now: datetime) -> None:
-        """The job's rows at ``now``: the members' rows and the stalls are computed again
-        only when a line or a reference analysis changed them; the countdown is
-        arithmetic on them as the clock moves."""
+        """The job's rows at ``now``: the members' rows are computed again only when a
+        line or a reference analysis changed them; the stalls only once a member has
+        been silent for an ``interval`` (until then a collective some members entered
+        and others not is one the poll cut through: reading it every tick on a healthy
+        job would cost more than all the rest); the countdown is arithmetic on them as
+        the clock moves."""
         ref = self._reference
         if ref is None:
             return
-        key = (self.progress.version, id(ref))
+        silent = self.progress.silent(now, self.config.interval_s)
+        key = (self.progress.version, id(ref), silent)
         if self._live is None or self._live[0] != key:
             ctx = LiveContext(
                 ref.diagnosis.context.analysis, now=now, live=self.progress, file_ids=ref.file_ids
@@ -365,8 +369,10 @@ class Agent:
             members = ref.diagnosis.context.analysis.identity.members
             self._live = (key, ctx, member_rows(self.progress, members, ref.file_ids))
         _key, ctx, rows = self._live
-        pending = countdown(ctx, now, ref.timeout_s)
-        self.board.set("job", {**ref.rows, **rows, **countdown_rows(pending)})
+        pending = countdown(ctx, now, ref.timeout_s) if silent else None
+        self.board.set(
+            "job", {**ref.rows, **rows, **(countdown_rows(pending) if pending is not None else {})}
+        )
 
     def _learn_pids(self, analysis: Any) -> None:
         """Without --pid or --match, watch the processes the logs name on this host."""

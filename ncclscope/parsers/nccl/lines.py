@@ -40,6 +40,7 @@ __all__ = [
     "Version",
     "clean_line",
     "parse_line",
+    "parse_ts",
     "transport_name",
 ]
 
@@ -222,7 +223,13 @@ class ParsedLine:
 clean_line = LineCleaner()
 
 
-def _parse_ts(prefix: str) -> tuple[datetime | None, str]:
+def parse_ts(prefix: str) -> tuple[datetime | None, str]:
+    """The time in the text before an NCCL header (``prefix``) and where it came from:
+    NCCL's own stamp ending the prefix (``nccl``), else a logger's (``logger``).
+
+    >>> parse_ts("[2025-03-14 09:00:09.387136] ")
+    (datetime.datetime(2025, 3, 14, 9, 0, 9, 387136, tzinfo=datetime.timezone.utc), 'nccl')
+    """
     if len(prefix) < 19:  # shorter than "2025-03-14 09:05:37": no time in it
         return None, "none"
     # NCCL's stamp ends the prefix; searching its tail alone keeps this cheap.
@@ -472,7 +479,7 @@ def parse_line(line: str) -> ParsedLine | None:
         m = pat.BANNER_RE.search(text)
         if m and "compiled with" not in text:
             prefix = text[: m.start()]
-            ts, ts_source = _parse_ts(prefix)
+            ts, ts_source = parse_ts(prefix)
             launcher, lrank = _launcher(prefix)
             return ParsedLine(
                 kind="banner",
@@ -504,7 +511,7 @@ def parse_line(line: str) -> ParsedLine | None:
         src_line=_int_or_none(hm["srcline"] or hm["tline"]),
         func=hm["func"],
     )
-    ts, ts_source = _parse_ts(prefix)
+    ts, ts_source = parse_ts(prefix)
     launcher, lrank = _launcher(prefix)
     kind, body = _classify(level, msg)
     return ParsedLine(
