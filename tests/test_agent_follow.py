@@ -392,6 +392,25 @@ def test_copytruncate_reads_what_came_after_the_last_poll_from_the_copy(
     follower.close()
 
 
+def test_copytruncate_rewritten_past_the_read_position_with_lines_alike(tmp_path: Path) -> None:
+    """NCCL's lines are often as long as each other and end alike (``... stream 0x55b``):
+    truncated and rewritten past the read position, the log has the bytes it had before
+    that position; its first bytes differ, so the truncation is noticed all the same."""
+    log, follower = started(tmp_path)
+    append(log, nccl(1) + "\n")
+    assert texts(follower.poll()) == [nccl(1)]
+    append(log, nccl(2) + "\n")
+    copytruncate(log, "train.log.1")
+    append(log, nccl(3) + "\n" + nccl(4) + "\n")
+    assert numbered(follower.poll()) == [
+        ("train.log", 0, 2, nccl(2)),
+        ("train.log", 1, 1, nccl(3)),
+        ("train.log", 1, 2, nccl(4)),
+    ]
+    assert follower.stats.truncations == 1
+    follower.close()
+
+
 @pytest.mark.parametrize("keep_mtime", [True, False])
 def test_copytruncate_with_delaycompress(tmp_path: Path, keep_mtime: bool) -> None:
     """``delaycompress``: the newest copy stays plain (train.log.1) while the one before

@@ -33,8 +33,9 @@ And for the live case:
   restart).  When the old file appears under another matched name (``log`` renamed to
   ``log.1`` and the pattern matches both), it is followed on under that name, not read
   again.
-* Truncation (copytruncate): the file is shorter than what was read, or the bytes just
-  before the read position changed (checked when it grew or was written since).  What
+* Truncation (copytruncate): the file is shorter than what was read, or its first bytes
+  or the bytes just before the read position changed (checked when it grew or was
+  written since).  What
   was written to it after the last read is in logrotate's copy: the follower looks
   beside the file for a *rotated copy* (below) that starts with the file's first 256
   bytes, has the 32 bytes the file had before the read position, and is not older than
@@ -46,8 +47,9 @@ And for the live case:
   ``olddir``), the lines written since the last read, if any, are lost and the
   truncation is counted in ``unrecovered``.  Lines the job wrote between logrotate's
   copy and its truncate are in neither file: logrotate loses them, no reader gets them.
-  A file truncated and rewritten past the old position with the same last bytes cannot
-  be told from one that grew; ``tail -F`` has the same blind spot.
+  A file truncated and rewritten past the old position with the same first and last
+  bytes cannot be told from one that grew; ``tail -F`` has this blind spot with any
+  first bytes.
 * Rotated more than once between two polls: the files in between were never opened.
   They are looked for beside the path as rotated copies written after the last one
   read (by modification time, which logrotate's renames and gzip keep) that do not
@@ -928,13 +930,13 @@ class Follower:
         try:
             st = os.fstat(f.fd)
             size = st.st_size
-            # Grown, or written to the same size (truncated and rewritten as far):
-            # compare the bytes before the read position.
+            # Grown, or written to the same size: truncated and rewritten as far?  The
+            # bytes before the read position alone do not tell when the lines end alike
+            # and are as long (an NCCL log's often are); the first bytes do.
             grown = size > f.offset or (size == f.offset and st.st_mtime_ns != f.mtime_ns)
             rewritten = size < max(f.offset, f.count_to) or (
                 grown
-                and bool(f.tail)
-                and os.pread(f.fd, len(f.tail), f.offset - len(f.tail)) != f.tail
+                and (_changed(f.fd, f.tail, f.offset - len(f.tail)) or _changed(f.fd, f.head, 0))
             )
         except OSError:
             return
@@ -1092,6 +1094,11 @@ def _close_copy(fd: int, stream: _Gunzip | None) -> None:
         stream.close()
     else:
         os.close(fd)
+
+
+def _changed(fd: int, known: bytes, at: int) -> bool:
+    """Whether the file no longer has the bytes ``known`` at ``at`` (none known: no)."""
+    return bool(known) and os.pread(fd, len(known), at) != known
 
 
 def _seen(head: bytes, heads: Iterable[bytes]) -> bool:
