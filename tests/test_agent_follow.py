@@ -22,6 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ncclscope.agent import follow
 from ncclscope.agent.follow import FollowedLine, Follower
 from ncclscope.sources import expand_inputs, read_lines
 
@@ -499,6 +500,47 @@ def test_copytruncate_twice_between_two_polls(tmp_path: Path, compress: bool) ->
     follower.close()
 
 
+def test_copytruncate_again_while_the_copy_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rotations a second apart and a big copy: logrotate runs again while the poll
+    reads the last run's copy (train.log.1.gz), before the log's new lines are read.
+    What the log had in between is in the newer copy, read before them."""
+    times = FileTimes()
+    log, follower = started(tmp_path)
+    append(log, "a1\n")
+    times.stamp(log)
+    assert texts(follower.poll()) == ["a1"]
+    append(log, "a2\n")
+    times.stamp(log)
+    logrotate(log, times, copy=True, compress=True)
+    append(log, "b1\n")
+    times.stamp(log)
+    reading = follow._Gunzip.read
+    runs = []
+
+    def read_then_rotate(self: Any, size: int) -> bytes:
+        data = reading(self, size)
+        if size == 1 << 20 and not runs:  # reading the copy's rest: logrotate runs again
+            runs.append(size)
+            append(log, "b2\n")
+            times.stamp(log)
+            logrotate(log, times, copy=True, compress=True)
+            append(log, "c1\n")
+            times.stamp(log)
+        return data
+
+    monkeypatch.setattr(follow._Gunzip, "read", read_then_rotate)
+    assert numbered(follower.poll()) == [
+        ("train.log", 0, 2, "a2"),
+        ("train.log", 1, 1, "b1"),
+        ("train.log", 1, 2, "b2"),
+        ("train.log", 2, 1, "c1"),
+    ]
+    assert runs
+    follower.close()
+
+
 def test_copytruncate_of_a_log_that_was_empty_at_the_last_poll(tmp_path: Path) -> None:
     """Nothing was read of the log to compare with (it was empty at the last poll), and
     it was written, copied and truncated before the next: the newer copy is read."""
@@ -689,7 +731,7 @@ LOGROTATE_OPS = st.lists(
 
 
 @settings(
-    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(copy=st.booleans(), ops=LOGROTATE_OPS, budget=st.sampled_from([40, 1 << 20]))
 def test_logrotate_at_any_time_loses_and_repeats_nothing(

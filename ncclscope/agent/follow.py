@@ -741,6 +741,9 @@ class Follower:
         f.pending, f.tail, f.head = b"", b"", b""
         f.skipping = False
         self._read_first(queue, run)
+        # Rotated again while the copies were read (a copy of hundreds of MB, rotations
+        # a second apart): what the log had in between is in a newer copy.
+        self._filled(f, run, f.mtime_ns)
 
     def _filled(self, f: _File, run: _Poll, seen_ns: int) -> None:
         """``f`` was empty at the last poll and changed since: the copies of rotations
