@@ -27,16 +27,52 @@ And for the live case:
   it is read, never buffered.
 * Rotation (the path names another file now): the old file is read to its end first;
   it stays open for ``rotate_wait`` seconds, because a writer keeps writing to it until
-  it reopens the path.  The new file is read from its start as a new *incarnation*
-  (line numbers restart).  When the old file appears under another matched name
-  (``log`` renamed to ``log.1`` and the pattern matches both), it is followed on under
-  that name, not read again.
-* Truncation (copytruncate): the file is shorter than what was read, or the bytes just
-  before the read position changed; it is read again from its start, as a new
-  incarnation.  A file truncated and rewritten past the old position with the same last
-  bytes cannot be told from one that grew; ``tail -F`` has the same blind spot.
+  it reopens the path.  Its descriptor is held, so a file renamed, compressed and
+  removed at once (``compress`` without ``delaycompress``) is read to its end all the
+  same.  The new file is read from its start as a new *incarnation* (line numbers
+  restart).  When the old file appears under another matched name (``log`` renamed to
+  ``log.1`` and the pattern matches both), it is followed on under that name, not read
+  again.
+* Truncation (copytruncate): the file is shorter than what was read, or its first bytes
+  or the bytes just before the read position changed (checked when it grew or was
+  written since).  What
+  was written to it after the last read is in logrotate's copy: the follower looks
+  beside the file for a *rotated copy* (below) that starts with the file's first 256
+  bytes, has the 32 bytes the file had before the read position, and is not older than
+  the file was at the last poll; it reads the copy from the read position to its end,
+  as the old incarnation (numbers going on, under the file's path), then the file from
+  its start as a new incarnation.  ``FileStats`` says which copy was read
+  (``recovered_from``) and how many lines came from copies (``lines_recovered``); when
+  no copy holds what was read (a job that truncated its own log, a copy in logrotate's
+  ``olddir``), the lines written since the last read, if any, are lost and the
+  truncation is counted in ``unrecovered``.  Lines the job wrote between logrotate's
+  copy and its truncate are in neither file: logrotate loses them, no reader gets them.
+  A file truncated and rewritten past the old position with the same first and last
+  bytes cannot be told from one that grew; ``tail -F`` has this blind spot with any
+  first bytes.
+* Rotated more than once between two polls: the files in between were never opened.
+  They are looked for beside the path as rotated copies written after the last one
+  read (by modification time, which logrotate's renames and gzip keep) that do not
+  start like a file read already (a ``.gz`` beside its plain copy, or one compressed
+  later), and read whole, oldest first, each as an incarnation of the path, before the
+  new file.  A file deleted before any poll saw it is gone for every reader.
+* Rotated copies are the regular files beside the path named as logrotate and Python's
+  rotating handlers name rotations: the name, then ``.1``, ``-20261127``,
+  ``-20261127-1732712345``, ``.2026-11-27`` (``dateext``, ``dateformat``), then maybe
+  ``.gz``; plain ones are tried first, newest first (at most the 32 newest).  A ``.gz``
+  is read through zlib, a cut one as far as it decompresses (the rest counted in
+  ``unrecovered``).  Not found: copies elsewhere (``olddir``), the date before the
+  extension (``extension .log``), other compressions (``.xz``, ``.zst``).  A copy the
+  patterns match too (a directory, ``log*``) that appears while its log is followed is
+  held, not read from its start: its lines are the log's, so once the log is
+  truncated (or after ``rotate_wait``, when it agrees with the log) it is followed from
+  its end.
 * Deletion: the file is read to its end and dropped after ``rotate_wait``; a file that
   appears at the same path later is a new file, read from its start.
+
+The work on rotated copies (listing the directory, opening candidates) is done only when
+a rotation or truncation is noticed, or when a file empty at the last poll changed;
+reading lines costs what it did.
 
 Open files are identified by (device, inode), as the kernel does; a file that two
 matched paths name (a hard link, a symlink) is followed once.  Each followed file holds
@@ -45,22 +81,44 @@ one file descriptor.
 
 from __future__ import annotations
 
+import dataclasses
 import glob
+import logging
 import os
+import re
 import stat
+import zlib
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from itertools import repeat
+from typing import BinaryIO, Literal
 
 from ncclscope.sources import _NOT_LOGS  # the suffixes a directory walk skips in analyze
 
 __all__ = ["FileStats", "FollowStats", "FollowedLine", "Follower"]
 
+_log = logging.getLogger(__name__)
+
 #: Bytes read per system call.
 _CHUNK = 1 << 20
 #: Bytes before the read position remembered to notice a file rewritten in place.
 _TAIL = 32
+#: Bytes from a file's start remembered to recognise its rotated copy (and to tell the
+#: copies of one log apart: each starts where the previous rotation cut).
+_HEAD = 256
+#: Rotated copies looked at, at most, on a rotation (the newest by modification time):
+#: years of dated copies must not make one poll slow.
+_CANDIDATES = 32
+#: Heads of a path's finished files remembered, so that a copy compressed later (a new
+#: modification time, when the compressor does not keep it) is not read again.
+_OLD_HEADS = 8
+#: Compressed bytes fed to zlib at once when reading a ``.gz`` copy.
+_GZ_CHUNK = 1 << 16
+#: What logrotate (``log.1``, ``dateext``: ``log-20261127``, ``log-20261127-1732712345``,
+#: ``log.2026-11-27``) and Python's rotating handlers append to a log's name.
+_ROTATED = re.compile(r"[-._]\d[-_.\d]*")
 #: Rotated logs compressed by logrotate: never live, and their lines were followed before.
 _COMPRESSED = frozenset({".gz", ".xz", ".bz2", ".zst", ".lz4", ".z"})
 
@@ -97,12 +155,24 @@ class FileStats:
     """Counters of one followed path, from when it was first followed.
 
     Attributes:
-        lines_read: lines returned (cut giant lines count once).
+        lines_read: lines returned (cut giant lines count once), recovered ones included.
         bytes_read: bytes read from the file, including a skipped start read only to
-            count its lines.
-        rotations: times the path came to name another file.
-        truncations: times the file was found truncated or rewritten in place.
+            count its lines, and from its rotated copies.
+        rotations: times the path came to name another file (one more for each rotation
+            between two polls found beside it).
+        truncations: times the file was found truncated or rewritten in place (one more
+            for each rotation between two polls found beside it).
         giant_lines: lines longer than ``max_line_bytes``, returned cut.
+        lines_recovered: lines read from rotated copies beside the file (``log.1``,
+            ``log-20261127.gz``, ...) that were never read from the file itself: after a
+            copytruncate, what was written after the last read, and the files of
+            rotations that came and went between two polls.
+        recovered_from: the rotated copy read last for this path, None if none was.
+        unrecovered: truncations after which no rotated copy beside the file held what
+            had been read of it (or the copy was cut short: a damaged or truncated
+            ``.gz``).  What was written between the last read and the truncation, if
+            anything, is lost; how much is not known.  A job that truncates its own log
+            when it starts again (``> train.log``) counts here too.
     """
 
     lines_read: int = 0
@@ -110,6 +180,9 @@ class FileStats:
     rotations: int = 0
     truncations: int = 0
     giant_lines: int = 0
+    lines_recovered: int = 0
+    recovered_from: str | None = None
+    unrecovered: int = 0
 
 
 @dataclass(frozen=True)
@@ -127,6 +200,8 @@ class FollowStats:
         open_errors: matched paths that could not be opened (tried again next poll).
         files: the counters of each path followed now.  A path no longer followed
             drops out; the totals above keep its counts.
+        lines_recovered: lines read from rotated copies, in all (see :class:`FileStats`).
+        unrecovered: truncations no rotated copy made up for, in all.
     """
 
     lines_read: int
@@ -137,6 +212,8 @@ class FollowStats:
     giant_lines: int
     open_errors: int
     files: Mapping[str, FileStats]
+    lines_recovered: int = 0
+    unrecovered: int = 0
 
 
 @dataclass
@@ -146,6 +223,9 @@ class _Counters:
     rotations: int = 0
     truncations: int = 0
     giant_lines: int = 0
+    lines_recovered: int = 0
+    recovered_from: str | None = None
+    unrecovered: int = 0
 
     def add(self, other: _Counters) -> None:
         self.lines_read += other.lines_read
@@ -153,10 +233,19 @@ class _Counters:
         self.rotations += other.rotations
         self.truncations += other.truncations
         self.giant_lines += other.giant_lines
+        self.lines_recovered += other.lines_recovered
+        self.unrecovered += other.unrecovered
 
     def snapshot(self) -> FileStats:
         return FileStats(
-            self.lines_read, self.bytes_read, self.rotations, self.truncations, self.giant_lines
+            self.lines_read,
+            self.bytes_read,
+            self.rotations,
+            self.truncations,
+            self.giant_lines,
+            self.lines_recovered,
+            self.recovered_from,
+            self.unrecovered,
         )
 
 
@@ -176,6 +265,101 @@ class _File:
     count_to: int = 0  # > offset: bytes up to here are counted, not returned
     counted_nl: int = 0  # while counting: the position after the last newline seen
     retired_at: datetime | None = None  # when its path stopped naming it
+    head: bytes = b""  # its first bytes (up to _HEAD), to recognise its rotated copy
+    mtime_ns: int = 0  # its modification time at the last poll ...
+    prev_mtime_ns: int = 0  # ... and at the one before
+    # A rotated copy read for ``path`` (``source`` is the copy's own path); a compressed
+    # one is read through ``stream`` (``fd`` is then -1).  ``final``: nobody writes to
+    # it, so it is closed as soon as it is read to its end.
+    source: str | None = None
+    stream: _Gunzip | None = None
+    final: bool = False
+    # Held, not read: it looks like a rotated copy of this followed file, made just now
+    # (copytruncate), whose lines come from that file; see Follower._unhold.
+    copy_of: _File | None = None
+    held_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    """A file beside a followed one, named as a rotation of it."""
+
+    path: str
+    key: tuple[int, int]
+    mtime_ns: int
+    compressed: bool
+
+
+class _Gunzip:
+    """A ``.gz`` rotated copy, read forward (member after member), keeping every byte
+    before damage.
+
+    ``gzip.GzipFile`` drops what it had decoded in a read that meets a cut stream (see
+    ``sources._gunzip``); a rotated copy may be the last place some lines exist.  Output
+    is bounded per call (zlib's ``max_length``), so a copy is read within the budget.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.pos = 0  # decompressed bytes returned so far
+        self.problem: str | None = None  # why it ended early (damaged, truncated)
+        self._fh: BinaryIO = open(path, "rb")  # closed by close()
+        self._start()
+
+    def _start(self) -> None:
+        self._dec = zlib.decompressobj(wbits=31)
+        self._input = b""
+        self._fed = False  # the current member got input and has not ended
+        self._at_eof = False  # the compressed file is read to its end
+        self._over = False
+
+    def read(self, size: int) -> bytes:
+        """Up to ``size`` decompressed bytes; fewer only at the end (or at damage)."""
+        parts: list[bytes] = []
+        want = size
+        while want > 0 and not self._over:
+            if not self._input and not self._at_eof:
+                self._input = self._fh.read(_GZ_CHUNK)
+                self._at_eof = not self._input
+            fed = bool(self._input)
+            try:
+                data = self._dec.decompress(self._input, want)
+            except zlib.error as err:
+                if self._fed or self.pos == 0:
+                    self.problem = f"damaged ({err})"
+                # else: bytes after the last member (padding), which gzip -d ignores too
+                self._over = True
+                break
+            if self._dec.eof:
+                self._input = self._dec.unused_data
+                self._dec = zlib.decompressobj(wbits=31)
+                self._fed = False
+            else:
+                self._input = self._dec.unconsumed_tail
+                self._fed = self._fed or fed
+            if data:
+                parts.append(data)
+                want -= len(data)
+            elif not self._input and self._at_eof:
+                if self._fed:
+                    self.problem = "truncated (no end-of-stream marker)"
+                self._over = True
+        out = b"".join(parts)
+        self.pos += len(out)
+        return out
+
+    def seek(self, pos: int) -> None:
+        """Go to ``pos`` of the decompressed bytes (backwards: from the start again)."""
+        if pos < self.pos:
+            self._fh.seek(0)
+            self.pos = 0
+            self.problem = None
+            self._start()
+        while self.pos < pos and self.read(min(_CHUNK, pos - self.pos)):
+            pass
+
+    def close(self) -> None:
+        self._fh.close()
 
 
 @dataclass
@@ -204,7 +388,8 @@ class Follower:
         max_bytes_per_poll: bytes one poll reads at most, over all files; the rest is
             read by the next polls.
         rotate_wait: seconds a rotated or deleted file is still read after its path
-            stopped naming it.
+            stopped naming it, and a fresh copy of a followed file (matched too) is held
+            at most while its log is not truncated.
         clock: the time lines are stamped with; must return aware datetimes.
 
     Example:
@@ -255,6 +440,7 @@ class Follower:
         self._counters: dict[str, _Counters] = {}
         self._total = _Counters()
         self._open_errors = 0
+        self._old_heads: dict[str, deque[bytes]] = {}  # path -> heads of its past files
 
     # -- the public calls ---------------------------------------------------------------
 
@@ -306,7 +492,7 @@ class Follower:
             return []
         out = self.flush()
         for f in [*self._retiring, *self._current.values()]:
-            os.close(f.fd)
+            _close(f)
         self._retiring.clear()
         self._current.clear()
         self._prune_counters()
@@ -326,6 +512,8 @@ class Follower:
             giant_lines=t.giant_lines,
             open_errors=self._open_errors,
             files={path: c.snapshot() for path, c in self._counters.items()},
+            lines_recovered=t.lines_recovered,
+            unrecovered=t.unrecovered,
         )
 
     # -- which files --------------------------------------------------------------------
@@ -359,16 +547,22 @@ class Follower:
             if st is None or (st.st_dev, st.st_ino) != f.key:
                 del self._current[path]
                 moved[f.key] = f
-        vacated = {f.path for f in moved.values()}
+        vacated = {f.path: f for f in moved.values()}
         followed = {f.key for f in self._current.values()}
-        retiring = {f.key: f for f in self._retiring}
+        retiring = {f.key: f for f in self._retiring if f.source is None}
+        # Files a rotation in between must not be taken for: read already, or read
+        # under a name of their own.
+        taken = followed | moved.keys() | {f.key for f in self._retiring}
+        taken.update((st.st_dev, st.st_ino) for st in matched.values())
+        between: list[_File] = []
         for path, st in matched.items():
             if path in self._current:
                 continue
             key = (st.st_dev, st.st_ino)
             if key in followed:
                 continue  # another matched path names this file: followed once
-            if path in vacated:
+            prev = vacated.get(path)
+            if prev is not None:
                 self._count(path).rotations += 1
                 self._total.rotations += 1
             old = moved.pop(key, None) or retiring.pop(key, None)
@@ -381,14 +575,42 @@ class Follower:
                 old.path, old.incarnation = path, self._next_incarnation(path)
                 self._current[path] = old
             else:
+                if prev is None and self._polled:
+                    # Its file was deleted or renamed at an earlier poll (still read).
+                    prev = next(
+                        (r for r in self._retiring if r.path == path and r.source is None),
+                        None,
+                    )
+                if prev is not None:
+                    # Rotated more than once since the last poll: the files in between
+                    # come before the new one (their incarnations too).
+                    between += self._rotations_between(path, prev, taken, now)
                 new = self._open(path, key, start_at_end=not self._polled and not self._from_start)
                 if new is None:
                     continue
+                if self._polled:
+                    new.copy_of = self._original_of(path, new)
+                    new.held_at = now if new.copy_of is not None else None
                 self._current[path] = new
             followed.add(key)
         for f in moved.values():
             f.retired_at = now
             self._retiring.append(f)
+        self._retiring += between
+
+    def _rotations_between(
+        self, path: str, prev: _File, taken: set[tuple[int, int]], now: datetime
+    ) -> list[_File]:
+        """The files ``path`` named between ``prev`` and the one it names now, found
+        renamed beside it (``log.1``, or ``log.1.gz`` when compressed at once): written
+        after ``prev``'s last write.  (``prev`` may be followed on under another name.)"""
+        try:
+            since = os.fstat(prev.fd).st_mtime_ns
+            head = os.pread(prev.fd, _HEAD, 0)  # more than was read of it, maybe
+        except OSError:
+            return []
+        self._remember_head(path, head)
+        return self._newer_copies(path, since, taken, now, copies=False)
 
     def _open(self, path: str, key: tuple[int, int], *, start_at_end: bool) -> _File | None:
         try:
@@ -407,6 +629,7 @@ class Follower:
             os.close(fd)
             return None
         f = _File(path, self._next_incarnation(path), fd, (st.st_dev, st.st_ino))
+        f.mtime_ns = f.prev_mtime_ns = st.st_mtime_ns
         if start_at_end:
             f.count_to = st.st_size
         self._count(path)
@@ -418,6 +641,8 @@ class Follower:
         return n
 
     def _expired(self, f: _File, now: datetime) -> bool:
+        if f.final:
+            return True
         if f.retired_at is None:
             return False
         # A clock that went back would otherwise keep the file open for as long.
@@ -426,8 +651,18 @@ class Follower:
     def _retire(self, f: _File, run: _Poll) -> None:
         """Close a rotated or deleted file read to its end; its last line is complete."""
         self._flush_file(f, run, last=True)
-        os.close(f.fd)
+        _close(f)
         self._retiring.remove(f)
+        if f.stream is not None and f.stream.problem is not None:
+            _log.warning(
+                "%s is %s after %d bytes: the rest of what %s held is lost",
+                f.source,
+                f.stream.problem,
+                f.stream.pos,
+                f.path,
+            )
+            self._count(f.path).unrecovered += 1
+            self._total.unrecovered += 1
 
     def _count(self, path: str) -> _Counters:
         c = self._counters.get(path)
@@ -439,39 +674,302 @@ class Follower:
         live = set(self._current) | {f.path for f in self._retiring}
         for path in [p for p in self._counters if p not in live]:
             del self._counters[path]
+        for path in [p for p in self._old_heads if p not in live]:
+            del self._old_heads[path]
+
+    # -- rotated copies -----------------------------------------------------------------
+
+    def _truncated(self, f: _File, run: _Poll, seen_ns: int, before_ns: int) -> None:
+        """``f`` was truncated (copytruncate) or rewritten in place: read what was written
+        to it after the last read from its rotated copy, then the copies of the
+        rotations since (rotated more than once between two polls), then ``f`` again
+        from its start, as a new incarnation.
+
+        ``seen_ns`` and ``before_ns``: ``f``'s modification time at the last poll and at
+        the one before, which its copy cannot be older than.
+        """
+        counters = self._count(f.path)
+        counters.truncations += 1
+        self._total.truncations += 1
+        link, copy = self._find_copy(f, seen_ns, before_ns, run.now)
+        queue = [] if link is None else [link]
+        if link is not None:  # it takes over what was held: its end ends the old content
+            counters.recovered_from = link.source
+            _log.info(
+                "%s was truncated after %d bytes were read: reading the rest from its "
+                "rotated copy %s",
+                f.path,
+                f.offset,
+                link.source,
+            )
+        else:
+            self._flush_file(f, run, last=True)  # what was held ends the old content
+            if copy is not None:
+                _log.info(
+                    "%s was truncated; its rotated copy %s ends before byte %d, read from "
+                    "the file itself already: nothing is missing",
+                    f.path,
+                    copy.path,
+                    f.offset,
+                )
+            elif f.offset or f.count_to:
+                counters.unrecovered += 1
+                self._total.unrecovered += 1
+                _log.info(
+                    "%s was truncated after %d bytes were read and no rotated copy beside "
+                    "it holds them: what was written to it since the last read, if "
+                    "anything, is lost",
+                    f.path,
+                    f.offset,
+                )
+        self._remember_head(f.path, f.head)
+        if copy is not None:
+            taken = {x.key for x in (*self._current.values(), *self._retiring)}
+            taken.add(copy.key)
+            queue += self._newer_copies(f.path, copy.mtime_ns, taken, run.now, copies=True)
+        for held in [*self._current.values(), *self._retiring]:
+            if held.copy_of is f:
+                # A copy of f matched by the patterns: its lines came from f (and from
+                # the copy read above), so it is followed from its end.
+                held.copy_of = held.held_at = None
+                try:
+                    held.count_to = os.fstat(held.fd).st_size
+                except OSError:
+                    pass
+        f.incarnation = self._next_incarnation(f.path)
+        f.offset = f.line_no = f.count_to = f.counted_nl = 0
+        f.pending, f.tail, f.head = b"", b"", b""
+        f.skipping = False
+        self._read_first(queue, run)
+        # Rotated again while the copies were read (a copy of hundreds of MB, rotations
+        # a second apart): what the log had in between is in a newer copy.
+        self._filled(f, run, f.mtime_ns)
+
+    def _filled(self, f: _File, run: _Poll, seen_ns: int) -> None:
+        """``f`` was empty at the last poll and changed since: the copies of rotations
+        made since, if any, hold what it had in between and come first (the first one
+        takes the incarnation ``f`` had, as nothing was read of it)."""
+        if f.copy_of is not None:
+            return  # a held copy being written
+        taken = {x.key for x in (*self._current.values(), *self._retiring)}
+        self._incarnations[f.path] = f.incarnation - 1
+        queue = self._newer_copies(f.path, seen_ns, taken, run.now, copies=True)
+        f.incarnation = self._next_incarnation(f.path)
+        self._read_first(queue, run)
+
+    def _read_first(self, queue: list[_File], run: _Poll) -> None:
+        """Rotated copies to read before the file they were copies of: read now, and
+        by the next polls first if the budget runs out (so the order holds)."""
+        self._retiring += queue
+        for x in queue:
+            if self._read(x, run) and x.final:
+                self._retire(x, run)
+
+    def _find_copy(
+        self, f: _File, seen_ns: int, before_ns: int, now: datetime
+    ) -> tuple[_File | None, _Candidate | None]:
+        """The rotated copy of the content ``f`` had: as a file to read on from where
+        ``f`` was read to (None when the copy ends before that, read from ``f``
+        already), and the copy.
+
+        A copy starts with ``f``'s head, holds the bytes before the read position that
+        ``f`` held, and is not older than ``f`` was at the last poll (at the one before
+        when it ends before the read position: copied before the last poll, truncated
+        after it).  Plain copies come first (a ``.gz`` may still be being written beside
+        its plain copy), newest first.
+        """
+        if not f.head:
+            return None, None  # nothing was read to recognise it by
+        taken = {x.key for x in (*self._current.values(), *self._retiring) if x.copy_of is None}
+        short: _Candidate | None = None
+        for c in _rotated_copies(f.path):
+            if c.key in taken or c.mtime_ns < before_ns:
+                continue
+            opened = _open_copy(c)
+            if opened is None:
+                continue
+            fd, stream = opened
+            try:
+                verdict = _verdict(f, fd, stream)
+            except OSError:
+                verdict = None
+            if verdict == "whole" and c.mtime_ns >= seen_ns:
+                link = dataclasses.replace(
+                    f,
+                    fd=fd,
+                    key=c.key,
+                    source=c.path,
+                    stream=stream,
+                    final=True,
+                    retired_at=now,
+                    copy_of=None,
+                    held_at=None,
+                )
+                return link, c
+            _close_copy(fd, stream)
+            if verdict == "short" and short is None:
+                short = c
+        return None, short
+
+    def _newer_copies(
+        self,
+        path: str,
+        since_ns: int,
+        taken: set[tuple[int, int]],
+        now: datetime,
+        *,
+        copies: bool,
+    ) -> list[_File]:
+        """Rotated copies of ``path`` modified at ``since_ns`` or later that were never
+        read: the files of rotations between two polls, oldest first, each a new
+        incarnation of ``path`` read whole.
+
+        A file that starts like one of ``path``'s past files is a copy of it (a ``.gz``
+        beside its plain copy, or one compressed later) and is left out.  ``copies``:
+        these are copies nobody writes to (copytruncate); otherwise renamed files, which
+        the job may still be writing (a ``.gz`` is always finished).
+        """
+        old = self._old_heads.get(path, ())
+        found: dict[bytes, tuple[_Candidate, int, _Gunzip | None]] = {}
+        for c in _rotated_copies(path):
+            if c.mtime_ns < since_ns or c.key in taken:
+                continue
+            opened = _open_copy(c)
+            if opened is None:
+                continue
+            fd, stream = opened
+            try:
+                head = os.pread(fd, _HEAD, 0) if stream is None else stream.read(_HEAD)
+            except OSError:
+                head = b""
+            if not head or _seen(head, old) or _seen(head, found):
+                _close_copy(fd, stream)
+                continue
+            found[head] = (c, fd, stream)
+        out: list[_File] = []
+        counters = self._count(path)
+        for head, (c, fd, stream) in sorted(
+            found.items(), key=lambda item: (item[1][0].mtime_ns, item[1][0].path)
+        ):
+            x = _File(path, self._next_incarnation(path), fd, c.key, head=head)
+            x.source, x.stream, x.final, x.retired_at = c.path, stream, copies or bool(stream), now
+            out.append(x)
+            self._remember_head(path, head)
+            counters.recovered_from = c.path
+            if copies:
+                counters.truncations += 1
+                self._total.truncations += 1
+            else:
+                counters.rotations += 1
+                self._total.rotations += 1
+            _log.info(
+                "%s was rotated more than once between two polls: reading %s, the file it "
+                "named in between, whole (incarnation %d)",
+                path,
+                c.path,
+                x.incarnation,
+            )
+        return out
+
+    def _remember_head(self, path: str, head: bytes) -> None:
+        if not head:
+            return
+        heads = self._old_heads.get(path)
+        if heads is None:
+            heads = self._old_heads[path] = deque(maxlen=_OLD_HEADS)
+        if head not in heads:
+            heads.append(head)
+
+    def _original_of(self, path: str, new: _File) -> _File | None:
+        """The followed file a file that just appeared looks like a fresh copy of: named
+        as one of its rotations, beside it, and starting with the bytes it started with
+        (a copy still being written may have only some of them yet)."""
+        folder, name = os.path.split(path)
+        for f in self._current.values():
+            if not f.head or f.copy_of is not None:
+                continue
+            f_folder, f_name = os.path.split(f.path)
+            if f_folder != folder or not _is_rotation(name, f_name):
+                continue
+            try:
+                start = os.pread(new.fd, len(f.head), 0)
+            except OSError:
+                return None
+            if f.head.startswith(start):
+                return f
+        return None
+
+    def _unhold(self, f: _File, now: datetime) -> bool:
+        """Whether a held file is to be read now: once ``rotate_wait`` passed without
+        its original being truncated (which releases it at once, see
+        :meth:`_truncated`).  A copy of the original that agrees with it (logrotate's
+        ``copy``, a ``cp``) is then followed from its end, its lines having been read
+        from the original; anything else from its start, as any new file."""
+        held_at = f.held_at
+        if held_at is not None and held_at <= now < held_at + self._rotate_wait:
+            return False
+        orig = f.copy_of
+        f.copy_of = f.held_at = None
+        if orig is None or not any(x is orig for x in (*self._current.values(), *self._retiring)):
+            return True  # its original is closed: nothing to compare with
+        try:
+            size = os.fstat(f.fd).st_size
+            n, m = min(_HEAD, size), min(_TAIL, size)
+            same = (
+                os.fstat(orig.fd).st_size >= size
+                and os.pread(f.fd, n, 0) == os.pread(orig.fd, n, 0)
+                and os.pread(f.fd, m, size - m) == os.pread(orig.fd, m, size - m)
+            )
+        except OSError:
+            return True
+        if same:
+            f.count_to = size
+        return True
 
     # -- reading ------------------------------------------------------------------------
 
     def _check_truncation(self, f: _File, run: _Poll) -> None:
         """Start the file again if it was truncated or rewritten in place."""
         try:
-            size = os.fstat(f.fd).st_size
+            st = os.fstat(f.fd)
+            size = st.st_size
+            # Grown, or written to the same size: truncated and rewritten as far?  The
+            # bytes before the read position alone do not tell when the lines end alike
+            # and are as long (an NCCL log's often are); the first bytes do.
+            grown = size > f.offset or (size == f.offset and st.st_mtime_ns != f.mtime_ns)
             rewritten = size < max(f.offset, f.count_to) or (
-                size > f.offset
-                and bool(f.tail)
-                and os.pread(f.fd, len(f.tail), f.offset - len(f.tail)) != f.tail
+                grown
+                and (_changed(f.fd, f.tail, f.offset - len(f.tail)) or _changed(f.fd, f.head, 0))
             )
         except OSError:
             return
-        if not rewritten:
-            return
-        self._flush_file(f, run, last=True)  # what was held ends the old content
-        f.incarnation = self._next_incarnation(f.path)
-        f.offset = f.line_no = f.count_to = f.counted_nl = 0
-        f.pending, f.tail = b"", b""
-        f.skipping = False
-        self._count(f.path).truncations += 1
-        self._total.truncations += 1
+        seen_ns, before_ns = f.mtime_ns, f.prev_mtime_ns
+        f.prev_mtime_ns, f.mtime_ns = seen_ns, st.st_mtime_ns
+        if rewritten:
+            self._truncated(f, run, seen_ns, before_ns)
+        elif not f.offset and not f.count_to and st.st_mtime_ns != seen_ns:
+            # Empty at the last poll (nothing to compare), changed since: it may have
+            # been written, copied away and truncated in between, more than once.
+            self._filled(f, run, seen_ns)
 
     def _read(self, f: _File, run: _Poll) -> bool:
         """Read ``f`` within the poll's budget; True when it was read to its end."""
+        if f.copy_of is not None and not self._unhold(f, run.now):
+            return True  # held: nothing to read for now
         counters = _Counters()
         try:
             while run.budget > 0:
                 want = min(_CHUNK, run.budget)
                 if f.count_to > f.offset:
                     want = min(want, f.count_to - f.offset)
-                data = os.pread(f.fd, want, f.offset)
+                if f.stream is None:
+                    data = os.pread(f.fd, want, f.offset)
+                else:
+                    if f.stream.pos != f.offset:
+                        f.stream.seek(f.offset)
+                    data = f.stream.read(want)
+                if f.offset < _HEAD and f.offset == len(f.head):
+                    f.head += data[: _HEAD - f.offset]
                 run.budget -= len(data)
                 counters.bytes_read += len(data)
                 if f.count_to > f.offset:
@@ -483,6 +981,8 @@ class Follower:
         except OSError:
             return True  # an I/O error: give up on this file for this poll
         finally:
+            if f.source is not None:
+                counters.lines_recovered = counters.lines_read
             self._count(f.path).add(counters)
             self._total.add(counters)
         return False
@@ -498,6 +998,10 @@ class Follower:
             # Done: go back to the start of a line still being written, to return it whole.
             f.offset, f.count_to = f.counted_nl, 0
             f.tail = b""
+            if f.stream is None and f.offset:
+                # What the truncation check and a rotated copy are compared with.
+                n = min(_TAIL, f.offset)
+                f.tail = os.pread(f.fd, n, f.offset - n)
 
     def _lines(self, f: _File, data: bytes, run: _Poll, counters: _Counters) -> None:
         """Cut the bytes read into lines; keep an unfinished one for later."""
@@ -576,8 +1080,106 @@ class Follower:
         f.pending = b""
         if last:
             f.line_no = n
-            self._count(f.path).lines_read += 1
+            counters = self._count(f.path)
+            counters.lines_read += 1
             self._total.lines_read += 1
+            if f.source is not None:
+                counters.lines_recovered += 1
+                self._total.lines_recovered += 1
+
+
+def _close(f: _File) -> None:
+    _close_copy(f.fd, f.stream)
+
+
+def _close_copy(fd: int, stream: _Gunzip | None) -> None:
+    if stream is not None:
+        stream.close()
+    else:
+        os.close(fd)
+
+
+def _changed(fd: int, known: bytes, at: int) -> bool:
+    """Whether the file no longer has the bytes ``known`` at ``at`` (none known: no)."""
+    return bool(known) and os.pread(fd, len(known), at) != known
+
+
+def _seen(head: bytes, heads: Iterable[bytes]) -> bool:
+    """Whether ``head`` starts a file that one of ``heads`` starts: a head shorter than
+    ``_HEAD`` was all the file had when it was read or copied, so one head being the
+    start of the other is alike."""
+    return any(head.startswith(h) or h.startswith(head) for h in heads)
+
+
+def _is_rotation(name: str, base: str) -> bool:
+    """Whether ``name`` is what logrotate names a rotation of ``base``.
+
+    >>> [_is_rotation(n, "train.log") for n in ("train.log.1", "train.log-20261127.gz",
+    ...  "train.log.2026-11-27", "train.log.err", "train.log", "rank1.log.1")]
+    [True, True, True, False, False, False]
+    """
+    if len(name) <= len(base) or not name.startswith(base):
+        return False
+    suffix = name[len(base) :]
+    if suffix[-3:].lower() == ".gz":
+        suffix = suffix[:-3]
+    return _ROTATED.fullmatch(suffix) is not None
+
+
+def _rotated_copies(path: str) -> list[_Candidate]:
+    """The regular files beside ``path`` named as its rotations (at most
+    ``_CANDIDATES``, the newest); plain ones first, each newest first."""
+    folder, base = os.path.split(path)
+    try:
+        with os.scandir(folder or ".") as entries:
+            names = [e.name for e in entries if _is_rotation(e.name, base)]
+    except OSError:
+        return []
+    found: list[_Candidate] = []
+    for name in names:
+        copy = os.path.join(folder, name)
+        try:
+            st = os.stat(copy)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            compressed = name[-3:].lower() == ".gz"
+            found.append(_Candidate(copy, (st.st_dev, st.st_ino), st.st_mtime_ns, compressed))
+    found.sort(key=lambda c: c.mtime_ns, reverse=True)
+    del found[_CANDIDATES:]
+    found.sort(key=lambda c: c.compressed)  # stable: each kind stays newest first
+    return found
+
+
+def _open_copy(c: _Candidate) -> tuple[int, _Gunzip | None] | None:
+    try:
+        if c.compressed:
+            return -1, _Gunzip(c.path)
+        return os.open(c.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), None
+    except OSError:
+        return None
+
+
+def _verdict(f: _File, fd: int, stream: _Gunzip | None) -> Literal["whole", "short"] | None:
+    """Whether a file holds what was read of ``f``: ``"whole"`` when it starts with
+    ``f``'s head and has the bytes ``f`` had before its read position (a stream is left
+    at that position), ``"short"`` when it starts with the head but ends before that
+    position, None when it is another file."""
+    head, tail, end = f.head, f.tail, f.offset
+    if stream is None:
+        if os.pread(fd, len(head), 0) != head:
+            return None
+        if os.fstat(fd).st_size < end:
+            return "short"
+        got = os.pread(fd, len(tail), end - len(tail))
+    else:
+        if stream.read(len(head)) != head:
+            return None
+        stream.seek(end - len(tail))
+        got = stream.read(len(tail))
+        if stream.pos < end:
+            return None if stream.problem else "short"
+    return "whole" if got == tail else None
 
 
 def _cut(raw: bytes, limit: int) -> bytes:
