@@ -211,7 +211,10 @@ def _recorded_uplinks(folder: Path) -> int:
     return int((tel["metric"] == "ncclscope_gpu_pcie_uplink_info").sum()) if len(tel) else 0
 
 
-def soak(minutes_total: float) -> None:
+def soak(minutes_total: float, *, rotate_s: float = 0.0, mb_per_s: float = 1.0) -> None:
+    """The agent following a log grown at ``mb_per_s`` for ``minutes_total``; with
+    ``rotate_s``, logrotate's copytruncate every that many seconds (``job.log.1`` kept,
+    the older copy deleted), so that the disk holds two periods of log at most."""
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "job.log"
         log.write_text("")
@@ -230,11 +233,13 @@ def soak(minutes_total: float) -> None:
         current: list[int] = []
         start = time.monotonic()
         last_sample = start
+        last_rotation = start
+        rotations = 0
         with log.open("a") as fh:
             while time.monotonic() - start < minutes_total * 60:
                 chunk = []
                 size = 0
-                while size < 100_000:  # 1 MB/s in 0.1 s steps
+                while size < mb_per_s * 100_000:  # in 0.1 s steps
                     text = line.format(pid=1000 + op % 8, op=op // 8)
                     chunk.append(text)
                     size += len(text)
@@ -243,6 +248,12 @@ def soak(minutes_total: float) -> None:
                 fh.flush()
                 time.sleep(0.1)
                 now = time.monotonic()
+                if rotate_s and now - last_rotation >= rotate_s:
+                    last_rotation = now
+                    rotations += 1
+                    # logrotate's copytruncate (the writer's O_APPEND stream goes on at 0)
+                    shutil.copyfile(log, log.with_name(log.name + ".1"))
+                    os.truncate(log, 0)
                 if now - last_sample >= 1:
                     last_sample = now
                     current.append(proc.memory_info().rss)
@@ -265,7 +276,7 @@ def soak(minutes_total: float) -> None:
               f"{lo / 1e6:.0f}-{hi / 1e6:.0f} MB ({hi / lo - 1:+.1%})")  # fmt: skip
     print(f"soak: VmHWM at minute 5 {after5[0][3] / 1e6:.0f} MB, at minute {len(minutes)} "
           f"{after5[-1][3] / 1e6:.0f} MB ({after5[-1][3] / after5[0][3] - 1:+.1%}); "
-          f"log {grown / 1e6:.0f} MB")  # fmt: skip
+          f"log {grown / 1e6:.0f} MB at the end, {rotations} rotations")  # fmt: skip
 
 
 def _hwm(pid: int) -> int:
@@ -475,6 +486,10 @@ def main(argv: list[str] | None = None) -> int:
         help="idle: the agent without and with PCIe topology recorded, alternating",
     )
     parser.add_argument("--rounds", type=int, default=1, help="idle --topology: runs of each")
+    parser.add_argument(
+        "--rotate-every", type=float, default=0.0, help="soak: copytruncate every N s"
+    )
+    parser.add_argument("--mb-per-s", type=float, default=1.0, help="soak: the log's growth")
     parser.add_argument("--scrapers", type=int, default=200, help="scrapers: how many")
     parser.add_argument("--procs", type=int, default=2, help="scrapers: client processes")
     parser.add_argument("--ranks", type=int, default=64, help="scrapers: ranks on the board")
@@ -500,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.mode == "idle":
         idle(args.seconds, topology=args.topology, rounds=args.rounds)
     else:
-        soak(args.minutes)
+        soak(args.minutes, rotate_s=args.rotate_every, mb_per_s=args.mb_per_s)
     return 0
 
 

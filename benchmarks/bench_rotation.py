@@ -8,7 +8,7 @@ Three processes, as in production:
   the log opened with ``O_APPEND`` (as a shell's ``>>`` or Python's logging does); on
   SIGHUP it reopens the path (logrotate's ``postrotate``);
 * a rotator does what logrotate does, ``--rotations`` times, every 0.5-1 s (random,
-  seeded):
+  seeded; ``--spacing``):
 
   - ``copytruncate``: shift ``log.N[.gz]`` to ``log.N+1``, ``shutil.copyfile`` the log
     to ``log.1``, truncate the log (the writer is not told and writes on, at the
@@ -141,7 +141,15 @@ def _gzip(path: Path) -> None:
     path.unlink()
 
 
-def rotator(path: str, mode: str, rotations: int, compress: str, pid: int, seed: int) -> None:
+def rotator(
+    path: str,
+    mode: str,
+    rotations: int,
+    compress: str,
+    pid: int,
+    seed: int,
+    spacing: tuple[float, float] = (0.5, 1.0),
+) -> None:
     """Rotate ``path`` as logrotate does; print (JSON) when each file left the path."""
     log = Path(path)
     rng = random.Random(seed)
@@ -149,7 +157,7 @@ def rotator(path: str, mode: str, rotations: int, compress: str, pid: int, seed:
     first, second = log.with_name(log.name + ".1"), log.with_name(log.name + ".2")
     events = []
     for _ in range(rotations):
-        time.sleep(rng.uniform(0.5, 1.0))
+        time.sleep(rng.uniform(*spacing))
         start = time.time()
         if mode != "delete":
             rotated = [
@@ -232,7 +240,8 @@ def run_mode(mode: str, args: argparse.Namespace) -> Result:
         wproc = subprocess.Popen(
             [*me, "--writer", path, "--rate", str(args.rate)], stdout=subprocess.PIPE, text=True
         )
-        how = ["--mode", mode, "--rotations", str(args.rotations), "--compress", args.compress]
+        how = ["--mode", mode, "--rotations", str(args.rotations), "--compress", args.compress,
+               "--spacing", args.spacing]  # fmt: skip
         rproc = subprocess.Popen(
             [*me, "--rotator", path, *how, "--pid", str(wproc.pid), "--seed", str(args.seed)],
             stdout=subprocess.PIPE,
@@ -355,6 +364,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=float, default=10_000.0, help="lines/s the writer appends")
     parser.add_argument("--rotations", type=int, default=50)
+    parser.add_argument(
+        "--spacing", default="0.5,1.0", metavar="LO,HI",
+        help="seconds between two rotations, drawn from LO to HI (default 0.5,1.0)",
+    )  # fmt: skip
     parser.add_argument("--mode", choices=[*MODES, "all"], default="all")
     parser.add_argument("--compress", choices=["none", "now", "delay"], default="none")
     parser.add_argument("--poll", type=float, default=1.0, help="seconds between polls")
@@ -369,7 +382,10 @@ def main(argv: list[str] | None = None) -> int:
         writer(args.writer, args.rate)
         return 0
     if args.rotator:
-        rotator(args.rotator, args.mode, args.rotations, args.compress, args.pid, args.seed)
+        lo, hi = (float(x) for x in args.spacing.split(","))
+        rotator(
+            args.rotator, args.mode, args.rotations, args.compress, args.pid, args.seed, (lo, hi)
+        )
         return 0
     modes = MODES if args.mode == "all" else (args.mode,)
     results = [report(run_mode(mode, args), args) for mode in modes]
