@@ -88,10 +88,6 @@ class Member:
     held: deque[tuple[int, int | None, int | None, datetime, str]] = field(default_factory=deque)
 
 
-#: The body's words at its odd places 1-15 (``opCount X sendbuff X ... comm X``).
-_BODY_WORDS = ("opCount", "sendbuff", "recvbuff", "count", "datatype", "op", "root", "comm")
-
-
 class _Call(NamedTuple):
     """What the hot path reads of a COLL line."""
 
@@ -105,12 +101,20 @@ class _Call(NamedTuple):
     header_at: int
 
 
+#: A COLL line's body after ``NCCL INFO `` (``patterns.COLL_RE``, with only the fields
+#: the progress keeps captured).
+_BODY_RE = re.compile(
+    r"([A-Za-z]+): opCount ([0-9a-fA-F]{1,15}) sendbuff \S+ recvbuff \S+ count \d+ "
+    r"datatype \d+ op \d+ root -?\d+ comm (\S+) \[nranks=(\d{1,9})\]"
+)
+
+
 def _read_fast(text: str) -> _Call | None:
-    """A COLL line's member, op, opCount and size, by splitting on spaces: the body's
-    words sit at fixed places after ``NCCL INFO`` in every version (2.4-2.30) and the
-    header token (``host:pid:tid``) is the last before it or before ``[dev]``.  None
-    where the line is not that plain (a bar's ``\\r``, two headers spliced, words out of
-    place): ``parse_line``, the reference parser, reads those.
+    """A COLL line's member, op, opCount and size, read where NCCL puts them: the body
+    right after ``NCCL INFO ``, the header token (``host:pid:tid``) the last word before
+    it or before ``[dev]``.  None where the line is not that plain (a bar's ``\\r``,
+    two headers spliced, a number past its column's type, words out of place):
+    ``parse_line``, the reference parser, reads those.
 
     >>> _read_fast("[2025-03-14 09:00:09.387136] node-6:5381:5381 [3] NCCL INFO AllGather: "
     ...            "opCount 1a sendbuff 0x7f recvbuff 0x7e count 4 datatype 9 op 0 root 0 "
@@ -119,12 +123,10 @@ def _read_fast(text: str) -> _Call | None:
 header_at=29)
     """
     at = text.find(" NCCL INFO ")
-    if at <= 0 or "\r" in text or text.count(" NCCL ", at + 11) or len(text) > 4096:
+    if at <= 0:
         return None
-    body = text[at + 11 :].split(" ", 18)
-    if len(body) < 18 or not body[0].endswith(":") or not body[17].startswith("[nranks="):
-        return None
-    if tuple(body[1:16:2]) != _BODY_WORDS:
+    m = _BODY_RE.match(text, at + 11)
+    if m is None or "\r" in text or text.count(" NCCL ", at + 11):
         return None
     head = text[:at]
     start = head.rfind(" ") + 1
@@ -137,15 +139,12 @@ header_at=29)
     if member is None:
         return None
     host, pid, offset = member
-    try:
-        opcount: int | None = int(body[2], 16)
-    except ValueError:
-        opcount = None
-    nranks = body[17][8:-1]
-    size = int(nranks) if nranks.isdigit() else None
-    return _Call(host, pid, body[0][:-1], opcount, body[16], size, start + offset)
+    op, opcount, comm, nranks = m.groups()
+    return _Call(host, pid, op, int(opcount, 16), comm, int(nranks), start + offset)
 
 
+_INT32 = 2**31 - 1
+_INT64 = 2**63 - 1
 _HOST_RE = re.compile(rf"(?P<host>{HOST_CHARS}+):(?P<pid>\d+):\d+$")
 
 
@@ -154,11 +153,9 @@ def _token(token: str) -> tuple[str, int, int] | None:
     """``host:pid:tid`` (after any launcher tag glued to it, ``[rank3]:``) as (host,
     pid, where the host starts); a job has a few tokens, each read once."""
     m = _HOST_RE.search(token)
-    return (m["host"], int(m["pid"]), m.start()) if m else None
-
-
-_INT32 = 2**31 - 1
-_INT64 = 2**63 - 1
+    if m is None or int(m["pid"]) > _INT32:
+        return None
+    return m["host"], int(m["pid"]), m.start()
 
 
 def _fits(call: _Call) -> bool:
@@ -233,9 +230,6 @@ class LiveProgress:
                     notable += 1  # damaged: the reference analysis counts it
                     continue
                 call, ts = slow
-            elif not _fits(call):
-                notable += 1
-                continue
             key = (path, call.host, call.pid, call.comm)
             m = self.members.get(key)
             if m is None:
