@@ -516,7 +516,7 @@ def test_copytruncate_again_while_the_copy_is_read(
     logrotate(log, times, copy=True, compress=True)
     append(log, "b1\n")
     times.stamp(log)
-    reading = follow._Gunzip.read
+    reading = follow.Gunzip.read
     runs = []
 
     def read_then_rotate(self: Any, size: int) -> bytes:
@@ -530,7 +530,7 @@ def test_copytruncate_again_while_the_copy_is_read(
             times.stamp(log)
         return data
 
-    monkeypatch.setattr(follow._Gunzip, "read", read_then_rotate)
+    monkeypatch.setattr(follow.Gunzip, "read", read_then_rotate)
     assert numbered(follower.poll()) == [
         ("train.log", 0, 2, "a2"),
         ("train.log", 1, 1, "b1"),

@@ -85,16 +85,26 @@ import dataclasses
 import glob
 import logging
 import os
-import re
 import stat
-import zlib
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from itertools import repeat
-from typing import BinaryIO, Literal
+from typing import Literal
 
+from ncclscope.agent.followed import Counters, FileStats, FollowedLine, FollowStats
+from ncclscope.agent.rotated import (
+    HEAD,
+    OLD_HEADS,
+    Candidate,
+    Gunzip,
+    close_copy,
+    is_rotation,
+    open_copy,
+    rotated_copies,
+    seen,
+)
 from ncclscope.sources import _NOT_LOGS  # the suffixes a directory walk skips in analyze
 
 __all__ = ["FileStats", "FollowStats", "FollowedLine", "Follower"]
@@ -105,148 +115,12 @@ _log = logging.getLogger(__name__)
 _CHUNK = 1 << 20
 #: Bytes before the read position remembered to notice a file rewritten in place.
 _TAIL = 32
-#: Bytes from a file's start remembered to recognise its rotated copy (and to tell the
-#: copies of one log apart: each starts where the previous rotation cut).
-_HEAD = 256
-#: Rotated copies looked at, at most, on a rotation (the newest by modification time):
-#: years of dated copies must not make one poll slow.
-_CANDIDATES = 32
-#: Heads of a path's finished files remembered, so that a copy compressed later (a new
-#: modification time, when the compressor does not keep it) is not read again.
-_OLD_HEADS = 8
-#: Compressed bytes fed to zlib at once when reading a ``.gz`` copy.
-_GZ_CHUNK = 1 << 16
-#: What logrotate (``log.1``, ``dateext``: ``log-20261127``, ``log-20261127-1732712345``,
-#: ``log.2026-11-27``) and Python's rotating handlers append to a log's name.
-_ROTATED = re.compile(r"[-._]\d[-_.\d]*")
 #: Rotated logs compressed by logrotate: never live, and their lines were followed before.
 _COMPRESSED = frozenset({".gz", ".xz", ".bz2", ".zst", ".lz4", ".z"})
 
 
 def _utc_now() -> datetime:
     return datetime.now(UTC)
-
-
-@dataclass(frozen=True, slots=True)
-class FollowedLine:
-    """One complete line of a followed file.
-
-    Attributes:
-        path: the file's path as a pattern matched it.
-        line_no: the line's number in the file, from 1.  It starts again from 1 with
-            each incarnation; a file renamed to another matched path keeps its numbers.
-        incarnation: which file ``path`` named when the line was read: 0 for the first,
-            one more each time the path names another file (rotation, re-creation, a
-            file renamed to it) or its file is truncated.
-        text: the line without its ``\\n`` (nor a ``\\r`` just before it), decoded as
-            UTF-8 with invalid bytes replaced by U+FFFD.
-        arrived: when the poll that read it ran (UTC); the same for every line of a poll.
-    """
-
-    path: str
-    line_no: int
-    incarnation: int
-    text: str
-    arrived: datetime
-
-
-@dataclass(frozen=True)
-class FileStats:
-    """Counters of one followed path, from when it was first followed.
-
-    Attributes:
-        lines_read: lines returned (cut giant lines count once), recovered ones included.
-        bytes_read: bytes read from the file, including a skipped start read only to
-            count its lines, and from its rotated copies.
-        rotations: times the path came to name another file (one more for each rotation
-            between two polls found beside it).
-        truncations: times the file was found truncated or rewritten in place (one more
-            for each rotation between two polls found beside it).
-        giant_lines: lines longer than ``max_line_bytes``, returned cut.
-        lines_recovered: lines read from rotated copies beside the file (``log.1``,
-            ``log-20261127.gz``, ...) that were never read from the file itself: after a
-            copytruncate, what was written after the last read, and the files of
-            rotations that came and went between two polls.
-        recovered_from: the rotated copy read last for this path, None if none was.
-        unrecovered: truncations after which no rotated copy beside the file held what
-            had been read of it (or the copy was cut short: a damaged or truncated
-            ``.gz``).  What was written between the last read and the truncation, if
-            anything, is lost; how much is not known.  A job that truncates its own log
-            when it starts again (``> train.log``) counts here too.
-    """
-
-    lines_read: int = 0
-    bytes_read: int = 0
-    rotations: int = 0
-    truncations: int = 0
-    giant_lines: int = 0
-    lines_recovered: int = 0
-    recovered_from: str | None = None
-    unrecovered: int = 0
-
-
-@dataclass(frozen=True)
-class FollowStats:
-    """The follower's counters, for self-observability (a snapshot).
-
-    Attributes:
-        lines_read: lines returned, in all.
-        bytes_read: bytes read, in all.
-        files_followed: files open now (paths followed, and rotated or deleted files
-            still read during ``rotate_wait``).
-        rotations: rotations noticed, in all.
-        truncations: truncations noticed, in all.
-        giant_lines: giant lines cut, in all.
-        open_errors: matched paths that could not be opened (tried again next poll).
-        files: the counters of each path followed now.  A path no longer followed
-            drops out; the totals above keep its counts.
-        lines_recovered: lines read from rotated copies, in all (see :class:`FileStats`).
-        unrecovered: truncations no rotated copy made up for, in all.
-    """
-
-    lines_read: int
-    bytes_read: int
-    files_followed: int
-    rotations: int
-    truncations: int
-    giant_lines: int
-    open_errors: int
-    files: Mapping[str, FileStats]
-    lines_recovered: int = 0
-    unrecovered: int = 0
-
-
-@dataclass
-class _Counters:
-    lines_read: int = 0
-    bytes_read: int = 0
-    rotations: int = 0
-    truncations: int = 0
-    giant_lines: int = 0
-    lines_recovered: int = 0
-    recovered_from: str | None = None
-    unrecovered: int = 0
-
-    def add(self, other: _Counters) -> None:
-        self.lines_read += other.lines_read
-        self.bytes_read += other.bytes_read
-        self.rotations += other.rotations
-        self.truncations += other.truncations
-        self.giant_lines += other.giant_lines
-        self.lines_recovered += other.lines_recovered
-        self.unrecovered += other.unrecovered
-
-    def snapshot(self) -> FileStats:
-        return FileStats(
-            self.lines_read,
-            self.bytes_read,
-            self.rotations,
-            self.truncations,
-            self.giant_lines,
-            self.lines_recovered,
-            self.recovered_from,
-            self.unrecovered,
-        )
 
 
 @dataclass(eq=False)
@@ -265,101 +139,19 @@ class _File:
     count_to: int = 0  # > offset: bytes up to here are counted, not returned
     counted_nl: int = 0  # while counting: the position after the last newline seen
     retired_at: datetime | None = None  # when its path stopped naming it
-    head: bytes = b""  # its first bytes (up to _HEAD), to recognise its rotated copy
+    head: bytes = b""  # its first bytes (up to HEAD), to recognise its rotated copy
     mtime_ns: int = 0  # its modification time at the last poll ...
     prev_mtime_ns: int = 0  # ... and at the one before
     # A rotated copy read for ``path`` (``source`` is the copy's own path); a compressed
     # one is read through ``stream`` (``fd`` is then -1).  ``final``: nobody writes to
     # it, so it is closed as soon as it is read to its end.
     source: str | None = None
-    stream: _Gunzip | None = None
+    stream: Gunzip | None = None
     final: bool = False
     # Held, not read: it looks like a rotated copy of this followed file, made just now
     # (copytruncate), whose lines come from that file; see Follower._unhold.
     copy_of: _File | None = None
     held_at: datetime | None = None
-
-
-@dataclass(frozen=True)
-class _Candidate:
-    """A file beside a followed one, named as a rotation of it."""
-
-    path: str
-    key: tuple[int, int]
-    mtime_ns: int
-    compressed: bool
-
-
-class _Gunzip:
-    """A ``.gz`` rotated copy, read forward (member after member), keeping every byte
-    before damage.
-
-    ``gzip.GzipFile`` drops what it had decoded in a read that meets a cut stream (see
-    ``sources._gunzip``); a rotated copy may be the last place some lines exist.  Output
-    is bounded per call (zlib's ``max_length``), so a copy is read within the budget.
-    """
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.pos = 0  # decompressed bytes returned so far
-        self.problem: str | None = None  # why it ended early (damaged, truncated)
-        self._fh: BinaryIO = open(path, "rb")  # closed by close()
-        self._start()
-
-    def _start(self) -> None:
-        self._dec = zlib.decompressobj(wbits=31)
-        self._input = b""
-        self._fed = False  # the current member got input and has not ended
-        self._at_eof = False  # the compressed file is read to its end
-        self._over = False
-
-    def read(self, size: int) -> bytes:
-        """Up to ``size`` decompressed bytes; fewer only at the end (or at damage)."""
-        parts: list[bytes] = []
-        want = size
-        while want > 0 and not self._over:
-            if not self._input and not self._at_eof:
-                self._input = self._fh.read(_GZ_CHUNK)
-                self._at_eof = not self._input
-            fed = bool(self._input)
-            try:
-                data = self._dec.decompress(self._input, want)
-            except zlib.error as err:
-                if self._fed or self.pos == 0:
-                    self.problem = f"damaged ({err})"
-                # else: bytes after the last member (padding), which gzip -d ignores too
-                self._over = True
-                break
-            if self._dec.eof:
-                self._input = self._dec.unused_data
-                self._dec = zlib.decompressobj(wbits=31)
-                self._fed = False
-            else:
-                self._input = self._dec.unconsumed_tail
-                self._fed = self._fed or fed
-            if data:
-                parts.append(data)
-                want -= len(data)
-            elif not self._input and self._at_eof:
-                if self._fed:
-                    self.problem = "truncated (no end-of-stream marker)"
-                self._over = True
-        out = b"".join(parts)
-        self.pos += len(out)
-        return out
-
-    def seek(self, pos: int) -> None:
-        """Go to ``pos`` of the decompressed bytes (backwards: from the start again)."""
-        if pos < self.pos:
-            self._fh.seek(0)
-            self.pos = 0
-            self.problem = None
-            self._start()
-        while self.pos < pos and self.read(min(_CHUNK, pos - self.pos)):
-            pass
-
-    def close(self) -> None:
-        self._fh.close()
 
 
 @dataclass
@@ -437,8 +229,8 @@ class Follower:
         self._current: dict[str, _File] = {}  # path -> the file it names now
         self._retiring: list[_File] = []  # files their path no longer names, still read
         self._incarnations: dict[str, int] = {}  # path -> its last incarnation
-        self._counters: dict[str, _Counters] = {}
-        self._total = _Counters()
+        self._counters: dict[str, Counters] = {}
+        self._total = Counters()
         self._open_errors = 0
         self._old_heads: dict[str, deque[bytes]] = {}  # path -> heads of its past files
 
@@ -606,7 +398,7 @@ class Follower:
         after ``prev``'s last write.  (``prev`` may be followed on under another name.)"""
         try:
             since = os.fstat(prev.fd).st_mtime_ns
-            head = os.pread(prev.fd, _HEAD, 0)  # more than was read of it, maybe
+            head = os.pread(prev.fd, HEAD, 0)  # more than was read of it, maybe
         except OSError:
             return []
         self._remember_head(path, head)
@@ -664,10 +456,10 @@ class Follower:
             self._count(f.path).unrecovered += 1
             self._total.unrecovered += 1
 
-    def _count(self, path: str) -> _Counters:
+    def _count(self, path: str) -> Counters:
         c = self._counters.get(path)
         if c is None:
-            c = self._counters[path] = _Counters()
+            c = self._counters[path] = Counters()
         return c
 
     def _prune_counters(self) -> None:
@@ -767,7 +559,7 @@ class Follower:
 
     def _find_copy(
         self, f: _File, seen_ns: int, before_ns: int, now: datetime
-    ) -> tuple[_File | None, _Candidate | None]:
+    ) -> tuple[_File | None, Candidate | None]:
         """The rotated copy of the content ``f`` had: as a file to read on from where
         ``f`` was read to (None when the copy ends before that, read from ``f``
         already), and the copy.
@@ -781,11 +573,11 @@ class Follower:
         if not f.head:
             return None, None  # nothing was read to recognise it by
         taken = {x.key for x in (*self._current.values(), *self._retiring) if x.copy_of is None}
-        short: _Candidate | None = None
-        for c in _rotated_copies(f.path):
+        short: Candidate | None = None
+        for c in rotated_copies(f.path):
             if c.key in taken or c.mtime_ns < before_ns:
                 continue
-            opened = _open_copy(c)
+            opened = open_copy(c)
             if opened is None:
                 continue
             fd, stream = opened
@@ -806,7 +598,7 @@ class Follower:
                     held_at=None,
                 )
                 return link, c
-            _close_copy(fd, stream)
+            close_copy(fd, stream)
             if verdict == "short" and short is None:
                 short = c
         return None, short
@@ -830,20 +622,20 @@ class Follower:
         the job may still be writing (a ``.gz`` is always finished).
         """
         old = self._old_heads.get(path, ())
-        found: dict[bytes, tuple[_Candidate, int, _Gunzip | None]] = {}
-        for c in _rotated_copies(path):
+        found: dict[bytes, tuple[Candidate, int, Gunzip | None]] = {}
+        for c in rotated_copies(path):
             if c.mtime_ns < since_ns or c.key in taken:
                 continue
-            opened = _open_copy(c)
+            opened = open_copy(c)
             if opened is None:
                 continue
             fd, stream = opened
             try:
-                head = os.pread(fd, _HEAD, 0) if stream is None else stream.read(_HEAD)
+                head = os.pread(fd, HEAD, 0) if stream is None else stream.read(HEAD)
             except OSError:
                 head = b""
-            if not head or _seen(head, old) or _seen(head, found):
-                _close_copy(fd, stream)
+            if not head or seen(head, old) or seen(head, found):
+                close_copy(fd, stream)
                 continue
             found[head] = (c, fd, stream)
         out: list[_File] = []
@@ -876,7 +668,7 @@ class Follower:
             return
         heads = self._old_heads.get(path)
         if heads is None:
-            heads = self._old_heads[path] = deque(maxlen=_OLD_HEADS)
+            heads = self._old_heads[path] = deque(maxlen=OLD_HEADS)
         if head not in heads:
             heads.append(head)
 
@@ -889,7 +681,7 @@ class Follower:
             if not f.head or f.copy_of is not None:
                 continue
             f_folder, f_name = os.path.split(f.path)
-            if f_folder != folder or not _is_rotation(name, f_name):
+            if f_folder != folder or not is_rotation(name, f_name):
                 continue
             try:
                 start = os.pread(new.fd, len(f.head), 0)
@@ -914,7 +706,7 @@ class Follower:
             return True  # its original is closed: nothing to compare with
         try:
             size = os.fstat(f.fd).st_size
-            n, m = min(_HEAD, size), min(_TAIL, size)
+            n, m = min(HEAD, size), min(_TAIL, size)
             same = (
                 os.fstat(orig.fd).st_size >= size
                 and os.pread(f.fd, n, 0) == os.pread(orig.fd, n, 0)
@@ -956,7 +748,7 @@ class Follower:
         """Read ``f`` within the poll's budget; True when it was read to its end."""
         if f.copy_of is not None and not self._unhold(f, run.now):
             return True  # held: nothing to read for now
-        counters = _Counters()
+        counters = Counters()
         try:
             while run.budget > 0:
                 want = min(_CHUNK, run.budget)
@@ -968,8 +760,8 @@ class Follower:
                     if f.stream.pos != f.offset:
                         f.stream.seek(f.offset)
                     data = f.stream.read(want)
-                if f.offset < _HEAD and f.offset == len(f.head):
-                    f.head += data[: _HEAD - f.offset]
+                if f.offset < HEAD and f.offset == len(f.head):
+                    f.head += data[: HEAD - f.offset]
                 run.budget -= len(data)
                 counters.bytes_read += len(data)
                 if f.count_to > f.offset:
@@ -1003,7 +795,7 @@ class Follower:
                 n = min(_TAIL, f.offset)
                 f.tail = os.pread(f.fd, n, f.offset - n)
 
-    def _lines(self, f: _File, data: bytes, run: _Poll, counters: _Counters) -> None:
+    def _lines(self, f: _File, data: bytes, run: _Poll, counters: Counters) -> None:
         """Cut the bytes read into lines; keep an unfinished one for later."""
         f.offset += len(data)
         f.tail = (f.tail + data)[-_TAIL:] if len(data) < _TAIL else data[-_TAIL:]
@@ -1051,7 +843,7 @@ class Follower:
         f.line_no = n
         f.pending = rest
 
-    def _cut_giants(self, lines: list[bytes], counters: _Counters) -> list[str]:
+    def _cut_giants(self, lines: list[bytes], counters: Counters) -> list[str]:
         """The texts of complete lines, the giant ones cut."""
         limit = self._max_line
         texts = []
@@ -1089,14 +881,7 @@ class Follower:
 
 
 def _close(f: _File) -> None:
-    _close_copy(f.fd, f.stream)
-
-
-def _close_copy(fd: int, stream: _Gunzip | None) -> None:
-    if stream is not None:
-        stream.close()
-    else:
-        os.close(fd)
+    close_copy(f.fd, f.stream)
 
 
 def _changed(fd: int, known: bytes, at: int) -> bool:
@@ -1104,63 +889,7 @@ def _changed(fd: int, known: bytes, at: int) -> bool:
     return bool(known) and os.pread(fd, len(known), at) != known
 
 
-def _seen(head: bytes, heads: Iterable[bytes]) -> bool:
-    """Whether ``head`` starts a file that one of ``heads`` starts: a head shorter than
-    ``_HEAD`` was all the file had when it was read or copied, so one head being the
-    start of the other is alike."""
-    return any(head.startswith(h) or h.startswith(head) for h in heads)
-
-
-def _is_rotation(name: str, base: str) -> bool:
-    """Whether ``name`` is what logrotate names a rotation of ``base``.
-
-    >>> [_is_rotation(n, "train.log") for n in ("train.log.1", "train.log-20261127.gz",
-    ...  "train.log.2026-11-27", "train.log.err", "train.log", "rank1.log.1")]
-    [True, True, True, False, False, False]
-    """
-    if len(name) <= len(base) or not name.startswith(base):
-        return False
-    suffix = name[len(base) :]
-    if suffix[-3:].lower() == ".gz":
-        suffix = suffix[:-3]
-    return _ROTATED.fullmatch(suffix) is not None
-
-
-def _rotated_copies(path: str) -> list[_Candidate]:
-    """The regular files beside ``path`` named as its rotations (at most
-    ``_CANDIDATES``, the newest); plain ones first, each newest first."""
-    folder, base = os.path.split(path)
-    try:
-        with os.scandir(folder or ".") as entries:
-            names = [e.name for e in entries if _is_rotation(e.name, base)]
-    except OSError:
-        return []
-    found: list[_Candidate] = []
-    for name in names:
-        copy = os.path.join(folder, name)
-        try:
-            st = os.stat(copy)
-        except OSError:
-            continue
-        if stat.S_ISREG(st.st_mode):
-            compressed = name[-3:].lower() == ".gz"
-            found.append(_Candidate(copy, (st.st_dev, st.st_ino), st.st_mtime_ns, compressed))
-    found.sort(key=lambda c: c.mtime_ns, reverse=True)
-    del found[_CANDIDATES:]
-    found.sort(key=lambda c: c.compressed)  # stable: each kind stays newest first
-    return found
-
-
-def _open_copy(c: _Candidate) -> tuple[int, _Gunzip | None] | None:
-    try:
-        if c.compressed:
-            return -1, _Gunzip(c.path)
-        return os.open(c.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), None
-    except OSError:
-        return None
-
-
-def _verdict(f: _File, fd: int, stream: _Gunzip | None) -> Literal["whole", "short"] | None:
+def _verdict(f: _File, fd: int, stream: Gunzip | None) -> Literal["whole", "short"] | None:
     """Whether a file holds what was read of ``f``: ``"whole"`` when it starts with
     ``f``'s head and has the bytes ``f`` had before its read position (a stream is left
     at that position), ``"short"`` when it starts with the head but ends before that
