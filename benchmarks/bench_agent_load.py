@@ -78,10 +78,10 @@ def _wait_up(port: int, timeout_s: float = 60.0) -> None:
     raise SystemExit(f"nothing answers on port {port}")
 
 
-def _agent(follow: str, port: int, log: Path) -> subprocess.Popen[bytes]:
+def _agent(follow: str, port: int, log: Path, extra: list[str]) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [*AGENT, "--follow", follow, "--listen", f"127.0.0.1:{port}", "--interval", "1",
-         "--sysfs-root", "none"],
+         "--sysfs-root", "none", *extra],
         stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=REPO,
     )  # fmt: skip
 
@@ -200,7 +200,7 @@ def _collector_cpu(text: str) -> dict[str, float]:
     return {name: float(value) for name, value in found}
 
 
-def rate_mode(rate: float, seconds: float) -> None:
+def rate_mode(rate: float, seconds: float, extra: list[str]) -> None:
     work = Path(tempfile.mkdtemp(prefix="ncclscope-rate-"))
     lines = _job(work, rate, seconds)
     logs = work / "logs"
@@ -208,7 +208,7 @@ def rate_mode(rate: float, seconds: float) -> None:
     for k in range(8):
         (logs / f"rank{k}.log").touch()
     port = _port()
-    agent = _agent(str(logs / "*.log"), port, work / "agent.log")
+    agent = _agent(str(logs / "*.log"), port, work / "agent.log", extra)
     try:
         _wait_up(port)
         import threading
@@ -269,11 +269,12 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--warmup", type=float, default=15)
     parser.add_argument("--rate", type=float, default=2400)
-    args = parser.parse_args()
+    # rate: any other option goes to the agent (e.g. --window-lines 50000)
+    args, agent_args = parser.parse_known_args()
     if args.mode == "idle":
         idle(args.seconds, args.warmup)
     else:
-        rate_mode(args.rate, args.seconds)
+        rate_mode(args.rate, args.seconds, agent_args)
     return 0
 
 

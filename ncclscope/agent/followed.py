@@ -6,13 +6,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from typing import NamedTuple
 
 __all__ = ["Counters", "FileStats", "FollowStats", "FollowedLine"]
 
 
-@dataclass(frozen=True, slots=True)
-class FollowedLine:
-    """One complete line of a followed file.
+class FollowedLine(NamedTuple):
+    """One complete line of a followed file (a named tuple: made by the hundred thousand
+    a second, at half a frozen dataclass's cost).
 
     Attributes:
         path: the file's path as a pattern matched it.

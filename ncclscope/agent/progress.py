@@ -217,9 +217,10 @@ class LiveProgress:
         self._own = bool(own_times)
         read = notable = 0
         last: dict[MemberKey, tuple[Member, str, _Call | None, datetime]] = {}
+        members, notable_re, p2p = self.members, _NOTABLE_RE.search, P2P_OPS
         for path, text, arrived in lines:
             if " opCount " not in text:
-                if _NOTABLE_RE.search(text):
+                if notable_re(text):
                     notable += 1
                 continue
             call = _read_fast(text)
@@ -230,26 +231,29 @@ class LiveProgress:
                     notable += 1  # damaged: the reference analysis counts it
                     continue
                 call, ts = slow
-            key = (path, call.host, call.pid, call.comm)
-            m = self.members.get(key)
+            host, pid, op, oc, comm, nranks, _at = call
+            key = (path, host, pid, comm)
+            m = members.get(key)
             if m is None:
-                m = self.members[key] = Member(held=deque(maxlen=self.keep_calls))
+                m = members[key] = Member(held=deque(maxlen=self.keep_calls))
                 self.new_members += 1
             read += 1
-            idx, oc = m.calls, call.opcount
-            m.calls += 1
+            idx = m.calls
+            m.calls = idx + 1
             if oc is not None:
-                m.opcount_min = oc if m.opcount_min is None else min(m.opcount_min, oc)
-                m.opcount_max = oc if m.opcount_max is None else max(m.opcount_max, oc)
-            if call.nranks is not None and (m.nranks is None or call.nranks > m.nranks):
-                m.nranks = call.nranks
+                if m.opcount_min is None or oc < m.opcount_min:
+                    m.opcount_min = oc
+                if m.opcount_max is None or oc > m.opcount_max:
+                    m.opcount_max = oc
+            if nranks is not None and (m.nranks is None or nranks > m.nranks):
+                m.nranks = nranks
             coll_idx = None
-            if call.op not in P2P_OPS:
+            if op not in p2p:
                 coll_idx = m.coll_calls
-                m.coll_calls += 1
+                m.coll_calls = coll_idx + 1
                 if oc is not None and (m.coll_opcount_max is None or oc > m.coll_opcount_max):
                     m.coll_opcount_max = oc
-                m.op, m.seen = call.op, arrived
+                m.op, m.seen = op, arrived
                 last[key] = (m, text, None if ts is not None else call, arrived)
                 if ts is not None:
                     m.ts = ts

@@ -271,7 +271,7 @@ class Agent:
         if self.lines is None:
             return True
         got = self.lines.poll()
-        lines = [(str(x.path), x.text, x.arrived) for x in got]
+        lines = [(x.path, x.text, x.arrived) for x in got]  # paths are str: a seam's too
         with self._window_lock:
             self.window.add(lines)
         self.progress.add(lines, own_times=self.window.own_times)
