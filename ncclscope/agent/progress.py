@@ -1,12 +1,13 @@
 """The job's collective progress, kept up to date as lines arrive: the live side of
 ``Context.progress`` and of the countdown.
 
-Every poll's lines go through one polars pass here: the COLL lines are read (host, pid,
-op, opCount, count, datatype, comm pointer, time) and each NCCL member (followed file,
-host, pid, comm pointer) keeps what ``proc_comm_stats`` computes post-mortem: calls,
-collective calls, the opCount range, the last collective's op and time, the arrival at
-each mark (``MARK_EVERY``), and its last ``keep_calls`` calls for the stall's evidence.
-Nothing here re-reads a line; a tick with no new line costs nothing.
+Every poll's COLL lines are read once, where NCCL puts their fields (host, pid, op,
+opCount, comm pointer, size; the time only of a member's last line in the poll and of
+its marks), and each NCCL member (followed file, host, pid, comm pointer) keeps what
+``proc_comm_stats`` computes post-mortem: calls, collective calls, the opCount range,
+the last collective's op and time, the arrival at each mark (``MARK_EVERY``), and its
+last ``keep_calls`` lines, read again (by the reference parser) only for a stall's
+evidence.  A tick with no new line costs nothing.
 
 Who is who (ranks, communicators, the members known from init lines) is the reference
 analysis's: ``LiveContext`` puts the live statistics beside the identity of the last
@@ -303,10 +304,10 @@ class LiveProgress:
                     continue
                 b = rec.body
                 rows.append(
-                    (*key, b.op, b.opcount, b.count, b.dtype, b.nranks, rec.ts or None,
+                    (*key, b.op, b.opcount, b.count, b.dtype, b.nranks, rec.ts,
                      idx, coll_idx, idx + 1, arrived)
                 )  # fmt: skip
-        frame = pl.DataFrame(rows, schema={**_CALL_COLUMNS, "arrived": TS}, orient="row")
+        frame = pl.DataFrame(rows, schema={**CALLS_SCHEMA, "arrived": TS}, orient="row")
         return (
             frame.drop("arrived")
             if self._own
@@ -327,7 +328,6 @@ class LiveProgress:
         return pl.DataFrame(rows, schema=_STATS_SCHEMA, orient="row")
 
 
-_CALL_COLUMNS = dict(CALLS_SCHEMA.items())
 #: the coarsest spacing every mark spacing is a multiple of
 _MARK_GCD = math.gcd(*MARK_EVERY)
 
@@ -348,10 +348,6 @@ _STATS_SCHEMA = pl.Schema(
         "nranks": pl.Int32,
     }
 )
-
-
-def _least(a: int | None, b: int | None) -> int | None:
-    return b if a is None else a if b is None else min(a, b)
 
 
 def _most(a: int | None, b: int | None) -> int | None:
