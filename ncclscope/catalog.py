@@ -91,6 +91,12 @@ CATALOG: tuple[Metric, ...] = (
     _m("host", "process_cpu_seconds_total", "counter", "seconds", "CPU time of a job process.", "pid"),
     # --- the job, from its logs (the same detectors as analyze)
     _m("job", "collective_seq", "gauge", "", "Sequence number (from 0) of the last collective a rank logged on a communicator, counted by the agent since it started: it grows whatever opCount does.", "comm", "rank"),
+    _m("job", "node_collective_seq_max", "gauge", "", "The highest collective_seq of the node's ranks on a communicator (the rules' leaders are the nodes at the job's highest).", "comm"),
+    _m("job", "node_collective_seq_min", "gauge", "", "The lowest collective_seq of the node's ranks on a communicator (below the job's highest, the node holds the collective up); `ranks` lists the node's ranks on it (comma-separated, fixed while the communicator lives), from which the rules name them.", "comm", "ranks"),
+    _m("job", "node_collective_wait_seconds", "gauge", "seconds", "How long ago (the agent's clock: the logs' time) the first of the node's ranks entered the node's highest collective on a communicator.", "comm"),
+    _m("job", "node_collective_op_info", "info", "", "The op of the node's highest collective on a communicator.", "comm", "op"),
+    _m("job", "node_collective_mark_seq", "gauge", "", "The newest multiple of `every` (counted as collective_seq) one of the node's ranks reached on a communicator: nodes are compared at the same mark.", "comm", "every"),
+    _m("job", "node_collective_mark_timestamp_seconds", "gauge", "seconds", "When (Unix time, the log's clock) the first of the node's ranks entered the collective of node_collective_mark_seq.", "comm", "every"),
     _m("job", "collective_entered_timestamp_seconds", "gauge", "seconds", "When (Unix time, the log's clock) a rank entered its last collective on a communicator.", "comm", "rank"),
     _m("job", "collective_op_info", "info", "", "The op of the last collective a rank entered on a communicator.", "comm", "rank", "op"),
     _m("job", "collective_mark_seq", "gauge", "", "The last sequence number that is a multiple of `every` a rank reached on a communicator (counted as collective_seq): members are compared at the same mark.", "comm", "rank", "every"),

@@ -31,6 +31,7 @@ from ncclscope.agent.live import (
 )
 from ncclscope.agent.nvml import NvmlCollector
 from ncclscope.agent.progress import LiveContext, LiveProgress, member_rows
+from ncclscope.agent.rollup import NodeRollup
 from ncclscope.agent.telemetry import TelemetryWriter
 from ncclscope.agent.topology import collector_topology, link_rows
 from ncclscope.detect.timeout import countdown
@@ -246,6 +247,8 @@ class Agent:
         self._seen = _Seen()
         #: (progress version, reference) -> its live context and member rows
         self._live: tuple[tuple[int, int], LiveContext, Mapping[str, Rows]] | None = None
+        #: the job's rows as exported: the node's summary per communicator added
+        self._rollup = NodeRollup()
 
     # -- collectors ---------------------------------------------------------------------
 
@@ -364,7 +367,9 @@ class Agent:
             self._live = (key, ctx, member_rows(self.progress, members, ref.file_ids))
         _key, ctx, rows = self._live
         pending = countdown(ctx, now, ref.timeout_s)
-        self.board.set("job", {**ref.rows, **rows, **countdown_rows(pending)})
+        self.board.set(
+            "job", self._rollup({**ref.rows, **rows, **countdown_rows(pending)}, now.timestamp())
+        )
 
     def _learn_pids(self, analysis: Any) -> None:
         """Without --pid or --match, watch the processes the logs name on this host."""
