@@ -10,7 +10,7 @@ import pytest
 
 from ncclscope.agent.exporter import Board
 from ncclscope.agent.live import job_rows
-from ncclscope.agent.rollup import NodeRollup, exported, node_rows
+from ncclscope.agent.rollup import MEMBER_ONLY, NodeRollup, exported, node_rows
 from ncclscope.analysis import run_analysis
 from ncclscope.detect import Context
 from ncclscope.synth import StopRank, SynthSpec, generate
@@ -65,7 +65,12 @@ def test_the_summary_per_communicator() -> None:
 def test_what_the_agent_exports() -> None:
     rows = _rows()
     out = exported(rows, now=1010.1)
-    assert {k: out[k] for k in rows} == rows
+    assert not MEMBER_ONLY & out.keys()
+    assert out[SEQ] is rows[SEQ]
+    assert out["ncclscope_timeout_remaining_seconds"] is rows["ncclscope_timeout_remaining_seconds"]
+    # the culprit without its collective's sequence number, which is a value of its own
+    assert out["ncclscope_timeout_culprit_info"] == [(("c1", "10", "ReduceScatter"), 1.0)]
+    assert out["ncclscope_pending_collective_seq"] == [(("c1",), 41.0)]
     # every name and label set is the catalog's
     Board().set("job", out)
 

@@ -22,7 +22,12 @@ written: a node's highest collective and its first arrival at a mark do not chan
 more of its ranks arrive, so two nodes' series at the same sequence or mark compare the
 same facts.
 
-The members' rows the summary is made from are exported as they are, beside it.
+The members' rows the summary is made from stay in the agent (per rank and communicator,
+they would be most of its series): of them only the sequence number
+(``ncclscope_collective_seq{comm,rank}``) is exported, for drill-down.  The culprits'
+rows lose their collective's sequence number (a label whose value would change with
+every pending collective): it is exported as the value of
+``ncclscope_pending_collective_seq{comm}``.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["NodeRollup", "exported", "node_rows"]
+__all__ = ["MEMBER_ONLY", "NodeRollup", "exported", "node_rows"]
 
 Rows = Sequence[tuple[tuple[str, ...], float]]
 _Out = dict[str, list[tuple[tuple[str, ...], float]]]
@@ -40,11 +45,12 @@ _ENTERED = "ncclscope_collective_entered_timestamp_seconds"
 _OP = "ncclscope_collective_op_info"
 _MARK_SEQ = "ncclscope_collective_mark_seq"
 _MARK_TS = "ncclscope_collective_mark_timestamp_seconds"
+_CULPRIT = "ncclscope_timeout_culprit_info"
 _WAIT = "ncclscope_node_collective_wait_seconds"
 
 #: The members' rows (per rank and communicator, labels ``comm, rank[, op | every]``)
-#: the summary reads.
-_MEMBERS = (_SEQ, _ENTERED, _OP, _MARK_SEQ, _MARK_TS)
+#: the summary reads and the agent does not export: the node's summary replaces them.
+MEMBER_ONLY = frozenset({_ENTERED, _OP, _MARK_SEQ, _MARK_TS})
 
 
 def _rank_order(rank: str) -> tuple[int, str]:
@@ -133,10 +139,26 @@ def node_rows(rows: Mapping[str, Rows], now: float) -> _Out:
     return _summary(rows).at(now)
 
 
+def _passed(rows: Mapping[str, Rows]) -> dict[str, Rows]:
+    """The job's rows the agent exports as they are, but the culprits' (their
+    collective's sequence number becomes the value of
+    ``ncclscope_pending_collective_seq{comm}``)."""
+    out: dict[str, Rows] = {k: v for k, v in rows.items() if k not in MEMBER_ONLY}
+    culprits = rows.get(_CULPRIT)
+    if culprits is not None:
+        out[_CULPRIT] = [((comm, rank, op), one) for (comm, rank, op, _seq), one in culprits]
+        seqs = {comm: seq for (comm, _rank, _op, seq), _one in culprits}
+        out["ncclscope_pending_collective_seq"] = [
+            ((comm,), float(seq)) for comm, seq in sorted(seqs.items()) if seq.isdigit()
+        ]
+    return out
+
+
 def exported(rows: Mapping[str, Rows], now: float) -> dict[str, Rows]:
-    """What the agent exports of the job's rows at ``now`` (Unix time on its clock):
-    them, and the node's summary (``node_rows``)."""
-    out: dict[str, Rows] = dict(rows)
+    """What the agent exports of the job's rows at ``now`` (Unix time on its clock): all
+    but the members' own rows (``MEMBER_ONLY``), the culprits without their collective's
+    sequence number, and the node's summary (``node_rows``)."""
+    out = _passed(rows)
     out.update(node_rows(rows, now))
     return out
 
@@ -152,12 +174,12 @@ class NodeRollup:
 
     def __call__(self, rows: Mapping[str, Rows], now: float) -> dict[str, Rows]:
         # The lists themselves are held in the key, so their ids cannot be reused.
-        key = tuple(rows.get(name) for name in _MEMBERS)
+        key = tuple(rows.get(name) for name in (_SEQ, *sorted(MEMBER_ONLY)))
         same = len(key) == len(self._key) and all(
             a is b for a, b in zip(key, self._key, strict=True)
         )
         if not same:
             self._key, self._summary = key, _summary(rows)
-        out: dict[str, Rows] = dict(rows)
+        out = _passed(rows)
         out.update(self._summary.at(now))
         return out
