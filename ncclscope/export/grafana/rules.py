@@ -110,13 +110,14 @@ _STALLED = f"{_WAIT} >= on (job) group_left () ({STALL_TIMEOUT_SHARE} * {_TIMEOU
 _NODE_HOST = "job_instance_hostname:ncclscope_node_info:last15m"
 #: The most ranks of one node on one communicator the stall rules name one by one.
 MAX_NODE_RANKS = 16
-#: The op the leaders of the alert's communicator entered, read when an alert's text is
-#: rendered (from the nodes' summaries: one series per node).
+#: The op of the leaders' collective, recorded every 15 s (a stall's does not change).
+_OP_LEADERS = "job_comm_op:ncclscope_node_collective_op_info:leaders"
+#: ... read when an alert's text is rendered: at every evaluation, for every alert, so
+#: it reads the recorded series (a query over every node's op per alert and second cost
+#: more than the rules at 10,000 ranks).
 _LEADERS_OP = (
-    '{{ with printf "topk(1, max by (op) (ncclscope_node_collective_op_info{job=%q,comm=%q}'
-    " and on (instance) (ncclscope_node_collective_seq_max{job=%q,comm=%q}"
-    ' == on (job, comm) group_left () job_comm:ncclscope_collective_seq:max)))"'
-    " $labels.job $labels.comm $labels.job $labels.comm | query }}"
+    f'{{{{ with printf "topk(1, {_OP_LEADERS}{{job=%q,comm=%q}})"'
+    " $labels.job $labels.comm | query }}"
     '{{ . | first | label "op" }}{{ else }}a collective{{ end }}'
 )
 #: The pending collective's sequence number, where a node's own countdown gives it.
@@ -232,6 +233,15 @@ _NODE_LATENESS: tuple[Rule, ...] = (
     _rec(
         "job_kind_severity:ncclscope_findings:max",
         "max by (job, kind, severity) (ncclscope_findings)",
+    ),
+    Rule(
+        _OP_LEADERS,
+        "max by (job, comm, op) (\n"
+        "  ncclscope_node_collective_op_info\n"
+        "  and on (job, instance, comm)\n"
+        f"  ncclscope_node_collective_seq_max == on (job, comm) group_left () {_SEQ_MAX}\n"
+        ")",
+        comment="The op the leaders entered (the stall alert's text names it).",
     ),
     Rule(
         "job_comm:ncclscope_leaders_entered_timestamp_seconds:min",
@@ -448,10 +458,15 @@ RULE_GROUPS: tuple[RuleGroup, ...] = (
                 "The ranks that straggle at all (at or above the detectors' floor): a"
                 " handful of series where one per rank would be recorded.",
             ),
-            _rec("job:ncclscope_straggler_score:max", "max by (job) (ncclscope_straggler_score)"),
             _rec(
-                "job_rank:ncclscope_collective_lateness_seconds:max",
-                "max by (job, rank) (ncclscope_collective_lateness_seconds)",
+                "job:ncclscope_straggler_score:max",
+                "max by (job) (job_rank:ncclscope_straggler_score:max)",
+                "The worst straggler's score, where one reaches the floor.",
+            ),
+            _rec(
+                "job_instance:ncclscope_collective_lateness_seconds:max",
+                "max by (job, instance) (ncclscope_collective_lateness_seconds)",
+                "Each node's latest rank's median lateness (a series per node, not per rank).",
             ),
             _rec(
                 "job_comm:ncclscope_collective_seq:rate1m",
