@@ -170,17 +170,20 @@ def series_budget(
     ranks: int,
     memberships: int,
     comms: int,
+    spanning: int,
 ) -> int:
     """Series one agent exports on a healthy job: ``gpus`` behind ``uplinks`` PCIe
     uplinks, ``processes`` job processes (each on one GPU), ``ranks`` ranks whose logs it
-    reads, on ``comms`` communicators with ``memberships`` rank-communicator pairs.
+    reads, on ``comms`` communicators with ``memberships`` rank-communicator pairs, of
+    which ``spanning`` have members on other nodes too.
 
     What depends on the job's state comes on top (docs/metrics.md): the findings and
     NCCL errors by kind, 3 per communicator with a pending collective (+1 per culprit),
     XIDs, Inspector's bandwidth buckets.
 
-    >>> series_budget(gpus=8, uplinks=4, processes=8, ranks=8, memberships=32, comms=4)
-    282
+    >>> series_budget(gpus=8, uplinks=4, processes=8, ranks=8, memberships=32, comms=4,
+    ...               spanning=3)
+    274
     """
     agent = 2 + 3 * _COLLECTORS + 5  # build and node info, collectors' health, log reading
     host = 6
@@ -188,10 +191,10 @@ def series_budget(
     per_gpu = 14 + 1  # NVML's gauges and counters, the GPU's uplink
     per_process = 2 + 1  # resident memory, CPU, its memory on its GPU
     per_rank = 3  # its host, lateness, straggler score
-    per_comm = 9  # size, highest and lowest sequence, wait, op, 2 marks x (sequence, time)
+    per_spanning = 8  # the node's highest and lowest sequence, wait, op, 2 x 2 marks
     return (
         agent + host + clock + per_gpu * gpus + 4 * uplinks + per_process * processes
-        + per_rank * ranks + memberships + per_comm * comms
+        + per_rank * ranks + memberships + comms + per_spanning * spanning
     )  # fmt: skip
 
 
@@ -214,21 +217,28 @@ _BUDGET = """\
 Per node, on a healthy job, with G GPUs behind U PCIe uplinks (switches; U = G where
 each GPU has a root port of its own), P job processes (each on one GPU), R ranks whose
 logs the agent reads, on C communicators with M rank-communicator memberships (M = R x C
-where every rank is on every communicator):
+where every rank is on every communicator), X of which have members on other nodes too:
 
-    series = 30 + 15 G + 4 U + 3 P + 3 R + M + 9 C
+    series = 30 + 15 G + 4 U + 3 P + 3 R + M + C + 8 X
 
 - 30: the agent (build and node info, 5 collectors' success, run time and CPU, 5 log
   counters), the host (6), the agent's clock and the collective timeout;
 - 15 per GPU (14 NVML values and the GPU's uplink), 4 per uplink, 3 per process
   (resident memory, CPU, its memory on its GPU);
 - 3 per rank (its host, lateness, straggler score), 1 per rank and communicator (its
-  sequence number), 9 per communicator (its size; the node's highest and lowest sequence
-  number, wait and op; two marks' sequence and time).
+  sequence number), 1 per communicator (its size) and 8 more per communicator spanning
+  nodes (the node's summary: its highest and lowest sequence number, wait and op; two
+  marks' sequence and time). A communicator wholly on the node (tensor parallelism within
+  it) has no summary: nothing to compare across nodes, its stalls are the node's own
+  countdown's.
 
-8 GPUs behind 4 switches, 8 processes, 8 ranks each on 4 communicators (M = 32, C = 4):
-**282**. With data-parallel groups of one rank per node (each rank on the world, its
-node's and its own group: M = 24, C = 10), 8 GPUs: 328. On top, what the job's state
+8 GPUs behind 4 switches, 8 processes, 8 ranks each on 4 communicators, one of them the
+node's own (M = 32, C = 4, X = 3): **274**. With data-parallel groups of one rank per
+node (each rank on the world, its node's and its own group: M = 24, C = 10, X = 9): 320.
+Measured so (with the config doctor's one finding on top): 275 and 321; before issue #25
+(7 series per rank and communicator, and each rank's lateness and straggler score once
+per communicator of the node's size) the same agent exported 491 and 409. On top, what
+the job's state
 adds: findings and NCCL errors by kind and severity (each a fixed set), 3 per
 communicator with a pending collective (its age, seconds left, sequence number) and 1 per
 rank it waits for, XIDs a GPU reported, and, where the agent follows NCCL Inspector, its

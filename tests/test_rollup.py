@@ -123,3 +123,20 @@ def test_a_real_nodes_summary_agrees_with_its_ranks(tmp_path: Path) -> None:
         first = min(entered[(comm, r)] for r, s in seqs[comm].items() if s == top)
         assert wait == pytest.approx(last.timestamp() + 5.0 - first)
     Board().set("job", exported(rows, now=last.timestamp()))
+
+
+def test_no_summary_for_a_communicator_wholly_on_the_node() -> None:
+    """Its size is the ranks seen here and they all run on this host: nothing to compare
+    across nodes (the node's own countdown watches it)."""
+
+    def summed(size: float, hosts: tuple[str, str]) -> list[tuple[tuple[str, ...], float]]:
+        rows = {
+            SEQ: [(("tp", "0"), 5.0), (("tp", "1"), 5.0)],
+            "ncclscope_communicator_ranks": [(("tp",), size)],
+            "ncclscope_rank_info": [(("0", hosts[0]), 1.0), (("1", hosts[1]), 1.0)],
+        }
+        return node_rows(rows, now=0.0).get("ncclscope_node_collective_seq_max", [])
+
+    assert summed(2.0, ("node-0", "node-0")) == []
+    assert summed(4.0, ("node-0", "node-0")) == [(("tp",), 5.0)]  # members elsewhere too
+    assert summed(2.0, ("node-0", "node-1")) == [(("tp",), 5.0)]  # one agent, two hosts' logs

@@ -3,7 +3,9 @@ rules compare across nodes, so that their cost grows with nodes, not ranks.
 
 The agent knows its own ranks.  From the job's rows (``{metric: [(labels, value), ...]}``,
 as ``Agent._publish`` puts them on the board) it adds, per communicator its ranks are
-on (``ncclscope_node_collective_*``):
+on that has members on other nodes too (``ncclscope_node_collective_*``; a communicator
+wholly on the node, its ``nranks`` all here and on this host, is the node's own
+countdown's to watch):
 
 * the node's highest and lowest sequence number (``ncclscope_collective_seq`` counts
   calls since the agent started, the same on every node); the lowest carries the list of
@@ -32,6 +34,7 @@ every pending collective): it is exported as the value of
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -47,6 +50,8 @@ _MARK_SEQ = "ncclscope_collective_mark_seq"
 _MARK_TS = "ncclscope_collective_mark_timestamp_seconds"
 _CULPRIT = "ncclscope_timeout_culprit_info"
 _WAIT = "ncclscope_node_collective_wait_seconds"
+_SIZE = "ncclscope_communicator_ranks"
+_HOST = "ncclscope_rank_info"
 
 #: The members' rows (per rank and communicator, labels ``comm, rank[, op | every]``)
 #: the summary reads and the agent does not export: the node's summary replaces them.
@@ -80,6 +85,16 @@ def _summary(rows: Mapping[str, Rows]) -> _Summary:
     seqs: dict[str, dict[str, float]] = {}
     for (comm, rank), seq in rows.get(_SEQ, ()):
         seqs.setdefault(comm, {})[rank] = seq
+    # A communicator whose every member runs on this node has nothing to compare across
+    # nodes (its stalls are the node's own countdown's): no summary.
+    sizes = {comm: n for (comm,), n in rows.get(_SIZE, ())}
+    hosts = {rank: host for (rank, host), _one in rows.get(_HOST, ())}
+
+    def here(comm: str, by_rank: Mapping[str, float]) -> bool:
+        on = {hosts.get(rank) for rank in by_rank}
+        return sizes.get(comm, math.inf) <= len(by_rank) and len(on) == 1 and None not in on
+
+    seqs = {c: by_rank for c, by_rank in seqs.items() if not here(c, by_rank)}
     entered = {labels: ts for labels, ts in rows.get(_ENTERED, ())}
     ops = {(comm, rank): op for (comm, rank, op), _one in rows.get(_OP, ())}
     for comm in sorted(seqs):
@@ -103,7 +118,8 @@ def _summary(rows: Mapping[str, Rows]) -> _Summary:
                 got.put("ncclscope_node_collective_op_info", (comm, op), 1.0)
     marks: dict[tuple[str, str], dict[str, float]] = {}
     for (comm, rank, every), seq in rows.get(_MARK_SEQ, ()):
-        marks.setdefault((comm, every), {})[rank] = seq
+        if comm in seqs:
+            marks.setdefault((comm, every), {})[rank] = seq
     mark_ts = {labels: ts for labels, ts in rows.get(_MARK_TS, ())}
     for (comm, every), by_rank in sorted(marks.items(), key=lambda kv: (kv[0][0], int(kv[0][1]))):
         top = max(by_rank.values())
@@ -174,7 +190,7 @@ class NodeRollup:
 
     def __call__(self, rows: Mapping[str, Rows], now: float) -> dict[str, Rows]:
         # The lists themselves are held in the key, so their ids cannot be reused.
-        key = tuple(rows.get(name) for name in (_SEQ, *sorted(MEMBER_ONLY)))
+        key = tuple(rows.get(name) for name in (_SEQ, _SIZE, _HOST, *sorted(MEMBER_ONLY)))
         same = len(key) == len(self._key) and all(
             a is b for a, b in zip(key, self._key, strict=True)
         )

@@ -332,7 +332,7 @@ def job_dashboard() -> dict[str, Any]:
                     ),
                     Target(
                         f"topk({TOP},\n"
-                        f"  max by (comm) (ncclscope_node_collective_seq_max{{{_JOB}}})\n"
+                        f"  max by (comm) (ncclscope_collective_seq{{{_JOB}}})\n"
                         "    - on (comm) group_right ()\n"
                         "  max by (comm, rank) "
                         f'(ncclscope_collective_seq{{{_JOB}, rank=~"$rank"}})\n'

@@ -200,20 +200,30 @@ _CROSS_NODE: tuple[Rule, ...] = (
         _CULPRIT,
         "max by (job, comm, rank, hostname) (\n"
         "  (\n"
-        "    (\n" + _each_rank(_ALL_BEHIND, "      ") + "\n      or\n"
-        "      max by (job, instance, comm, rank) (\n"
-        f"        ncclscope_timeout_culprit_info and on (job, instance, comm) {_HOLDING}\n"
+        "    (\n"
+        "      (\n" + _each_rank(_ALL_BEHIND, "        ") + "\n        or\n"
+        "        max by (job, instance, comm, rank) (\n"
+        f"          ncclscope_timeout_culprit_info and on (job, instance, comm) {_HOLDING}\n"
+        "        )\n"
         "      )\n"
+        f"      * 0 + on (job, instance, comm) group_left () {_HOLDING}\n"
         "    )\n"
-        f"    * 0 + on (job, instance, comm) group_left () {_HOLDING}\n"
+        "    or\n"
+        "    max by (job, instance, comm, rank) (ncclscope_timeout_culprit_info)\n"
+        "      and on (job, instance, comm)\n"
+        "    ncclscope_pending_collective_age_seconds\n"
+        f"      >= on (job) group_left () ({STALL_TIMEOUT_SHARE} * {_TIMEOUT})\n"
         "  )\n"
         f"  * on (job, instance) group_left (hostname) {_NODE_HOST}\n"
         ")",
         comment=(
             "The ranks behind on a stalled communicator, with their node's host: whom the"
-            " collective waits for (value: collectives their node's last rank is behind)."
-            " A node whose ranks are all behind names each from its list; a node with ranks"
-            " on both sides names those its own countdown names. No series per rank is read."
+            " collective waits for (value: collectives their node's last rank is behind, 1"
+            " where only a node's own countdown saw it). A node whose ranks are all behind"
+            " names each from its list; a node with ranks on both sides names those its own"
+            " countdown names, and so does a node whose countdown has waited a quarter of"
+            " the timeout (on a communicator wholly on the node, the only view there is)."
+            " No series per rank is read."
         ),
     ),
 )
@@ -378,16 +388,17 @@ RULE_GROUPS: tuple[RuleGroup, ...] = (
             ),
             Rule(
                 "NcclscopeCollectiveStalled",
-                f"{_LEFT}\n"
+                f"(\n  {_LEFT}\n  or on (job, comm)\n"
+                "  job_comm:ncclscope_timeout_remaining_seconds:min\n)\n"
                 "  + on (job, comm) group_right ()\n"
-                f"(0 * {_CULPRIT})\n"
-                f"and on (job, comm) ({_STALLED})",
+                f"(0 * {_CULPRIT})",
                 alert=True,
                 labels=(("severity", "warning"),),
                 comment=(
                     "Ranks behind while the leaders have waited a quarter of the timeout,"
-                    " across nodes (a whole node frozen, one rank per node). Value: seconds"
-                    " left. No `for`: the wait comes from the logs' timestamps."
+                    " across nodes (a whole node frozen, one rank per node) or on a node that"
+                    " sees both sides. Value: seconds left. No `for`: the wait comes from the"
+                    " logs' timestamps."
                 ),
                 annotations=(
                     (
