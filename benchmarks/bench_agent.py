@@ -81,7 +81,7 @@ def _board(n_ranks: int) -> Board:
             "ncclscope_straggler_score": [((str(r),), 0.01) for r in ranks],
             "ncclscope_pending_collective_age_seconds": [(("0xworld",), 12.0)],
             "ncclscope_timeout_remaining_seconds": [(("0xworld",), 588.0)],
-            "ncclscope_timeout_culprit_info": [(("0xworld", "5", "AllGather", "1842"), 1.0)],
+            "ncclscope_timeout_culprit_info": [(("0xworld", "5", "AllGather"), 1.0)],
         },
     )
     gpus = [(str(g), f"GPU-{g}", f"00000000:{g:02X}:00.0") for g in range(8)]

@@ -16,7 +16,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["CATALOG", "GPU_LABELS", "Metric", "by_name", "render_markdown"]
+__all__ = [
+    "BOUNDED_LABELS",
+    "CATALOG",
+    "GPU_LABELS",
+    "GROWING_LABELS",
+    "Metric",
+    "by_name",
+    "render_markdown",
+    "series_budget",
+]
 
 Kind = Literal["gauge", "counter", "info"]
 
@@ -92,10 +101,12 @@ CATALOG: tuple[Metric, ...] = (
     _m("host", "process_cpu_seconds_total", "counter", "seconds", "CPU time of a job process.", "pid"),
     # --- the job, from its logs (the same detectors as analyze)
     _m("job", "collective_seq", "gauge", "", "Sequence number (from 0) of the last collective a rank logged on a communicator, counted by the agent since it started: it grows whatever opCount does.", "comm", "rank"),
-    _m("job", "collective_entered_timestamp_seconds", "gauge", "seconds", "When (Unix time, the log's clock) a rank entered its last collective on a communicator.", "comm", "rank"),
-    _m("job", "collective_op_info", "info", "", "The op of the last collective a rank entered on a communicator.", "comm", "rank", "op"),
-    _m("job", "collective_mark_seq", "gauge", "", "The last sequence number that is a multiple of `every` a rank reached on a communicator (counted as collective_seq): members are compared at the same mark.", "comm", "rank", "every"),
-    _m("job", "collective_mark_timestamp_seconds", "gauge", "seconds", "When (Unix time, the log's clock) a rank entered the collective of collective_mark_seq.", "comm", "rank", "every"),
+    _m("job", "node_collective_seq_max", "gauge", "", "The highest collective_seq of the node's ranks on a communicator (the rules' leaders are the nodes at the job's highest).", "comm"),
+    _m("job", "node_collective_seq_min", "gauge", "", "The lowest collective_seq of the node's ranks on a communicator (below the job's highest, the node holds the collective up); `ranks` lists the node's ranks on it (comma-separated, fixed while the communicator lives), from which the rules name them.", "comm", "ranks"),
+    _m("job", "node_collective_wait_seconds", "gauge", "seconds", "How long ago (the agent's clock: the logs' time) the first of the node's ranks entered the node's highest collective on a communicator.", "comm"),
+    _m("job", "node_collective_op_info", "info", "", "The op of the node's highest collective on a communicator.", "comm", "op"),
+    _m("job", "node_collective_mark_seq", "gauge", "", "The newest multiple of `every` (counted as collective_seq) one of the node's ranks reached on a communicator: nodes are compared at the same mark.", "comm", "every"),
+    _m("job", "node_collective_mark_timestamp_seconds", "gauge", "seconds", "When (Unix time, the log's clock) the first of the node's ranks entered the collective of node_collective_mark_seq.", "comm", "every"),
     _m("job", "communicator_ranks", "gauge", "", "A communicator's size (its COLL lines' nranks).", "comm"),
     _m("job", "rank_info", "info", "", "The host a rank runs on, as its log lines name it.", "rank", "hostname"),
     _m("job", "clock_timestamp_seconds", "gauge", "seconds", "The agent's clock (Unix time; a replay's runs at its speed): the rules measure waits against it."),
@@ -104,11 +115,88 @@ CATALOG: tuple[Metric, ...] = (
     _m("job", "straggler_score", "gauge", "", "A rank's excess median lateness over the typical rank's, as a share of the gap between collectives.", "rank"),
     _m("job", "pending_collective_age_seconds", "gauge", "seconds", "Age of the oldest collective some members entered and others did not.", "comm"),
     _m("job", "timeout_remaining_seconds", "gauge", "seconds", "Seconds before the collective timeout fires on that collective.", "comm"),
-    _m("job", "timeout_culprit_info", "info", "", "The rank the pending collective waits for.", "comm", "rank", "op", "seq"),
+    _m("job", "timeout_culprit_info", "info", "", "The rank the pending collective waits for, and the collective's op.", "comm", "rank", "op"),
+    _m("job", "pending_collective_seq", "gauge", "", "The pending collective's sequence number as the logs number it (opCount, else calls counted in the window): where to look in the logs.", "comm"),
     _m("job", "nccl_errors", "gauge", "", "NCCL WARN root causes in the followed logs, by kind and severity.", "kind", "severity"),
     _m("job", "findings", "gauge", "", "Current findings by kind and severity.", "kind", "severity"),
     _m("job", "collective_bus_bandwidth_bytes_per_second", "gauge", "bytes_per_second", "Median bus bandwidth NCCL Inspector measured over the window, per op and message size (size_bucket: the power of two, in bytes, at or below each rank's buffer; at most 40 buckets). Only while the agent follows Inspector output.", "op", "size_bucket"),
 )  # fmt: skip
+
+
+#: Every label the catalog uses, and why its values stay few: none grows with the run.
+BOUNDED_LABELS: dict[str, str] = {
+    "version": "the agent's build (one series)",
+    "python": "the agent's build (one series)",
+    "polars": "the agent's build (one series)",
+    "hostname": "the node's host (`node_info`), each rank's (`rank_info`)",
+    "collector": "the agent's collectors (5)",
+    "gpu": "one per GPU",
+    "UUID": "one per GPU",
+    "pci_bus_id": "one per GPU",
+    "name": "the GPU's model (one per GPU)",
+    "xid": "the XID codes a GPU reported: a few, from the driver's fixed list",
+    "uplink": "the PCIe links above the GPUs (at most one per GPU)",
+    "pid": (
+        "the job's processes while they live (one per local rank; NVML's GPU processes"
+        " likewise): a restarted process's series replaces the old one, which goes stale"
+    ),
+    "comm": "the communicators (commId) the node's ranks are on, fixed for the job",
+    "rank": "the node's ranks",
+    "ranks": "the list of the node's ranks on a communicator, fixed while it lives",
+    "op": "NCCL's collective names (a handful)",
+    "every": "the two mark intervals (64 and 1,024 collectives)",
+    "kind": "the detectors' and NCCL errors' kinds (a fixed set)",
+    "severity": "three severities",
+    "size_bucket": "power-of-two message sizes (at most 40)",
+}
+
+#: Labels whose values would grow with the run (one series per collective, step, call or
+#: line): none of them may label a metric.  The sequence number of the collective a
+#: pending one waits in is the value of ``ncclscope_pending_collective_seq``.
+GROWING_LABELS = frozenset(
+    {"seq", "opcount", "op_count", "step", "iteration", "iter", "epoch", "call", "calls",
+     "line", "line_no", "timestamp", "ts", "time", "tid", "stream", "ptr", "addr",
+     "sendbuff", "recvbuff", "count", "instance_id"}
+)  # fmt: skip
+
+#: The agent's collectors, each reporting its success, run time and CPU.
+_COLLECTORS = 5
+
+
+def series_budget(
+    *,
+    gpus: int,
+    uplinks: int,
+    processes: int,
+    ranks: int,
+    memberships: int,
+    comms: int,
+    spanning: int,
+) -> int:
+    """Series one agent exports on a healthy job: ``gpus`` behind ``uplinks`` PCIe
+    uplinks, ``processes`` job processes (each on one GPU), ``ranks`` ranks whose logs it
+    reads, on ``comms`` communicators with ``memberships`` rank-communicator pairs, of
+    which ``spanning`` have members on other nodes too.
+
+    What depends on the job's state comes on top (docs/metrics.md): the findings and
+    NCCL errors by kind, 3 per communicator with a pending collective (+1 per culprit),
+    XIDs, Inspector's bandwidth buckets.
+
+    >>> series_budget(gpus=8, uplinks=4, processes=8, ranks=8, memberships=32, comms=4,
+    ...               spanning=3)
+    274
+    """
+    agent = 2 + 3 * _COLLECTORS + 5  # build and node info, collectors' health, log reading
+    host = 6
+    clock = 2  # the agent's clock, the collective timeout
+    per_gpu = 14 + 1  # NVML's gauges and counters, the GPU's uplink
+    per_process = 2 + 1  # resident memory, CPU, its memory on its GPU
+    per_rank = 3  # its host, lateness, straggler score
+    per_spanning = 8  # the node's highest and lowest sequence, wait, op, 2 x 2 marks
+    return (
+        agent + host + clock + per_gpu * gpus + 4 * uplinks + per_process * processes
+        + per_rank * ranks + memberships + comms + per_spanning * spanning
+    )  # fmt: skip
 
 
 def by_name() -> dict[str, Metric]:
@@ -124,8 +212,60 @@ _GROUPS = {
 }
 
 
+_BUDGET = """\
+### Series budget
+
+Per node, on a healthy job, with G GPUs behind U PCIe uplinks (switches; U = G where
+each GPU has a root port of its own), P job processes (each on one GPU), R ranks whose
+logs the agent reads, on C communicators with M rank-communicator memberships (M = R x C
+where every rank is on every communicator), X of which have members on other nodes too:
+
+    series = 30 + 15 G + 4 U + 3 P + 3 R + M + C + 8 X
+
+- 30: the agent (build and node info, 5 collectors' success, run time and CPU, 5 log
+  counters), the host (6), the agent's clock and the collective timeout;
+- 15 per GPU (14 NVML values and the GPU's uplink), 4 per uplink, 3 per process
+  (resident memory, CPU, its memory on its GPU);
+- 3 per rank (its host, lateness, straggler score), 1 per rank and communicator (its
+  sequence number), 1 per communicator (its size) and 8 more per communicator spanning
+  nodes (the node's summary: its highest and lowest sequence number, wait and op; two
+  marks' sequence and time). A communicator wholly on the node (tensor parallelism within
+  it) has no summary: nothing to compare across nodes, its stalls are the node's own
+  countdown's.
+
+8 GPUs behind 4 switches, 8 processes, 8 ranks each on 4 communicators, one of them the
+node's own (M = 32, C = 4, X = 3): **274**. With data-parallel groups of one rank per
+node (each rank on the world, its node's and its own group: M = 24, C = 10, X = 9): 320.
+Measured so (with the config doctor's one finding on top): 275 and 321; before issue #25
+(7 series per rank and communicator, and each rank's lateness and straggler score once
+per communicator of the node's size) the same agent exported 491 and 409. On top, what
+the job's state
+adds: findings and NCCL errors by kind and severity (each a fixed set), 3 per
+communicator with a pending collective (its age, seconds left, sequence number) and 1 per
+rank it waits for, XIDs a GPU reported, and, where the agent follows NCCL Inspector, its
+bandwidth per op and message size (at most 40 buckets an op). None of it grows with the
+collectives a job runs: `tests/test_series_budget.py` renders an agent's board for
+several shapes after 100 and after 1,600 collectives and checks the count against this
+formula, and checks every label below.
+
+Per rank and communicator only the sequence number is exported (for drill-down and the
+dashboards' worst ranks); what the rules compare across nodes is each node's summary
+(`ncclscope_node_collective_*`, one series per node and communicator), so Prometheus'
+rules cost grows with nodes x communicators, not ranks.
+
+### Labels
+
+Every label, and why its values stay few. Labels whose values would grow with the run
+(sequence numbers, opCount, steps, calls, lines, times) are none of them: the sequence
+number of a pending collective is the value of `ncclscope_pending_collective_seq`, not a
+label of the culprit's series (a new series for every collective that was ever pending).
+
+"""
+
+
 def render_markdown() -> str:
-    """``docs/metrics.md``'s table section, from the catalog."""
+    """``docs/metrics.md``'s generated part, from the catalog: the tables, the series
+    budget and the labels."""
     out: list[str] = []
     for group, title in _GROUPS.items():
         out += [f"### {title}", "", "| metric | type | labels | meaning |", "|---|---|---|---|"]
@@ -134,4 +274,7 @@ def render_markdown() -> str:
                 labels = ", ".join(f"`{x}`" for x in m.labels) or "-"
                 out.append(f"| `{m.name}` | {m.kind} | {labels} | {m.help} |")
         out.append("")
+    out += [_BUDGET.rstrip("\n"), "", "| label | why its values stay few |", "|---|---|"]
+    out += [f"| `{label}` | {why} |" for label, why in BOUNDED_LABELS.items()]
+    out.append("")
     return "\n".join(out)

@@ -248,6 +248,10 @@ def test_series_per_metric_grow_with_ranks_and_comms_not_collectives(tmp_path: P
         assert counts["ncclscope_collective_mark_seq"] == 8 * 2 * 2  # every=64 and 1024
         assert counts["ncclscope_communicator_ranks"] == 2
         assert counts["ncclscope_rank_info"] == 8
+        # One lateness and score per rank, though the node sees as many members of the
+        # world as of its own communicator (two rows would be one series twice).
+        assert counts["ncclscope_collective_lateness_seconds"] == 8
+        assert counts["ncclscope_straggler_score"] == 8
 
 
 def test_window_stamps_arrival_times_when_nccl_prints_none(tmp_path: Path) -> None:

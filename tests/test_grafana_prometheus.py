@@ -112,7 +112,8 @@ def test_dashboards_and_alerts_on_a_real_prometheus(tmp_path: Path) -> None:
         assert 0 < float(alert["value"]) < 300, alert
         assert alert["labels"]["rank"] == "6", alert
         assert alert["labels"]["op"] == "AllGather"
-        assert alert["labels"]["seq"] == "30"
+        assert "seq" not in alert["labels"]  # a value (its text says it), not a label
+        assert "(AllGather #30)" in alert["annotations"]["description"]
         assert alert["labels"]["severity"] == "critical"
         assert "rank 6" in alert["annotations"]["description"]
 

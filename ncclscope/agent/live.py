@@ -450,7 +450,17 @@ def diagnosis_rows(diagnosis: Diagnosis) -> dict[str, list[tuple[tuple[str, ...]
     rows: dict[str, list[tuple[tuple[str, ...], float]]] = {}
     late = lateness(diagnosis.context)
     if len(late):
-        world = late.filter(pl.col("members") == late["members"].max())
+        # One row per rank: of the communicators with the most members, the one it was
+        # timed on most often (a node's agent sees the world's members on the node and
+        # the node's own communicator alike; two rows would be one series twice).
+        who_expr = pl.coalesce(pl.col("rank"), pl.col("comm_rank")).alias("who")
+        world = (
+            late.filter(pl.col("members") == late["members"].max())
+            .sort(["instances", "comm_key"], descending=[True, False])
+            .with_columns(who_expr)
+            .unique(subset="who", keep="first", maintain_order=True)
+            .sort("who")
+        )
         typical = world["median_s"].median()
         for r in world.iter_rows(named=True):
             who = str(r["rank"] if r["rank"] is not None else r["comm_rank"])

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ncclscope.agent.exporter import Board, identity_rows, write_textfile
 from ncclscope.agent.live import job_rows
+from ncclscope.agent.rollup import exported
 from ncclscope.diagnose import Diagnosis
 
 __all__ = ["write_postmortem"]
@@ -18,5 +19,5 @@ def write_postmortem(diagnosis: Diagnosis, path: Path) -> None:
     board = Board()
     board.set("identity", identity_rows())
     now = diagnosis.context.last_ts or datetime.now(UTC)
-    board.set("job", job_rows(diagnosis, now))
+    board.set("job", exported(job_rows(diagnosis, now), now.timestamp()))
     write_textfile(board, path)

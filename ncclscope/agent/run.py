@@ -31,6 +31,7 @@ from ncclscope.agent.live import (
 )
 from ncclscope.agent.nvml import NvmlCollector
 from ncclscope.agent.progress import LiveContext, LiveProgress, member_rows
+from ncclscope.agent.rollup import NodeRollup
 from ncclscope.agent.telemetry import TelemetryWriter
 from ncclscope.agent.topology import collector_topology, link_rows
 from ncclscope.detect.timeout import countdown
@@ -248,6 +249,8 @@ class Agent:
         self._seen = _Seen()
         #: (progress version, reference) -> its live context and member rows
         self._live: tuple[tuple[int, int, bool], LiveContext, Mapping[str, Rows]] | None = None
+        #: the job's rows as exported: the node's summary per communicator added
+        self._rollup = NodeRollup()
 
     # -- collectors ---------------------------------------------------------------------
 
@@ -370,9 +373,8 @@ class Agent:
             self._live = (key, ctx, member_rows(self.progress, members, ref.file_ids))
         _key, ctx, rows = self._live
         pending = countdown(ctx, now, ref.timeout_s) if silent else None
-        self.board.set(
-            "job", {**ref.rows, **rows, **(countdown_rows(pending) if pending is not None else {})}
-        )
+        counted = countdown_rows(pending) if pending is not None else {}
+        self.board.set("job", self._rollup({**ref.rows, **rows, **counted}, now.timestamp()))
 
     def _learn_pids(self, analysis: Any) -> None:
         """Without --pid or --match, watch the processes the logs name on this host."""

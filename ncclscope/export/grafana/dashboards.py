@@ -19,6 +19,7 @@ __all__ = [
     "DATASOURCE",
     "MACROS",
     "THROTTLE_BITS",
+    "TOP",
     "Panel",
     "Target",
     "dashboard_json",
@@ -34,6 +35,9 @@ __all__ = [
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 
 _JOB = 'job=~"$job"'
+#: How many of the worst ranks or nodes a panel shows: at 10,000 ranks a line per rank
+#: is no picture.
+TOP = 10
 #: Keeps the series of the hosts picked in ``$host`` and adds their ``hostname``.
 _ON_HOST = (
     " * on (job, instance) group_left (hostname)"
@@ -248,13 +252,20 @@ def job_dashboard() -> dict[str, Any]:
                 "Waiting for (the culprit)",
                 (
                     Target(
-                        f"max by (comm, rank, op, seq) (ncclscope_timeout_culprit_info{{{_JOB}}})",
+                        f"max by (comm, rank, op) (ncclscope_timeout_culprit_info{{{_JOB}}})",
+                        instant=True,
+                    ),
+                    Target(
+                        f"max by (comm) (ncclscope_pending_collective_seq{{{_JOB}}})",
                         instant=True,
                     ),
                 ),
                 w=9,
                 h=6,
-                description="The rank(s) the pending collective waits for: op and sequence number.",
+                description=(
+                    "The rank(s) a pending collective waits for, where a node's agent sees"
+                    " both sides, its op, and its sequence number as the logs number it."
+                ),
                 options=_TABLE,
             ),
             Panel(
@@ -287,7 +298,8 @@ def job_dashboard() -> dict[str, Any]:
                 "Straggler score per rank",
                 (
                     Target(
-                        f'max by (rank) (ncclscope_straggler_score{{{_JOB}, rank=~"$rank"}})',
+                        f"topk({TOP}, max by (rank) "
+                        f'(ncclscope_straggler_score{{{_JOB}, rank=~"$rank"}}))',
                         "rank {{rank}}",
                     ),
                 ),
@@ -295,8 +307,9 @@ def job_dashboard() -> dict[str, Any]:
                 h=8,
                 unit="percentunit",
                 description=(
-                    "A rank's excess median lateness over the typical rank's, as a share of "
-                    "the gap between collectives: 0.05 is the detectors' floor, 0.25 critical."
+                    f"The {TOP} worst ranks at each time: a rank's excess median lateness over"
+                    " the typical rank's, as a share of the gap between collectives: 0.05 is"
+                    " the detectors' floor, 0.25 critical."
                 ),
                 options=_LEGEND_TABLE,
                 defaults={"thresholds": _steps((None, "green"), (0.05, "orange"), (0.25, "red"))},
@@ -305,43 +318,58 @@ def job_dashboard() -> dict[str, Any]:
         [
             Panel(
                 "timeseries",
-                "Collectives behind the leaders, per rank (all nodes)",
+                "Collectives behind the leaders, the nodes and ranks furthest behind",
                 (
                     Target(
-                        f"max by (comm) (ncclscope_collective_seq{{{_JOB}}})\n"
-                        "  - on (comm) group_right ()\n"
-                        f'max by (comm, rank) (ncclscope_collective_seq{{{_JOB}, rank=~"$rank"}})',
+                        f"topk({TOP},\n"
+                        f"  max by (comm) (ncclscope_node_collective_seq_max{{{_JOB}}})\n"
+                        "    - on (comm) group_right ()\n"
+                        "  max by (comm, hostname) (\n"
+                        f"    ncclscope_node_collective_seq_min{{{_JOB}}}{_ON_HOST}\n"
+                        "  )\n"
+                        ")",
+                        "{{hostname}} {{comm}}",
+                    ),
+                    Target(
+                        f"topk({TOP},\n"
+                        f"  max by (comm) (ncclscope_collective_seq{{{_JOB}}})\n"
+                        "    - on (comm) group_right ()\n"
+                        "  max by (comm, rank) "
+                        f'(ncclscope_collective_seq{{{_JOB}, rank=~"$rank"}})\n'
+                        ")",
                         "rank {{rank}} {{comm}}",
                     ),
                 ),
                 w=12,
                 h=8,
                 description=(
-                    "Per communicator, how many collectives each rank is behind the ranks "
-                    "furthest ahead, joined over every node's agent. A running job shows "
-                    "0-2; a stall shows its culprits above 0 while the others wait."
+                    "Per communicator, how many collectives the last rank of each node is "
+                    "behind the ranks furthest ahead, joined over every node's agent (from "
+                    f"each node's summary), and the same for single ranks: the {TOP} furthest "
+                    "behind of each. A running job shows 0-2; a stall shows its culprits "
+                    "above 0 while the others wait."
                 ),
                 options=_LEGEND_TABLE,
             ),
             Panel(
                 "timeseries",
-                "Time since each rank entered its last collective",
+                "Time since each node entered its highest collective",
                 (
                     Target(
-                        f"max by (comm, rank) (ncclscope_clock_timestamp_seconds{{{_JOB}}}\n"
-                        "  - on (job, instance) group_right ()\n"
-                        "ncclscope_collective_entered_timestamp_seconds"
-                        f'{{{_JOB}, rank=~"$rank"}})',
-                        "rank {{rank}} {{comm}}",
+                        f"topk({TOP}, max by (comm, hostname) (\n"
+                        f"  ncclscope_node_collective_wait_seconds{{{_JOB}}}{_ON_HOST}\n"
+                        "))",
+                        "{{hostname}} {{comm}}",
                     ),
                 ),
                 w=12,
                 h=8,
                 unit="s",
                 description=(
-                    "On the clock of the agent that read the rank's log. Every rank near 0 "
-                    "on a running job; in a stall the leaders' lines climb together (the "
-                    "collective timeout fires when the first reaches it)."
+                    "Since the first of a node's ranks entered the node's highest collective, "
+                    f"on that node's agent's clock: the {TOP} longest. Every node near 0 on a "
+                    "running job; in a stall the nodes' lines climb together (the collective "
+                    "timeout fires when the leaders' reaches it), those behind highest."
                 ),
                 options=_LEGEND_TABLE,
             ),
@@ -352,8 +380,8 @@ def job_dashboard() -> dict[str, Any]:
                 "Arrival lateness per rank",
                 (
                     Target(
-                        "max by (rank) "
-                        f'(ncclscope_collective_lateness_seconds{{{_JOB}, rank=~"$rank"}})',
+                        f"topk({2 * TOP}, max by (rank) "
+                        f'(ncclscope_collective_lateness_seconds{{{_JOB}, rank=~"$rank"}}))',
                         "{{rank}}",
                     ),
                 ),
@@ -361,8 +389,8 @@ def job_dashboard() -> dict[str, Any]:
                 h=9,
                 unit="s",
                 description=(
-                    "Each rank's median arrival after the first rank at collectives, over "
-                    "time: a straggler is the row that stays hot."
+                    f"The {2 * TOP} latest ranks' median arrival after the first rank at "
+                    "collectives, over time: a straggler is the row that stays hot."
                 ),
                 options={
                     "calculate": False,
@@ -377,17 +405,25 @@ def job_dashboard() -> dict[str, Any]:
                 "Collectives per second",
                 (
                     Target(
-                        "max by (comm, rank) (rate(ncclscope_collective_seq"
-                        f'{{{_JOB}, rank=~"$rank"}}[$__rate_interval]))',
-                        "{{comm}} rank {{rank}}",
+                        "max by (comm) (rate(ncclscope_node_collective_seq_max"
+                        f"{{{_JOB}}}[$__rate_interval]))",
+                        "{{comm}} leaders",
+                    ),
+                    Target(
+                        f"bottomk({TOP}, max by (comm, hostname) (\n"
+                        "  rate(ncclscope_node_collective_seq_min"
+                        f"{{{_JOB}}}[$__rate_interval]){_ON_HOST}\n"
+                        "))",
+                        "{{comm}} {{hostname}}",
                     ),
                 ),
                 w=12,
                 h=9,
                 unit="ops",
                 description=(
-                    "How fast each rank's collective sequence number advances; a hung "
-                    "communicator drops to zero, the culprit first."
+                    "How fast each communicator's leaders advance, and the last rank of the "
+                    f"{TOP} slowest nodes; a hung communicator drops to zero, the culprit's "
+                    "node first."
                 ),
             ),
         ],
@@ -407,15 +443,26 @@ def job_dashboard() -> dict[str, Any]:
             ),
             Panel(
                 "timeseries",
-                "Last collective sequence number per rank",
+                "Last collective sequence number: the leaders and the nodes furthest behind",
                 (
                     Target(
-                        f'max by (comm, rank) (ncclscope_collective_seq{{{_JOB}, rank=~"$rank"}})',
-                        "{{comm}} rank {{rank}}",
+                        f"max by (comm) (ncclscope_node_collective_seq_max{{{_JOB}}})",
+                        "{{comm}} leaders",
+                    ),
+                    Target(
+                        f"bottomk({TOP}, min by (comm, hostname) (\n"
+                        f"  ncclscope_node_collective_seq_min{{{_JOB}}}{_ON_HOST}\n"
+                        "))",
+                        "{{comm}} {{hostname}}",
                     ),
                 ),
                 w=18,
                 h=6,
+                description=(
+                    "Each communicator's highest sequence number, and the lowest of the "
+                    f"{TOP} nodes furthest behind (the number of collectives the agent counted "
+                    "since it started)."
+                ),
             ),
         ],
         [

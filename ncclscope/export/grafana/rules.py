@@ -3,7 +3,12 @@ rendered to ``grafana/ncclscope-rules.yml`` (``rules_yaml``).
 
 Many nodes are watched the Prometheus way (DESIGN §8): each node's agent is scraped,
 and the recording rules aggregate over them by ``job`` (the scrape job: one per training
-job, or one for the cluster), ``comm`` and ``rank``; alerts use the recorded series.
+job, or one for the cluster) and ``comm``; alerts use the recorded series.  The rules
+evaluated every second (stalls, countdowns, a lost node) read one series per node and
+communicator, each node's summary of its own ranks (``ncclscope.agent.rollup``), so
+their cost grows with nodes x communicators, not ranks (``benchmarks/bench_rules.py``);
+the ranks a stall waits for are named from the summaries of the few nodes that hold it
+up.
 """
 
 from __future__ import annotations
@@ -15,12 +20,14 @@ from dataclasses import dataclass
 from ncclscope.export.grafana.dashboards import pcie_ratio
 
 __all__ = [
+    "MAX_NODE_RANKS",
     "PCIE_CONTENTION_RATIO",
     "RULE_GROUPS",
     "SLOW_NODE_MIN_S",
     "SLOW_NODE_SLOWDOWN",
     "STALL_TIMEOUT_SHARE",
     "STRAGGLER_CRITICAL",
+    "STRAGGLER_FLOOR",
     "TIMEOUT_CRITICAL_LEFT_S",
     "Rule",
     "RuleGroup",
@@ -62,6 +69,9 @@ TIMEOUT_CRITICAL_LEFT_S = 300
 #: Straggler score from which a straggler is critical (the straggler detector's
 #: ``_CRITICAL_SLOWDOWN``).
 STRAGGLER_CRITICAL = 0.25
+#: Straggler score from which a rank straggles at all (the straggler detector's
+#: ``MIN_SLOWDOWN``): below it no rank's score is recorded.
+STRAGGLER_FLOOR = 0.05
 #: Share of the PCIe link from which offload traffic contends (issue #6: ~80%).
 PCIE_CONTENTION_RATIO = 0.8
 #: Share of the collective timeout the leaders of a communicator have waited for members
@@ -79,114 +89,196 @@ SLOW_NODE_SLOWDOWN = 0.1
 #: the whole signal.
 SLOW_NODE_MIN_S = 0.002
 
-#: The ranks and nodes of a communicator, joined across every node's agent.  Each agent
-#: exports its own ranks' facts (``ncclscope_collective_seq``, the time each entered its
-#: last collective, marks); these rules compare them, so a whole frozen node, a node
-#: whose agent died and a slow node are seen though no agent sees both sides.
-_BEHIND = "job_comm_rank:ncclscope_collective_seq:behind"
+#: The nodes of a communicator, compared across every node's agent.  Each agent sums up
+#: its own ranks per communicator (``ncclscope.agent.rollup``: the node's highest and
+#: lowest sequence number, how long its first rank has been in its highest collective,
+#: its first arrival at marks); these rules compare the nodes, so a whole frozen node, a
+#: node whose agent died and a slow node are seen though no agent sees both sides.  Every
+#: rule of the 1 s group reads one series per node and communicator (or per node), never
+#: one per rank: the ranks that hold a stalled collective up are named from their node's
+#: list of ranks and its own countdown.
+_SEQ_MAX = "job_comm:ncclscope_collective_seq:max"
 _WAIT = "job_comm:ncclscope_leaders_wait_seconds:since_entered"
 _LEFT = "job_comm:ncclscope_collective_timeout_left_seconds:from_wait"
 _TIMEOUT = "job:ncclscope_collective_timeout_seconds:max"
+_HOLDING = "job_instance_comm:ncclscope_collective_seq:holding_up"
+_ALL_BEHIND = "job_instance_comm:ncclscope_collective_seq:all_behind"
 _CULPRIT = "job_comm_rank:ncclscope_collective_seq:behind_on_host"
 _STALLED = f"{_WAIT} >= on (job) group_left () ({STALL_TIMEOUT_SHARE} * {_TIMEOUT})"
-_HOST_OF_RANK = "max by (job, rank, hostname) (ncclscope_rank_info)"
-#: ... recorded every 15 s (ranks keep their host): a join on it costs the 1 s rules no
-#: aggregation over every rank.
-_RANK_HOST = "job_rank_hostname:ncclscope_rank_info:max"
-#: The op the leaders of the alert's communicator entered, read when an alert's text is
-#: rendered (not at every evaluation: on 1,024 ranks that join cost ~35 ms a second).
+#: Each node's host, kept 15 minutes after its agent stopped answering (recorded every
+#: 15 s: the range costs the 1 s rules nothing).
+_NODE_HOST = "job_instance_hostname:ncclscope_node_info:last15m"
+#: The most ranks of one node on one communicator the stall rules name one by one.
+MAX_NODE_RANKS = 16
+#: The op of the leaders' collective, recorded every 15 s (a stall's does not change).
+_OP_LEADERS = "job_comm_op:ncclscope_node_collective_op_info:leaders"
+#: ... read when an alert's text is rendered: at every evaluation, for every alert, so
+#: it reads the recorded series (a query over every node's op per alert and second cost
+#: more than the rules at 10,000 ranks).
 _LEADERS_OP = (
-    '{{ with printf "topk(1, max by (op) (ncclscope_collective_op_info{job=%q,comm=%q}'
-    ' and on (rank) (job_comm_rank:ncclscope_collective_seq:behind{job=%q,comm=%q} == 0)))"'
-    " $labels.job $labels.comm $labels.job $labels.comm | query }}"
+    f'{{{{ with printf "topk(1, {_OP_LEADERS}{{job=%q,comm=%q}})"'
+    " $labels.job $labels.comm | query }}"
     '{{ . | first | label "op" }}{{ else }}a collective{{ end }}'
 )
-_MARK_NOW = "job_comm_rank_every:ncclscope_collective_mark_timestamp_seconds:current"
-_MARK_LATE = "job_comm_rank_every:ncclscope_collective_mark_timestamp_seconds:lateness"
+#: The pending collective's sequence number, where a node's own countdown gives it.
+_PENDING_SEQ = (
+    '{{ with printf "max(ncclscope_pending_collective_seq{job=%q,comm=%q})"'
+    " $labels.job $labels.comm | query }} #{{ . | first | value }}{{ end }}"
+)
+_MARK_NOW = "job_instance_comm_every:ncclscope_node_collective_mark_timestamp_seconds:current"
+_MARK_LATE = "job_instance_comm_every:ncclscope_node_collective_mark_timestamp_seconds:lateness"
 _HOST_LATE = "job_comm_host:ncclscope_collective_lateness_seconds:avg5m"
 _HOST_EXCESS = "job_comm_host:ncclscope_collective_excess_lateness_seconds:avg5m"
 _GAP = "job_comm:ncclscope_collective_gap_seconds:delta2m"
 
+
+def _each_rank(nodes: str, indent: str) -> str:
+    """One series per rank of ``nodes``, ``rank`` taken from their ``ranks`` list (up to
+    ``MAX_NODE_RANKS``; PromQL has no split): the k-th element where the list has one,
+    else ``-``, dropped at the end."""
+    marked = f'label_replace({nodes}, "rank", "-", "", "")'
+    terms = [
+        f'{indent}  label_replace({marked}, "rank", "$1", "ranks",'
+        f' "{f"(?:[^,]+,){{{k}}}" if k else ""}([^,]+).*")'
+        for k in range(MAX_NODE_RANKS)
+    ]
+    none = 'label_replace(vector(1), "rank", "-", "", "")'
+    return (
+        f"{indent}(\n"
+        + f"\n{indent}  or\n".join(terms)
+        + f"\n{indent})\n{indent}unless on (rank) {none}"
+    )
+
+
 _CROSS_NODE: tuple[Rule, ...] = (
     Rule(
-        "job_comm:ncclscope_collective_seq:max",
-        "max by (job, comm) (ncclscope_collective_seq)",
+        _SEQ_MAX,
+        "max by (job, comm) (ncclscope_node_collective_seq_max)",
         comment="The leaders' sequence number on each communicator, over every node.",
-    ),
-    Rule(
-        _BEHIND,
-        "max by (job, comm, rank) (\n"
-        "  job_comm:ncclscope_collective_seq:max\n"
-        "    - on (job, comm) group_right ()\n"
-        "  ncclscope_collective_seq\n"
-        ")",
-        comment="Collectives each rank is behind its communicator's leaders (0: a leader).",
-    ),
-    Rule(_TIMEOUT, "max by (job) (ncclscope_collective_timeout_seconds)"),
-    Rule(
-        "job_comm_rank:ncclscope_collective_wait_seconds:own_clock",
-        "max by (job, comm, rank) (\n"
-        "  ncclscope_clock_timestamp_seconds\n"
-        "    - on (job, instance) group_right ()\n"
-        "  ncclscope_collective_entered_timestamp_seconds\n"
-        ")",
-        comment=(
-            "Each rank's time since it entered its last collective, on the clock of the"
-            " agent that read its log (the node's own: an offset between nodes' clocks"
-            " cancels; a replay's clock runs at its speed)."
-        ),
     ),
     Rule(
         _WAIT,
         "clamp_min(\n"
         "  max by (job, comm) (\n"
-        "    job_comm_rank:ncclscope_collective_wait_seconds:own_clock\n"
-        f"    and on (job, comm, rank) ({_BEHIND} == 0)\n"
+        "    ncclscope_node_collective_wait_seconds\n"
+        "    and on (job, instance, comm)\n"
+        f"    ncclscope_node_collective_seq_max == on (job, comm) group_left () {_SEQ_MAX}\n"
         "  ),\n"
         "  0\n"
         ")",
         comment=(
-            "How long the leaders have waited in their collective: on a healthy job,"
-            " since the last collective began."
+            "How long the leaders have waited in their collective: the longest wait of the"
+            " nodes at the communicator's highest sequence, each on its own clock (an"
+            " offset between nodes' clocks cancels; a replay's runs at its speed). On a"
+            " healthy job, since the last collective began. A node behind, or one whose"
+            " agent stopped reading, is no leader: its growing wait is not the leaders'."
         ),
     ),
     Rule(_LEFT, f"{_TIMEOUT}\n  - on (job) group_right ()\n{_WAIT}"),
     Rule(
-        _CULPRIT,
-        f"({_BEHIND} > 0 and on (job, comm) ({_STALLED}))\n"
-        f"  * on (job, rank) group_left (hostname) {_RANK_HOST}\n"
-        f"or on (job, comm, rank) ({_BEHIND} > 0 and on (job, comm) ({_STALLED}))",
+        _HOLDING,
+        "(\n"
+        f"  {_SEQ_MAX}\n"
+        "    - on (job, comm) group_right ()\n"
+        "  ncclscope_node_collective_seq_min\n"
+        f") > 0\nand on (job, comm) ({_STALLED})",
         comment=(
-            "The ranks behind on a stalled communicator, with their host where known:"
-            " whom the collective waits for."
+            "The nodes that hold a stalled collective up (ranks behind the leaders while"
+            " they have waited a quarter of the timeout), by how many collectives, with"
+            " the list of their ranks: a handful of series, none on a running job."
+        ),
+    ),
+    Rule(
+        _ALL_BEHIND,
+        f"{_HOLDING}\nunless on (job, instance, comm) ncclscope_timeout_culprit_info",
+        comment=(
+            "Of those, the nodes whose ranks are all behind (a frozen node, a node's one"
+            " rank on the communicator): their own countdown sees no rank ahead."
+        ),
+    ),
+    Rule(
+        _CULPRIT,
+        "max by (job, comm, rank, hostname) (\n"
+        "  (\n"
+        "    (\n"
+        "      (\n" + _each_rank(_ALL_BEHIND, "        ") + "\n        or\n"
+        "        max by (job, instance, comm, rank) (\n"
+        f"          ncclscope_timeout_culprit_info and on (job, instance, comm) {_HOLDING}\n"
+        "        )\n"
+        "      )\n"
+        f"      * 0 + on (job, instance, comm) group_left () {_HOLDING}\n"
+        "    )\n"
+        "    or\n"
+        "    max by (job, instance, comm, rank) (ncclscope_timeout_culprit_info)\n"
+        "      and on (job, instance, comm)\n"
+        "    ncclscope_pending_collective_age_seconds\n"
+        f"      >= on (job) group_left () ({STALL_TIMEOUT_SHARE} * {_TIMEOUT})\n"
+        "  )\n"
+        f"  * on (job, instance) group_left (hostname) {_NODE_HOST}\n"
+        ")",
+        comment=(
+            "The ranks behind on a stalled communicator, with their node's host: whom the"
+            " collective waits for (value: collectives their node's last rank is behind, 1"
+            " where only a node's own countdown saw it). A node whose ranks are all behind"
+            " names each from its list; a node with ranks on both sides names those its own"
+            " countdown names, and so does a node whose countdown has waited a quarter of"
+            " the timeout (on a communicator wholly on the node, the only view there is)."
+            " No series per rank is read."
         ),
     ),
 )
 
-#: Nodes compared with each other: arrival times at the same mark (slow nodes).
+#: Nodes compared with each other: arrival times at the same mark (slow nodes); what
+#: changes slowly (the timeout, findings, the nodes' hosts).
 _NODE_LATENESS: tuple[Rule, ...] = (
-    Rule(_RANK_HOST, _HOST_OF_RANK, comment="Each rank's host, as its log lines name it."),
+    Rule(
+        _NODE_HOST,
+        "max by (job, instance, hostname) (last_over_time(ncclscope_node_info[15m]))",
+        comment=(
+            "Each node's host, also for 15 minutes after its agent stopped answering"
+            " (a lost node is named by it)."
+        ),
+    ),
+    Rule(_TIMEOUT, "max by (job) (ncclscope_collective_timeout_seconds)"),
+    _rec(
+        "job_kind_severity:ncclscope_findings:max",
+        "max by (job, kind, severity) (ncclscope_findings)",
+    ),
+    Rule(
+        _OP_LEADERS,
+        "max by (job, comm, op) (\n"
+        "  ncclscope_node_collective_op_info\n"
+        "  and on (job, instance, comm)\n"
+        f"  ncclscope_node_collective_seq_max == on (job, comm) group_left () {_SEQ_MAX}\n"
+        ")",
+        comment="The op the leaders entered (the stall alert's text names it).",
+    ),
     Rule(
         "job_comm:ncclscope_leaders_entered_timestamp_seconds:min",
         "min by (job, comm) (\n"
-        "  ncclscope_collective_entered_timestamp_seconds\n"
-        f"  and on (job, comm, rank) ({_BEHIND} == 0)\n"
+        "  (\n"
+        "    ncclscope_clock_timestamp_seconds\n"
+        "      - on (job, instance) group_right ()\n"
+        "    ncclscope_node_collective_wait_seconds\n"
+        "  )\n"
+        "  and on (job, instance, comm) (\n"
+        "    ncclscope_node_collective_seq_max\n"
+        f"      == on (job, comm) group_left ()\n    {_SEQ_MAX}\n"
+        "  )\n"
         ")",
-        comment="When the first leader entered the leaders' collective.",
+        comment="When the first leader entered the leaders' collective (on its node's clock).",
     ),
     Rule(
         _MARK_NOW,
-        "max by (job, comm, rank, every) (\n"
-        "  ncclscope_collective_mark_timestamp_seconds\n"
-        "  and on (job, comm, rank, every) (\n"
-        "    ncclscope_collective_mark_seq\n"
-        "      == on (job, comm, every) group_left ()\n"
-        "    max by (job, comm, every) (ncclscope_collective_mark_seq)\n"
-        "  )\n"
+        "ncclscope_node_collective_mark_timestamp_seconds\n"
+        "and on (job, instance, comm, every) (\n"
+        "  ncclscope_node_collective_mark_seq\n"
+        "    == on (job, comm, every) group_left ()\n"
+        "  max by (job, comm, every) (ncclscope_node_collective_mark_seq)\n"
         ")",
         comment=(
-            "Each rank's arrival at its communicator's newest mark, for the ranks that"
-            " reached it (an agent that has not exported it yet is left out, not late)."
+            "Each node's first arrival at its communicator's newest mark, for the nodes"
+            " that reached it (an agent that has not exported it yet is left out, not late)."
         ),
     ),
     Rule(
@@ -196,10 +288,10 @@ _NODE_LATENESS: tuple[Rule, ...] = (
         "and on (job, comm, every) (\n"
         f"  count by (job, comm, every) ({_MARK_NOW})\n"
         "    ==\n"
-        "  count by (job, comm, every) (ncclscope_collective_mark_seq)\n"
+        "  count by (job, comm, every) (ncclscope_node_collective_mark_seq)\n"
         ")",
         comment=(
-            "Only at marks every rank has reached by its agent's last export: a mark some"
+            "Only at marks every node has reached by its agent's last export: a mark some"
             " agents have not exported yet would compare the late node with itself."
         ),
     ),
@@ -207,7 +299,7 @@ _NODE_LATENESS: tuple[Rule, ...] = (
         _HOST_LATE,
         "avg by (job, comm, hostname) (\n"
         f"  avg_over_time({_MARK_LATE}[5m])\n"
-        f"    * on (job, rank) group_left (hostname) {_HOST_OF_RANK}\n"
+        f"    * on (job, instance) group_left (hostname) {_NODE_HOST}\n"
         ")",
         comment="Each node's mean arrival lateness on each communicator over 5 minutes.",
     ),
@@ -219,7 +311,7 @@ _NODE_LATENESS: tuple[Rule, ...] = (
     Rule(
         _GAP,
         "delta(job_comm:ncclscope_leaders_entered_timestamp_seconds:min[2m])\n"
-        "  / (delta(job_comm:ncclscope_collective_seq:max[2m]) > 0)",
+        f"  / (delta({_SEQ_MAX}[2m]) > 0)",
         comment="Seconds between collectives, in the logs' time (a replay's speed cancels out).",
     ),
     Rule(
@@ -245,16 +337,12 @@ RULE_GROUPS: tuple[RuleGroup, ...] = (
             ),
             _rec(
                 "job_comm:ncclscope_timeout_culprit_info:max",
-                "max by (job, comm, rank, op, seq) (ncclscope_timeout_culprit_info)",
+                "max by (job, comm, rank, op) (ncclscope_timeout_culprit_info)",
                 "The ranks pending collectives wait for, whichever node saw it.",
             ),
             _rec(
                 "job_comm:ncclscope_pending_collective_age_seconds:max",
                 "max by (job, comm) (ncclscope_pending_collective_age_seconds)",
-            ),
-            _rec(
-                "job_kind_severity:ncclscope_findings:max",
-                "max by (job, kind, severity) (ncclscope_findings)",
             ),
             Rule(
                 "NcclscopeTimeoutImminent",
@@ -292,7 +380,7 @@ RULE_GROUPS: tuple[RuleGroup, ...] = (
                         "{{ if $labels.rank }} It waits for rank {{ $labels.rank }}"
                         "{{ if $labels.hostname }} on {{ $labels.hostname }}{{ end }}"
                         "{{ if $labels.op }} ({{ $labels.op }}"
-                        "{{ if $labels.seq }} #{{ $labels.seq }}{{ end }}){{ end }}:"
+                        f"{_PENDING_SEQ}){{{{ end }}}}:"
                         " take its stacks now "
                         "(py-spy dump) before the job is killed.{{ end }}",
                     ),
@@ -300,16 +388,17 @@ RULE_GROUPS: tuple[RuleGroup, ...] = (
             ),
             Rule(
                 "NcclscopeCollectiveStalled",
-                f"{_LEFT}\n"
+                f"(\n  {_LEFT}\n  or on (job, comm)\n"
+                "  job_comm:ncclscope_timeout_remaining_seconds:min\n)\n"
                 "  + on (job, comm) group_right ()\n"
-                f"(0 * {_CULPRIT})\n"
-                f"and on (job, comm) ({_STALLED})",
+                f"(0 * {_CULPRIT})",
                 alert=True,
                 labels=(("severity", "warning"),),
                 comment=(
                     "Ranks behind while the leaders have waited a quarter of the timeout,"
-                    " across nodes (a whole node frozen, one rank per node). Value: seconds"
-                    " left. No `for`: the wait comes from the logs' timestamps."
+                    " across nodes (a whole node frozen, one rank per node) or on a node that"
+                    " sees both sides. Value: seconds left. No `for`: the wait comes from the"
+                    " logs' timestamps."
                 ),
                 annotations=(
                     (
@@ -338,7 +427,7 @@ RULE_GROUPS: tuple[RuleGroup, ...] = (
                 "(\n"
                 '  0 * (up{job=~".*ncclscope.*"} == 0)\n'
                 "    * on (job, instance) group_left (hostname)\n"
-                "  max by (job, instance, hostname) (last_over_time(ncclscope_node_info[15m]))\n"
+                f"  {_NODE_HOST}\n"
                 ")",
                 alert=True,
                 labels=(("severity", "critical"),),
@@ -364,9 +453,11 @@ RULE_GROUPS: tuple[RuleGroup, ...] = (
                 ),
             ),
         ),
-        "Across the ranks and nodes of a job (each node's agent sees its own ranks' logs):"
-        " stalls, countdowns and their alerts, at the global evaluation interval. Rules of"
-        " one group run in order, so an alert sees this evaluation's recorded values.",
+        "Across the nodes of a job (each node's agent sees its own ranks' logs and sums"
+        " them up per communicator): stalls, countdowns and their alerts, at the global"
+        " evaluation interval. Every rule reads one series per node and communicator (or"
+        " per node), none one per rank. Rules of one group run in order, so an alert sees"
+        " this evaluation's recorded values.",
     ),
     RuleGroup(
         "ncclscope-job-trends",
@@ -374,18 +465,25 @@ RULE_GROUPS: tuple[RuleGroup, ...] = (
             *_NODE_LATENESS,
             _rec(
                 "job_rank:ncclscope_straggler_score:max",
-                "max by (job, rank) (ncclscope_straggler_score)",
-            ),
-            _rec("job:ncclscope_straggler_score:max", "max by (job) (ncclscope_straggler_score)"),
-            _rec(
-                "job_rank:ncclscope_collective_lateness_seconds:max",
-                "max by (job, rank) (ncclscope_collective_lateness_seconds)",
+                f"max by (job, rank) (ncclscope_straggler_score >= {STRAGGLER_FLOOR})",
+                "The ranks that straggle at all (at or above the detectors' floor): a"
+                " handful of series where one per rank would be recorded.",
             ),
             _rec(
-                "job_comm_rank:ncclscope_collective_seq:rate1m",
-                "max by (job, comm, rank) (rate(ncclscope_collective_seq[1m]))",
-                "Collectives per second per rank (the sequence number only grows, so rate()"
-                " reads it like a counter).",
+                "job:ncclscope_straggler_score:max",
+                "max by (job) (job_rank:ncclscope_straggler_score:max)",
+                "The worst straggler's score, where one reaches the floor.",
+            ),
+            _rec(
+                "job_instance:ncclscope_collective_lateness_seconds:max",
+                "max by (job, instance) (ncclscope_collective_lateness_seconds)",
+                "Each node's latest rank's median lateness (a series per node, not per rank).",
+            ),
+            _rec(
+                "job_comm:ncclscope_collective_seq:rate1m",
+                "max by (job, comm) (rate(ncclscope_node_collective_seq_max[1m]))",
+                "Collectives per second on each communicator, its leaders' (the sequence"
+                " number only grows, so rate() reads it like a counter).",
             ),
             Rule(
                 "NcclscopeSlowNode",
@@ -438,8 +536,9 @@ RULE_GROUPS: tuple[RuleGroup, ...] = (
             ),
         ),
         "Averages over minutes (slow nodes, stragglers, collective rates) and their alerts,"
-        " which fire after minutes: evaluated every 15 s, a fifteenth of the cost of the"
-        " stall rules at a 1 s interval (benchmarks/bench_rules.py).",
+        " which fire after minutes, and what changes slowly (the nodes' hosts, the timeout,"
+        " findings): evaluated every 15 s, a fifteenth of their cost at a 1 s interval"
+        " (benchmarks/bench_rules.py).",
         interval="15s",
     ),
     RuleGroup(
