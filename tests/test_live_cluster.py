@@ -158,6 +158,8 @@ class Wave:
     start_at: float = 0.0
     seen: dict[tuple[str, ...], Seen] = field(default_factory=dict)
     agents: dict[tuple[str, str], subprocess.Popen[bytes]] = field(default_factory=dict)
+    #: per job, what Prometheus held at the wave's end (said when an alert never fired)
+    state: dict[str, str] = field(default_factory=dict)
 
     def to_log(self, wall_s: float) -> float:
         """A wall time of this wave as the replays' shared clock reads it."""
@@ -229,6 +231,30 @@ def _answering(ports: list[int], timeout_s: float) -> bool:
     return not waiting
 
 
+#: What the stall and node-lost alerts are made of, per job, read at a wave's end.
+_STATE = (
+    "up",
+    "ncclscope_node_collective_seq_max",
+    "ncclscope_node_collective_seq_min",
+    "ncclscope_node_collective_wait_seconds",
+    "job_comm:ncclscope_leaders_wait_seconds:since_entered",
+    "job:ncclscope_collective_timeout_seconds:max",
+    "job_instance_hostname:ncclscope_node_info:last15m",
+)
+
+
+def _state(prom: Prometheus, job: str) -> str:
+    parts = []
+    for name in _STATE:
+        found = prom.query(f'{name}{{job="{job}"}}')
+        values = [
+            f"{r['metric'].get('instance', '')}{r['metric'].get('comm', '')[:6]}={r['value'][1]}"
+            for r in found
+        ]
+        parts.append(f"{name}: {', '.join(values) or 'none'}")
+    return "; ".join(parts)
+
+
 def _run_wave(wave: Wave, prometheus: str, folder: Path, rules: Path) -> None:
     ports = {(j.scenario.name, h): free_port() for j in wave.jobs for h in j.files}
     config = folder / "prometheus.yml"
@@ -276,6 +302,8 @@ def _run_wave(wave: Wave, prometheus: str, folder: Path, rules: Path) -> None:
                 if key not in wave.seen:
                     wave.seen[key] = Seen(labels, float(alert["value"]), _active_at(alert))
             time.sleep(0.5)
+        for job in wave.jobs:
+            wave.state[job.scenario.job] = _state(prom, job.scenario.job)
         for seen in wave.seen.values():
             # Shown with -s: what fired, and when in the jobs' time.
             print(seen.labels, round(seen.value, 1), round(wave.to_log(seen.active_at_s)))
@@ -321,7 +349,7 @@ def test_a_hang_names_its_culprit_with_half_the_timeout_left(waves: list[Wave], 
     assert s.alert is not None
     fired = _fired(wave, job, s.alert)
     summary = {k: (v.labels, round(_lead_s(wave, job, v))) for k, v in wave.seen.items()}
-    assert fired, f"{s.alert} never fired for {s.job}: {summary}"
+    assert fired, f"{s.alert} never fired for {s.job}: {summary}; at the end: {wave.state[s.job]}"
     if s.ranks:
         assert {int(f.labels["rank"]) for f in fired} == set(s.ranks), summary
     assert {f.labels["hostname"] for f in fired} == {s.host}, summary
