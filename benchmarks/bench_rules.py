@@ -1,60 +1,101 @@
 #!/usr/bin/env python3
-"""What do the job-wide rules cost Prometheus at 1,024 ranks on 128 nodes?
+"""What do the job-wide rules cost Prometheus from 1,024 to 10,000 ranks, and do the
+alerts fire when they should at every size?
 
-A fake fleet (one HTTP endpoint per simulated node on 127.0.0.1, each serving what that
-node's agent would: node, clock and timeout gauges, per rank and communicator the facts
-the job-wide rules join, per rank its lateness and straggler score, 8 GPUs and the host)
-is scraped by a real Prometheus with ``grafana/ncclscope-rules.yml`` loaded.  Values move
-like a running job: every communicator's sequence grows ~10 per second, timestamps follow
-the clock, the ranks of one node enter each collective 5 ms late (5% of the gap: below
-the slow-node alert), so the rules compute on changing data, not constants.
+A simulated fleet (one endpoint per node, all served by one asyncio HTTP server on one
+port at ``/node/<i>``; each target gets its own ``instance`` and ``__metrics_path__``)
+is scraped every second by a real Prometheus with ``grafana/ncclscope-rules.yml``
+loaded.  Each node serves what its agent exports (``ncclscope.agent.rollup.exported``
+over the job's rows, so the per-node series are the agent's own code's): per rank and
+communicator the sequence number, per node and communicator spanning nodes its summary
+(highest and lowest sequence with its ranks, the wait and op, marks; the node's own
+communicator gets none), the node's countdown where it sees both sides of a pending
+collective, per rank its host, lateness and straggler score, 8 GPUs behind 4 PCIe
+switches, the host, 8 job processes and the agent's health.  The GPU, host and health
+part is rendered once per node (constant values) and scraped every ``--rest-every``
+seconds (15; the 2 vCPUs cannot ingest 300,000 samples a second besides evaluating
+rules); the job's part at every 1 s scrape, from the fleet's clock.
 
-Read from Prometheus' own metrics (it scrapes itself) after the run: each rule group's
-``prometheus_rule_group_last_duration_seconds`` (median and max over the run, warm-up
-left out), its missed iterations, the head series, the series per agent; and from
-``/api/v1/rules`` (read every few seconds) each rule's ``evaluationTime``, median over
-the reads, for the most expensive rules.  A baseline fleet (8 nodes, 64 ranks) runs
-first, in the same invocation.
+The job runs on a log clock ``--speed`` times real time: every communicator advances
+at its rate, ranks enter each collective 0-0.5 ms apart, node 3's ranks 5 ms late.
+After a 30 s warm-up and ``--healthy`` seconds (real) a fault is injected: on the world
+communicator rank 5 of node 1 never enters the next collective, every rank of node 2
+freezes before it, and every other rank enters it and waits (a hang blocks every
+communicator of the process); ``--lost-after`` seconds later node 2's endpoint answers
+503 (its agent is lost).  With the default 600 s timeout the rules must fire
+``NcclscopeCollectiveStalled`` (naming rank 5 of node 1 and node 2's ranks) once the
+leaders have waited 150 s of log time, ``NcclscopeNodeLost`` (naming node 2) once its
+endpoint is down and the wait is past 150 s, and ``NcclscopeTimeoutImminent`` once
+fewer than 300 s are left.  The delay from each threshold crossing (log clock) to the
+alert's activation is measured.
+
+Read from Prometheus' own metrics (it scrapes itself every second): each rule group's
+``prometheus_rule_group_last_duration_seconds`` (median, p90, max) and missed
+iterations over the healthy window and over the stall, Prometheus' CPU, head series,
+the series per agent; and from ``/api/v1/rules`` (read every few seconds) the most
+expensive rules.
 
 Usage:
-    .venv/bin/python benchmarks/bench_rules.py                    # 8 then 128 nodes, 90 s each
-    .venv/bin/python benchmarks/bench_rules.py --seconds 360 --interval 15
-    .venv/bin/python benchmarks/bench_rules.py --nodes 128 --no-baseline --comms-per-rank 3
+    .venv/bin/python benchmarks/bench_rules.py                     # 128, 256, 625, 1250 nodes
+    .venv/bin/python benchmarks/bench_rules.py --nodes 128 1250 --healthy 90
+    .venv/bin/python benchmarks/bench_rules.py --nodes 12500 --no-fault   # 100,000 ranks
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
+import math
 import re
 import statistics
 import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 import urllib.request
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO))
 
 import prom  # noqa: E402
 
+from ncclscope.agent.rollup import exported  # noqa: E402
+from ncclscope.catalog import by_name  # noqa: E402
+from ncclscope.export.grafana.rules import (  # noqa: E402
+    STALL_TIMEOUT_SHARE,
+    TIMEOUT_CRITICAL_LEFT_S,
+)
+
 RULES = REPO / "grafana" / "ncclscope-rules.yml"
 JOB = "ncclscope-agent"
+#: The scrape job of the agents' GPU, host and health series (``--rest-every``): its name
+#: does not match ``.*ncclscope.*``, so the stall and node-lost rules see one ``up`` per
+#: node, as with one scrape job per agent.
+REST_JOB = "agent-node-part"
 OPS = ("AllGather", "ReduceScatter", "AllReduce")
 MARK_EVERY = (64, 1024)
 SLOW_NODE = 3  # its ranks enter every collective SLOW_S late
 SLOW_S = 0.005
+TIMEOUT_S = 600.0
+#: The log clock's origin (Unix time): 2026-11-27 00:00 UTC.
+LOG0 = 1_795_737_600.0
+CULPRIT_NODE, CULPRIT_LOCAL, FROZEN_NODE = 1, 5, 2
+_LABELS = {m.name: m.labels for m in by_name().values()}
 
 
-@dataclass
+@dataclass(frozen=True)
 class Comm:
     ident: str
-    members: list[int]
-    rate: float  # collectives per second
+    rate: float  # collectives per second of the log clock
+    members: int
 
 
 @dataclass
@@ -64,6 +105,10 @@ class Node:
     ranks: list[int]
     # The communicators its ranks are on, each with those of its ranks that are members.
     comms: list[tuple[Comm, list[int]]] = field(default_factory=list)
+    #: pre-rendered: the job's series that do not move, and the rest of the agent's
+    fixed: dict[str, list[tuple[tuple[str, ...], float]]] = field(default_factory=dict)
+    static_job: bytes = b""
+    static_node: bytes = b""
 
 
 def comm_id(i: int) -> str:
@@ -75,18 +120,18 @@ def fleet(nodes: int, per_node: int, comms_per_rank: int) -> list[Node]:
     """Every rank on the world communicator and its node's; with ``comms_per_rank`` > 2,
     also on data-parallel-like groups (the ranks of the same local index, one per node)."""
     out = [
-        Node(n, f"node-{n:03d}", [n * per_node + i for i in range(per_node)]) for n in range(nodes)
+        Node(n, f"node-{n:05d}", [n * per_node + i for i in range(per_node)]) for n in range(nodes)
     ]
-    world = Comm(comm_id(0), [r for node in out for r in node.ranks], 10.0)
-    count = 1
+    world = Comm(comm_id(0), 10.0, nodes * per_node)
     for node in out:
         node.comms.append((world, node.ranks))
+    count = 1
     for node in out:
-        node.comms.append((Comm(comm_id(count), list(node.ranks), 10.5), node.ranks))
+        node.comms.append((Comm(comm_id(count), 10.5, per_node), list(node.ranks)))
         count += 1
     for group in range(comms_per_rank - 2):
         for local in range(per_node):
-            comm = Comm(comm_id(count), [n * per_node + local for n in range(nodes)], 9.5 - group)
+            comm = Comm(comm_id(count), 9.5 - group, nodes)
             count += 1
             for node in out:
                 node.comms.append((comm, [node.ranks[local]]))
@@ -99,289 +144,634 @@ def lateness(rank: int, per_node: int) -> float:
     return jitter + (SLOW_S if rank // per_node == SLOW_NODE else 0.0)
 
 
-def exposition(node: Node, per_node: int, t0: float, now: float) -> bytes:
-    """The node's agent's metrics at ``now`` (the names and labels of ``ncclscope.agent``)."""
+def _line(name: str, labels: Sequence[str], value: float) -> str:
+    names = _LABELS[name]
+    if not names:
+        return f"{name} {value!r}\n"
+    pairs = ",".join(f'{k}="{v}"' for k, v in zip(names, labels, strict=True))
+    return f"{name}{{{pairs}}} {value!r}\n"
+
+
+def fixed_rows(node: Node) -> dict[str, list[tuple[tuple[str, ...], float]]]:
+    """The job's rows that do not move and that the node's summary reads too: the
+    communicators' sizes and the ranks' hosts (a communicator wholly on the node gets no
+    summary)."""
+    return {
+        "ncclscope_communicator_ranks": [((c.ident,), float(c.members)) for c, _m in node.comms],
+        "ncclscope_rank_info": [((str(r), node.hostname), 1.0) for r in node.ranks],
+    }
+
+
+def static_job(node: Node, per_node: int) -> bytes:
+    """The job's series that do not move: the node, timeout, ranks' scores."""
     out = [
-        f'ncclscope_node_info{{hostname="{node.hostname}"}} 1',
-        f"ncclscope_clock_timestamp_seconds {now:.6f}",
-        "ncclscope_collective_timeout_seconds 1800",
-        f"ncclscope_log_lines_read_total {int((now - t0) * 400 * per_node)}",
-        "ncclscope_log_window_lines_unparsed 0",
-        f"ncclscope_log_files_followed {per_node}",
-        'ncclscope_findings{kind="straggler",severity="info"} 1',
+        _line("ncclscope_node_info", (node.hostname,), 1.0),
+        _line("ncclscope_collective_timeout_seconds", (), TIMEOUT_S),
+        _line("ncclscope_findings", ("straggler", "info"), 1.0),
     ]
-    for comm, mine in node.comms:
-        for rank in mine:
-            late = lateness(rank, per_node)
-            seq = max(0, int((now - t0 - late) * comm.rate))
-            entered = t0 + seq / comm.rate + late
-            labels = f'comm="{comm.ident}",rank="{rank}"'
-            out.append(f"ncclscope_collective_seq{{{labels}}} {seq}")
-            out.append(f"ncclscope_collective_entered_timestamp_seconds{{{labels}}} {entered:.6f}")
-            out.append(f'ncclscope_collective_op_info{{{labels},op="{OPS[seq % 3]}"}} 1')
-            for every in MARK_EVERY:
-                mark = seq // every * every
-                at = t0 + mark / comm.rate + late
-                out.append(f'ncclscope_collective_mark_seq{{{labels},every="{every}"}} {mark}')
-                mark_ts = f'ncclscope_collective_mark_timestamp_seconds{{{labels},every="{every}"}}'
-                out.append(f"{mark_ts} {at:.6f}")
-        out.append(f'ncclscope_communicator_ranks{{comm="{comm.ident}"}} {len(comm.members)}')
     for rank in node.ranks:
         late = lateness(rank, per_node)
-        out.append(f'ncclscope_rank_info{{hostname="{node.hostname}",rank="{rank}"}} 1')
-        out.append(f'ncclscope_collective_lateness_seconds{{rank="{rank}"}} {late + 0.0005:.6f}')
-        out.append(
-            f'ncclscope_straggler_score{{rank="{rank}"}} {max(0.0, late - 0.00025) * 10:.6f}'
-        )
-    wave = (now % 10) / 10  # optimizer-step-like swings in PCIe and utilisation
-    for gpu in range(per_node):
-        bus = f"00000000:{0x18 + gpu * 0x11:02X}:00.0"
-        uuid = f"GPU-5eed{node.index:04x}-0000-4000-8000-{gpu:012x}"
-        labels = f'UUID="{uuid}",gpu="{gpu}",pci_bus_id="{bus}"'
-        out += [
-            f'ncclscope_gpu_info{{{labels},name="NVIDIA H100 80GB HBM3"}} 1',
-            f"ncclscope_gpu_memory_used_bytes{{{labels}}} {6.4e10 + gpu * 1e7 + wave * 1e8:.0f}",
-            f"ncclscope_gpu_memory_total_bytes{{{labels}}} 85520809984",
-            f"ncclscope_gpu_utilization_ratio{{{labels}}} {0.6 + 0.3 * wave:.3f}",
-            f"ncclscope_gpu_pcie_tx_bytes_per_second{{{labels}}} {4.8e9 * wave:.0f}",
-            f"ncclscope_gpu_pcie_rx_bytes_per_second{{{labels}}} {5.5e9 * (1 - wave):.0f}",
-            f"ncclscope_gpu_pcie_link_max_bytes_per_second{{{labels}}} 63015384615.38",
-            f"ncclscope_gpu_pcie_link_generation{{{labels}}} 5",
-            f"ncclscope_gpu_pcie_link_width{{{labels}}} 16",
-            f"ncclscope_gpu_clocks_event_reasons{{{labels}}} 4",
-            f"ncclscope_gpu_temperature_celsius{{{labels}}} {45 + gpu + 10 * wave:.0f}",
-            f"ncclscope_gpu_power_watts{{{labels}}} {300 + 300 * wave:.0f}",
-            f"ncclscope_gpu_power_limit_watts{{{labels}}} 700",
-            f"ncclscope_gpu_ecc_uncorrected_errors_total{{{labels}}} 0",
-            f'ncclscope_gpu_process_memory_used_bytes{{{labels},pid="{100000 + gpu}"}} 64424509440',
-        ]
-    out += [
-        "ncclscope_host_memory_total_bytes 2199023255552",
-        f"ncclscope_host_memory_available_bytes {1.5e12 - wave * 1e10:.0f}",
-        "ncclscope_host_swap_used_bytes 0",
-        "ncclscope_host_swap_in_bytes_total 0",
-        "ncclscope_host_swap_out_bytes_total 0",
-        f"ncclscope_host_cpu_utilization_ratio {0.25 + 0.1 * wave:.3f}",
+        out.append(_line("ncclscope_collective_lateness_seconds", (str(rank),), late + 0.0005))
+        score = max(0.0, late - 0.00025) * 10
+        out.append(_line("ncclscope_straggler_score", (str(rank),), score))
+    return "".join(out).encode()
+
+
+def static_node(node: Node, per_node: int) -> bytes:
+    """The rest of the agent's series (constant values): identity, its health, GPUs
+    behind PCIe switches, the host, the job's processes."""
+    out = [
+        _line("ncclscope_build_info", ("0.1.0", "3.11.7", "1.0.0"), 1.0),
+        _line("ncclscope_node_info", (node.hostname,), 1.0),
+        _line("ncclscope_log_lines_read_total", (), 1.5e7),
+        _line("ncclscope_log_bytes_read_total", (), 3.2e9),
+        _line("ncclscope_log_files_followed", (), float(per_node)),
+        _line("ncclscope_log_window_lines_unparsed", (), 0.0),
+        _line("ncclscope_log_window_lines_damaged", (), 0.0),
     ]
-    return ("\n".join(out) + "\n").encode()
+    for collector in ("nvml", "host", "logs", "progress", "detect"):
+        out.append(_line("ncclscope_scrape_collector_success", (collector,), 1.0))
+        out.append(_line("ncclscope_scrape_collector_duration_seconds", (collector,), 0.002))
+        out.append(_line("ncclscope_sample_cpu_seconds_total", (collector,), 12.5))
+    for gpu in range(per_node):
+        key = (
+            str(gpu),
+            f"GPU-5eed{node.index:04x}-0000-4000-8000-{gpu:012x}",
+            f"00000000:{0x18 + gpu * 0x11:02X}:00.0",
+        )
+        uplink = f"0000:{0x15 + gpu // 2 * 0x22:02x}:00.0"
+        out += [
+            _line("ncclscope_gpu_info", (*key, "NVIDIA H100 80GB HBM3"), 1.0),
+            _line("ncclscope_gpu_memory_used_bytes", key, 6.4e10 + gpu * 1e7),
+            _line("ncclscope_gpu_memory_total_bytes", key, 85520809984.0),
+            _line("ncclscope_gpu_utilization_ratio", key, 0.75),
+            _line("ncclscope_gpu_pcie_tx_bytes_per_second", key, 2.4e9),
+            _line("ncclscope_gpu_pcie_rx_bytes_per_second", key, 2.7e9),
+            _line("ncclscope_gpu_pcie_link_max_bytes_per_second", key, 63015384615.38),
+            _line("ncclscope_gpu_pcie_link_generation", key, 5.0),
+            _line("ncclscope_gpu_pcie_link_width", key, 16.0),
+            _line("ncclscope_gpu_clocks_event_reasons", key, 4.0),
+            _line("ncclscope_gpu_temperature_celsius", key, 50.0 + gpu),
+            _line("ncclscope_gpu_power_watts", key, 450.0),
+            _line("ncclscope_gpu_power_limit_watts", key, 700.0),
+            _line("ncclscope_gpu_ecc_uncorrected_errors_total", key, 0.0),
+            _line("ncclscope_gpu_process_memory_used_bytes", (*key, str(100000 + gpu)), 6.4e10),
+            _line("ncclscope_gpu_pcie_uplink_info", (*key, uplink), 1.0),
+        ]
+        if gpu % 2 == 0:
+            out += [
+                _line("ncclscope_pcie_uplink_generation", (uplink,), 5.0),
+                _line("ncclscope_pcie_uplink_width", (uplink,), 16.0),
+                _line("ncclscope_pcie_uplink_max_bytes_per_second", (uplink,), 63015384615.38),
+                _line("ncclscope_pcie_uplink_gpus", (uplink,), 2.0),
+            ]
+        pid = (str(100000 + gpu),)
+        out.append(_line("ncclscope_process_resident_memory_bytes", pid, 3.2e10))
+        out.append(_line("ncclscope_process_cpu_seconds_total", pid, 5000.0))
+    out += [
+        _line("ncclscope_host_memory_total_bytes", (), 2199023255552.0),
+        _line("ncclscope_host_memory_available_bytes", (), 1.5e12),
+        _line("ncclscope_host_swap_used_bytes", (), 0.0),
+        _line("ncclscope_host_swap_in_bytes_total", (), 0.0),
+        _line("ncclscope_host_swap_out_bytes_total", (), 0.0),
+        _line("ncclscope_host_cpu_utilization_ratio", (), 0.3),
+    ]
+    return "".join(out).encode()
 
 
-def serve(nodes: list[Node], per_node: int, t0: float) -> list[ThreadingHTTPServer]:
-    """One endpoint per node, each on its own port and thread, as 128 agents would be."""
-    servers = []
-    for node in nodes:
+@dataclass
+class Fault:
+    """A hang on the world communicator: who stops where."""
 
-        class Handler(BaseHTTPRequestHandler):
-            me = node
-
-            def do_GET(self) -> None:
-                body = exposition(self.me, per_node, t0, time.time())
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        server.daemon_threads = True
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-    return servers
+    at: float  # log time it is injected
+    n: int  # the world collective the culprits never enter
+    culprits: frozenset[int]
+    #: rank -> the log time its progress stops (every communicator); world's cap beside
+    freeze: dict[int, float]
+    cap: dict[int, int]
+    leaders_enter: float  # log time the first leader enters collective n
+    lost_node: int
+    lost_at: float = math.inf  # real time its endpoint stops answering
 
 
-def group_intervals(default: int) -> dict[str, float]:
-    """Each rule group's own evaluation interval in seconds (the global one if none)."""
-    out: dict[str, float] = {}
-    for m in re.finditer(r"- name: (\S+)\n(?:    interval: (\d+)s\n)?", RULES.read_text()):
-        out[m[1]] = float(m[2]) if m[2] else float(default)
-    return out
+class Fleet:
+    """The simulated job and what every node's agent exports at a given log time."""
+
+    def __init__(self, nodes: int, per_node: int, comms_per_rank: int, speed: float) -> None:
+        self.nodes = fleet(nodes, per_node, comms_per_rank)
+        self.per_node = per_node
+        self.speed = speed
+        self.real0 = time.time()
+        for node in self.nodes:
+            node.fixed = fixed_rows(node)
+            node.static_job = static_job(node, per_node)
+            node.static_node = static_node(node, per_node)
+        self.world = self.nodes[0].comms[0][0]
+        self.fault: Fault | None = None
+
+    def log_now(self, real: float | None = None) -> float:
+        return LOG0 + ((time.time() if real is None else real) - self.real0) * self.speed
+
+    def real_of(self, log: float) -> float:
+        return self.real0 + (log - LOG0) / self.speed
+
+    def inject(self, lost_after_s: float) -> Fault:
+        """The hang (see the module's text), from now."""
+        at = self.log_now()
+        world = self.world
+        n = math.floor((at - LOG0) * world.rate) + 1
+        culprit = self.nodes[CULPRIT_NODE].ranks[CULPRIT_LOCAL]
+        culprits = frozenset({culprit, *self.nodes[FROZEN_NODE].ranks})
+        freeze: dict[int, float] = {}
+        cap: dict[int, int] = {}
+        first = math.inf
+        for node in self.nodes:
+            for rank in node.ranks:
+                if rank in culprits:
+                    freeze[rank], cap[rank] = at, n - 1
+                else:
+                    enter = LOG0 + n / world.rate + lateness(rank, self.per_node)
+                    freeze[rank], cap[rank] = enter + 1e-6, n
+                    first = min(first, enter)
+        self.fault = Fault(at, n, culprits, freeze, cap, first, FROZEN_NODE)
+        self.fault.lost_at = time.time() + lost_after_s
+        return self.fault
+
+    def _seq(self, rank: int, comm: Comm, log: float) -> tuple[int, float]:
+        """A rank's last collective on a communicator at ``log`` and when it entered it."""
+        late = lateness(rank, self.per_node)
+        f = self.fault
+        if f is not None:
+            log = min(log, f.freeze[rank])
+        seq = max(0, math.floor((log - LOG0 - late) * comm.rate))
+        if f is not None and comm is self.world:
+            seq = min(seq, f.cap[rank])
+        return seq, LOG0 + seq / comm.rate + late
+
+    def rows(self, node: Node, log: float) -> dict[str, list[tuple[tuple[str, ...], float]]]:
+        """The job's rows of the node's agent at ``log`` (``Agent._publish``'s shape)."""
+        rows: dict[str, list[tuple[tuple[str, ...], float]]] = {
+            "ncclscope_clock_timestamp_seconds": [((), log)],
+            **node.fixed,
+        }
+
+        def put(name: str, labels: tuple[str, ...], value: float) -> None:
+            rows.setdefault(name, []).append((labels, value))
+
+        for comm, mine in node.comms:
+            at: dict[int, tuple[int, float]] = {}
+            for rank in mine:
+                seq, entered = self._seq(rank, comm, log)
+                at[rank] = (seq, entered)
+                labels = (comm.ident, str(rank))
+                put("ncclscope_collective_seq", labels, float(seq))
+                put("ncclscope_collective_entered_timestamp_seconds", labels, entered)
+                put("ncclscope_collective_op_info", (*labels, OPS[seq % 3]), 1.0)
+                for every in MARK_EVERY:
+                    mark = seq // every * every
+                    mark_at = LOG0 + mark / comm.rate + lateness(rank, self.per_node)
+                    put("ncclscope_collective_mark_seq", (*labels, str(every)), float(mark))
+                    put(
+                        "ncclscope_collective_mark_timestamp_seconds",
+                        (*labels, str(every)),
+                        mark_at,
+                    )
+            # The node's own countdown where it sees both sides (as detect.timeout does).
+            top = max(s for s, _e in at.values())
+            behind = [r for r, (s, _e) in at.items() if s < top]
+            if behind:
+                since = min(e for s, e in at.values() if s == top)
+                put("ncclscope_pending_collective_age_seconds", (comm.ident,), log - since)
+                put("ncclscope_timeout_remaining_seconds", (comm.ident,), TIMEOUT_S - (log - since))
+                for rank in behind:
+                    put(
+                        "ncclscope_timeout_culprit_info",
+                        (comm.ident, str(rank), OPS[top % 3], str(top)),
+                        1.0,
+                    )
+        return rows
+
+    def body(self, index: int, part: str) -> bytes | None:
+        """Node ``index``'s series now, the job's part or the rest (None: its agent is
+        lost)."""
+        if not 0 <= index < len(self.nodes):
+            return None
+        f = self.fault
+        if f is not None and index == f.lost_node and time.time() >= f.lost_at:
+            return None
+        node = self.nodes[index]
+        if part != "job":
+            return node.static_node
+        now = self.log_now()
+        job = exported(self.rows(node, now), now)
+        text = "".join(
+            _line(name, labels, v) for name, series in job.items() for labels, v in series
+        )
+        return node.static_job + text.encode()
+
+
+class Server:
+    """Every node's endpoint on one port (``/node/<i>``), HTTP/1.1 with keep-alive, in an
+    asyncio loop of its own thread."""
+
+    def __init__(self, sim: Fleet) -> None:
+        self.sim = sim
+        self.loop = asyncio.new_event_loop()
+        self.port = 0
+        self.cpu_s = 0.0
+        ready = threading.Event()
+        threading.Thread(target=self._run, args=(ready,), daemon=True).start()
+        ready.wait()
+
+    def _run(self, ready: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+        server = self.loop.run_until_complete(
+            asyncio.start_server(self._handle, "127.0.0.1", 0, backlog=4096)
+        )
+        self.port = server.sockets[0].getsockname()[1]
+        ready.set()
+        self.loop.run_forever()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                path = head.split(b" ", 2)[1].decode()
+                m = re.fullmatch(r"/node/(\d+)/(job|node)", path)
+                body = self.sim.body(int(m[1]), m[2]) if m else None
+                if body is None:
+                    writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n")
+                else:
+                    writer.write(
+                        b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
+                        b"Content-Length: %d\r\n\r\n" % len(body) + body
+                    )
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
+            pass
+        finally:
+            writer.close()
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
 
 
 def config(
-    folder: Path, ports: list[int], self_port: int, interval: int, rules: Path = RULES
+    folder: Path, nodes: int, port: int, self_port: int, rules: Path, rest_every: int
 ) -> Path:
-    targets = ", ".join(f"'127.0.0.1:{p}'" for p in ports)
+    lines = [
+        "global: {scrape_interval: 1s, evaluation_interval: 1s, scrape_timeout: 1s}",
+        f"rule_files: ['{rules}']",
+        "scrape_configs:",
+    ]
+    for job, part, every in ((JOB, "job", 1), (REST_JOB, "node", rest_every)):
+        lines += [
+            f"  - job_name: {job}",
+            f"    scrape_interval: {every}s",
+            f"    scrape_timeout: {every}s",
+            "    static_configs:",
+        ]
+        lines += [
+            f"      - {{targets: ['127.0.0.1:{port}'], labels: "
+            f"{{__metrics_path__: /node/{i}/{part}, instance: 'node-{i:05d}:9477'}}}}"
+            for i in range(nodes)
+        ]
+    # Prometheus' own metrics, every second.
+    lines += [
+        "  - job_name: prometheus",
+        f"    static_configs: [{{targets: ['127.0.0.1:{self_port}']}}]",
+    ]
     path = folder / "prometheus.yml"
-    path.write_text(
-        f"global:\n  scrape_interval: {interval}s\n  evaluation_interval: {interval}s\n"
-        f"rule_files: ['{rules}']\n"
-        "scrape_configs:\n"
-        f"  - job_name: {JOB}\n    static_configs: [{{targets: [{targets}]}}]\n"
-        # Prometheus' own metrics, every second whatever the interval, so short runs have samples.
-        f"  - job_name: prometheus\n    scrape_interval: 1s\n"
-        f"    static_configs: [{{targets: ['127.0.0.1:{self_port}']}}]\n"
-    )
+    path.write_text("\n".join(lines) + "\n")
     return path
 
 
-def scalar(server: prom.Prometheus, expr: str) -> float:
-    result = server.query(expr)
-    return float(result[0]["value"][1]) if result else float("nan")
+def group_intervals(rules: Path, default: float = 1.0) -> dict[str, float]:
+    """Each rule group's own evaluation interval in seconds (the global one if none)."""
+    out: dict[str, float] = {}
+    for m in re.finditer(r"- name: (\S+)\n(?:    interval: (\d+)s\n)?", rules.read_text()):
+        out[m[1]] = float(m[2]) if m[2] else default
+    return out
 
 
-def by_label(server: prom.Prometheus, expr: str, label: str) -> dict[str, float]:
-    return {r["metric"].get(label, ""): float(r["value"][1]) for r in server.query(expr)}
+def api(server: prom.Prometheus, path: str, **params: str) -> Any:
+    """Prometheus' JSON answer, waiting as long as a loaded server takes."""
+    url = f"{server.base}{path}?{urllib.parse.urlencode(params)}"
+    with urllib.request.urlopen(url, timeout=120) as response:
+        return json.load(response)
 
 
-def measure(nodes: int, per_node: int, comms: int, seconds: int, interval: int) -> dict[str, Any]:
-    """One fleet, one Prometheus, ``seconds`` of scraping and rules; the numbers."""
-    binary = "/usr/bin/prometheus"
-    fake = fleet(nodes, per_node, comms)
-    t0 = time.time()
-    servers = serve(fake, per_node, t0)
+def query_at(server: prom.Prometheus, expr: str, at: float) -> list[dict[str, Any]]:
+    answer = api(server, "/api/v1/query", query=expr, time=f"{at:.3f}")
+    return list(answer.get("data", {}).get("result", []))
+
+
+def by_label(server: prom.Prometheus, expr: str, label: str, at: float) -> dict[str, float]:
+    return {r["metric"].get(label, ""): float(r["value"][1]) for r in query_at(server, expr, at)}
+
+
+def alerts(server: prom.Prometheus) -> list[dict[str, Any]]:
+    try:
+        return list(api(server, "/api/v1/alerts")["data"]["alerts"])
+    except (OSError, KeyError):
+        return []
+
+
+def scalar(server: prom.Prometheus, expr: str, at: float) -> float:
+    got = query_at(server, expr, at)
+    return float(got[0]["value"][1]) if got else float("nan")
+
+
+def window_stats(server: prom.Prometheus, start: float, end: float) -> dict[str, Any]:
+    """Rule groups' evaluation times, misses and Prometheus' CPU over [start, end]."""
+    w = f"[{max(1, round(end - start))}s]"
+    dur = "prometheus_rule_group_last_duration_seconds"
+    groups: dict[str, dict[str, float]] = {}
+    for q, key in ((0.5, "median"), (0.9, "p90")):
+        for g, v in by_label(
+            server, f"quantile_over_time({q}, {dur}{w})", "rule_group", end
+        ).items():
+            groups.setdefault(g.split(";")[-1], {})[key] = v
+    for g, v in by_label(server, f"max_over_time({dur}{w})", "rule_group", end).items():
+        groups.setdefault(g.split(";")[-1], {})["max"] = v
+    for name, metric in (("missed", "iterations_missed_total"), ("iterations", "iterations_total")):
+        expr = f"increase(prometheus_rule_group_{metric}{w})"
+        for g, v in by_label(server, expr, "rule_group", end).items():
+            groups.setdefault(g.split(";")[-1], {})[name] = v
+    cpu = scalar(server, f'rate(process_cpu_seconds_total{{job="prometheus"}}{w})', end)
+    return {"groups": groups, "prom_cpu": cpu, "seconds": end - start}
+
+
+@dataclass
+class Fired:
+    name: str
+    active_at: float  # real time
+    labels: list[dict[str, str]]
+
+
+def _active_at(alert: Mapping[str, Any]) -> float:
+    text = str(alert["activeAt"])
+    m = re.match(r"(.*T\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)$", text)
+    if m is None:
+        return math.nan
+    frac = (m[2] or ".0")[:7]
+    zone = "+00:00" if m[3] == "Z" else m[3]
+    return datetime.fromisoformat(f"{m[1]}{frac}{zone}").timestamp()
+
+
+def watch_alerts(server: prom.Prometheus, until: float, fired: dict[str, Fired]) -> None:
+    """Poll the alerts until ``until`` (real time); the first activation of each alert,
+    and every label set it fired with."""
+    while time.time() < until:
+        for alert in alerts(server):
+            if alert.get("state") != "firing":
+                continue
+            labels = dict(alert["labels"])
+            name = labels["alertname"]
+            at = _active_at(alert)
+            got = fired.setdefault(name, Fired(name, at, []))
+            got.active_at = min(got.active_at, at)
+            if labels not in got.labels:
+                got.labels.append(labels)
+        time.sleep(0.5)
+
+
+def measure(
+    nodes: int,
+    per_node: int,
+    comms: int,
+    *,
+    healthy_s: float,
+    speed: float,
+    lost_after_s: float,
+    fault: bool,
+    rules: Path,
+    rest_every: int,
+) -> dict[str, Any]:
+    """One fleet, one Prometheus: a healthy window, then the hang until the countdown
+    alert has fired (or its deadline passed); the numbers."""
+    sim = Fleet(nodes, per_node, comms, speed)
+    server_http = Server(sim)
+    cpu0 = time.process_time()
     with tempfile.TemporaryDirectory(prefix="bench-rules-") as tmp:
         folder = Path(tmp)
-        ports = [s.server_address[1] for s in servers]
-        cfg = config(folder, ports, 0, interval, RULES)
-        server = prom.Prometheus(binary, cfg, folder)
+        cfg = config(folder, nodes, server_http.port, 0, rules, rest_every)
+        server = prom.Prometheus("/usr/bin/prometheus", cfg, folder)
         try:
-            if not server.ready():
+            if not server.ready(120):
                 raise SystemExit(f"prometheus did not start:\n{server.tail()}")
-            # Its port is known now: scrape itself there (the lifecycle API reloads).
-            config(folder, ports, server.port, interval, RULES)
+            config(folder, nodes, server_http.port, server.port, rules, rest_every)
             urllib.request.urlopen(
-                urllib.request.Request(f"{server.base}/-/reload", method="POST"), timeout=30
+                urllib.request.Request(f"{server.base}/-/reload", method="POST"), timeout=60
             )
-            warmup = max(15, 3 * interval)
+            started = time.time()
+            warmup = 30.0
             per_rule: dict[tuple[str, str], list[float]] = {}
-            start = time.monotonic()
-            while (elapsed := time.monotonic() - start) < seconds + warmup:
-                time.sleep(max(1.0, interval / 2))
-                if elapsed < warmup:
-                    continue
-                for group in prom.get(server.base, "/api/v1/rules")["data"]["groups"]:
+
+            def sample_rules() -> None:
+                for group in api(server, "/api/v1/rules")["data"]["groups"]:
                     for rule in group["rules"]:
                         key = (group["name"], rule.get("name", ""))
                         per_rule.setdefault(key, []).append(float(rule["evaluationTime"]))
-            window = f"[{seconds}s]"
-            dur = "prometheus_rule_group_last_duration_seconds"
-            groups = {
-                g: {
-                    "median": v,
-                    "p90": by_label(
-                        server, f"quantile_over_time(0.9, {dur}{window})", "rule_group"
-                    )[g],
-                    "max": by_label(server, f"max_over_time({dur}{window})", "rule_group")[g],
-                }
-                for g, v in by_label(
-                    server, f"quantile_over_time(0.5, {dur}{window})", "rule_group"
-                ).items()
-            }
-            missed = by_label(
+
+            while time.time() < started + warmup + healthy_s:
+                time.sleep(3.0)
+                if time.time() > started + warmup:
+                    sample_rules()
+            healthy_end = time.time()
+            healthy = window_stats(server, started + warmup, healthy_end)
+            # Samples per scrape: the series each agent exports.
+            per_agent = by_label(
                 server,
-                f"increase(prometheus_rule_group_iterations_missed_total{window})",
-                "rule_group",
+                f'sum by (instance) (scrape_samples_scraped{{job=~"{JOB}|{REST_JOB}"}})',
+                "instance",
+                healthy_end,
             )
-            iterations = by_label(
-                server, f"increase(prometheus_rule_group_iterations_total{window})", "rule_group"
-            )
-            # The agents' own series: recorded ones keep ``job`` (and some ``instance``).
-            own = f'{{job="{JOB}",__name__!~".+:.+"}}'
-            per_agent = by_label(server, f"count by (instance) ({own})", "instance")
-            scrape = scalar(
-                server,
-                "quantile(0.5, quantile_over_time(0.5, "
-                f'scrape_duration_seconds{{job="{JOB}"}}{window}))',
-            )
-            cpu = scalar(server, f'rate(process_cpu_seconds_total{{job="prometheus"}}{window})')
-            return {
+            out: dict[str, Any] = {
                 "nodes": nodes,
                 "ranks": nodes * per_node,
-                "comms": len({c.ident for n in fake for c, _ in n.comms}),
-                "head_series": scalar(server, "prometheus_tsdb_head_series"),
-                "agent_series": scalar(server, f"count({own})"),
-                "recorded_series": scalar(server, 'count({__name__=~".+:.+"})'),
-                "per_agent_min": min(per_agent.values(), default=float("nan")),
-                "per_agent_max": max(per_agent.values(), default=float("nan")),
-                "groups": groups,
-                "missed": missed,
-                "iterations": iterations,
-                "rules": {k: statistics.median(v) for k, v in per_rule.items()},
-                "scrape_median_s": scrape,
-                "prom_cpu": cpu,
-                "alerts": sorted({a["labels"]["alertname"] for a in server.alerts()}),
+                "comms": len({c.ident for n in sim.nodes for c, _ in n.comms}),
+                "healthy": healthy,
+                "per_agent": (min(per_agent.values()), max(per_agent.values())),
+                "agent_series": sum(per_agent.values()),
+                "recorded_series": scalar(server, 'count({__name__=~".+:.+"})', healthy_end),
+                "head_series": scalar(server, "prometheus_tsdb_head_series", healthy_end),
+                "scrape_s": scalar(
+                    server,
+                    "quantile(0.5, quantile_over_time(0.5, "
+                    f'scrape_duration_seconds{{job=~"{JOB}|{REST_JOB}"}}[{round(healthy_s)}s]))',
+                    healthy_end,
+                ),
+                "healthy_alerts": sorted(
+                    {a["labels"]["alertname"] for a in alerts(server) if a["state"] == "firing"}
+                ),
             }
+            if fault:
+                f = sim.inject(lost_after_s)
+                quarter = STALL_TIMEOUT_SHARE * TIMEOUT_S
+                expect_log = {
+                    "NcclscopeCollectiveStalled": f.leaders_enter + quarter,
+                    "NcclscopeTimeoutImminent": f.leaders_enter
+                    + TIMEOUT_S
+                    - TIMEOUT_CRITICAL_LEFT_S,
+                }
+                expect = {k: sim.real_of(v) for k, v in expect_log.items()}
+                expect["NcclscopeNodeLost"] = max(f.lost_at, expect["NcclscopeCollectiveStalled"])
+                fired: dict[str, Fired] = {}
+                deadline = max(expect.values()) + 20.0
+                stall_from = expect["NcclscopeCollectiveStalled"] + 2.0
+                watch_alerts(server, stall_from, fired)
+                sample_rules_until = time.time()
+                while time.time() < deadline:
+                    watch_alerts(server, min(deadline, time.time() + 3.0), fired)
+                    sample_rules()
+                    if (
+                        "NcclscopeTimeoutImminent" in fired
+                        and time.time() > sample_rules_until + 15
+                    ):
+                        break
+                out["stall"] = window_stats(server, stall_from, time.time())
+                out["fault"] = {"fault": f, "expect": expect, "fired": fired, "sim": sim}
+            out["rules"] = {k: statistics.median(v) for k, v in per_rule.items()}
+            out["sim_cpu"] = (time.process_time() - cpu0) / max(1.0, time.time() - started)
+            return out
         finally:
             server.close()
-            for s in servers:
-                s.shutdown()
-                s.server_close()
+            server_http.close()
 
 
 def ms(v: float) -> str:
     return f"{v * 1000:.1f}"
 
 
+def _alert_report(r: Mapping[str, Any], speed: float) -> list[str]:
+    f = r["fault"]
+    fault: Fault = f["fault"]
+    sim: Fleet = f["sim"]
+    frozen = {str(x) for x in sim.nodes[FROZEN_NODE].ranks}
+    culprit = str(sim.nodes[CULPRIT_NODE].ranks[CULPRIT_LOCAL])
+    lines = []
+    for name in ("NcclscopeCollectiveStalled", "NcclscopeNodeLost", "NcclscopeTimeoutImminent"):
+        expect = f["expect"][name]
+        got: Fired | None = f["fired"].get(name)
+        if got is None:
+            lines.append(f"| {r['ranks']:,} | {name} | never fired | | |")
+            continue
+        delay = got.active_at - expect
+        named: set[str] = set()
+        for labels in got.labels:
+            if name == "NcclscopeNodeLost":
+                named.add(labels.get("hostname", "?"))
+            elif "rank" in labels:
+                # the node's own countdown names the rank without its host
+                host = labels.get("hostname")
+                named.add(f"{labels['rank']}@{host}" if host else labels["rank"])
+        hosts = {sim.nodes[FROZEN_NODE].hostname}
+        want = (
+            hosts
+            if name == "NcclscopeNodeLost"
+            else {f"{x}@{sim.nodes[FROZEN_NODE].hostname}" for x in sorted(frozen)}
+            | {f"{culprit}@{sim.nodes[CULPRIT_NODE].hostname}", culprit}
+        )
+        wrong = sorted(named - want)
+        right = f"no: {wrong}" if wrong or not named else "yes"
+        lines.append(
+            f"| {r['ranks']:,} | {name} | {delay:+.1f} s ({delay * speed:+.1f} s of log) | "
+            f"{len(named)} | {right} |"
+        )
+    del fault
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--nodes", type=int, default=128)
+    ap.add_argument("--nodes", type=int, nargs="+", default=[128, 256, 625, 1250])
     ap.add_argument("--ranks-per-node", type=int, default=8)
     ap.add_argument(
         "--comms-per-rank", type=int, default=2, help="world, node, then DP-like groups"
     )
-    ap.add_argument("--seconds", type=int, default=90, help="measured run, after a warm-up")
-    ap.add_argument("--interval", type=int, default=1, help="scrape and evaluation interval, s")
-    ap.add_argument("--baseline-nodes", type=int, default=8)
-    ap.add_argument("--no-baseline", action="store_true")
-    ap.add_argument("--top", type=int, default=10)
+    ap.add_argument("--healthy", type=float, default=60, help="healthy window, s (after 30 s)")
+    ap.add_argument("--speed", type=float, default=5.0, help="log clock over real time")
+    ap.add_argument("--lost-after", type=float, default=40.0, help="s after the fault")
+    ap.add_argument("--no-fault", action="store_true")
+    ap.add_argument("--rules", type=Path, default=RULES)
+    ap.add_argument(
+        "--rest-every",
+        type=int,
+        default=15,
+        help="scrape interval of the agents' GPU, host and health series, s (the job's: 1 s)",
+    )
+    ap.add_argument("--top", type=int, default=8)
     args = ap.parse_args()
 
-    sizes = ([] if args.no_baseline else [args.baseline_nodes]) + [args.nodes]
     results = []
-    for nodes in sizes:
-        print(
-            f"# {nodes} nodes x {args.ranks_per_node} ranks, {args.seconds} s ...", file=sys.stderr
-        )
+    for nodes in args.nodes:
+        print(f"# {nodes} nodes x {args.ranks_per_node} ranks ...", file=sys.stderr, flush=True)
         results.append(
             measure(
                 nodes,
                 args.ranks_per_node,
                 args.comms_per_rank,
-                args.seconds,
-                args.interval,
+                healthy_s=args.healthy,
+                speed=args.speed,
+                lost_after_s=args.lost_after,
+                fault=not args.no_fault,
+                rules=args.rules,
+                rest_every=args.rest_every,
             )
         )
-
+    intervals = group_intervals(args.rules)
     print(
-        f"\nScrape and evaluation every {args.interval} s, {args.seconds} s measured, "
-        f"{args.comms_per_rank} communicators per rank" + ".\n"
+        f"\nScrape and evaluation every 1 s, {args.comms_per_rank} communicators per rank, "
+        f"healthy window {args.healthy:.0f} s; log clock at {args.speed:g}x.\n"
     )
     print(
-        "| nodes | ranks | comms | series per agent | agents' series | recorded series "
-        "| head series | group | eval median ms | eval p90 ms | eval max ms "
-        "| max, % of its interval | missed | Prometheus CPU | scrape median ms |"
+        "| nodes | ranks | series per agent | agents' series | recorded | head series "
+        "| group | every | phase | eval median ms | p90 ms | max ms | median, % of interval "
+        "| missed | Prometheus CPU | simulator CPU |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
-    intervals = group_intervals(args.interval)
+    print("|---:|---:|---:|---:|---:|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
-        for group, d in sorted(r["groups"].items()):
-            name = group.split(";")[-1]
-            every = intervals.get(name, float(args.interval))
-            print(
-                f"| {r['nodes']} | {r['ranks']} | {r['comms']} | "
-                f"{r['per_agent_min']:.0f}-{r['per_agent_max']:.0f} | {r['agent_series']:.0f} | "
-                f"{r['recorded_series']:.0f} | {r['head_series']:.0f} | {name} | "
-                f"{ms(d['median'])} | {ms(d['p90'])} | {ms(d['max'])} | "
-                f"{100 * d['max'] / every:.1f}% of {every} s | {r['missed'].get(group, 0):.0f} "
-                f"of {r['iterations'].get(group, 0):.0f} | {r['prom_cpu']:.2f} | "
-                f"{ms(r['scrape_median_s'])} |"
-            )
+        lo, hi = r["per_agent"]
+        for phase in ("healthy", "stall"):
+            if phase not in r:
+                continue
+            w = r[phase]
+            for group, d in sorted(w["groups"].items()):
+                every = intervals.get(group, 1.0)
+                print(
+                    f"| {r['nodes']:,} | {r['ranks']:,} | {lo:.0f}-{hi:.0f} | "
+                    f"{r['agent_series']:,.0f} | {r['recorded_series']:,.0f} | "
+                    f"{r['head_series']:,.0f} | {group} | {every:g} s | {phase} | "
+                    f"{ms(d.get('median', math.nan))} | {ms(d.get('p90', math.nan))} | "
+                    f"{ms(d.get('max', math.nan))} | "
+                    f"{100 * d.get('median', math.nan) / every:.1f}% | "
+                    f"{d.get('missed', 0):.0f} of {d.get('iterations', 0):.0f} | "
+                    f"{w['prom_cpu']:.2f} | {r['sim_cpu']:.2f} |"
+                )
+    if not args.no_fault:
+        print("\nAlerts after the hang (delay: activation minus the threshold's crossing):\n")
+        print("| ranks | alert | delay | named | right ones |")
+        print("|---:|---|---:|---:|---|")
+        for r in results:
+            for line in _alert_report(r, args.speed):
+                print(line)
     for r in results:
-        print(
-            f"\nMost expensive rules at {r['ranks']} ranks "
-            "(median `evaluationTime` of /api/v1/rules):\n"
-        )
+        print(f"\nMost expensive rules at {r['ranks']:,} ranks (median `evaluationTime`):\n")
         print("| group | rule | median ms |")
         print("|---|---|---:|")
-        top = sorted(r["rules"].items(), key=lambda kv: -kv[1])[: args.top]
-        for (group, name), v in top:
+        ranked = sorted(r["rules"].items(), key=lambda kv: -kv[1])
+        for (group, name), v in ranked[: args.top]:
             print(f"| {group} | `{name}` | {ms(v)} |")
-        print(f"\nAlerts firing at the end: {', '.join(r['alerts']) or 'none'}")
+        print("\nThe 1 s group's rules:\n")
+        print("| rule | median ms |")
+        print("|---|---:|")
+        for (group, name), v in ranked:
+            if group == "ncclscope-job":
+                print(f"| `{name}` | {ms(v)} |")
+        print(f"\nAlerts firing while healthy: {', '.join(r['healthy_alerts']) or 'none'}")
 
 
 if __name__ == "__main__":

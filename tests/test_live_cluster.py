@@ -255,6 +255,17 @@ def _state(prom: Prometheus, job: str) -> str:
     return "; ".join(parts)
 
 
+def _host_known(prom: Prometheus, key: tuple[str, str], ports: dict[tuple[str, str], int]) -> bool:
+    """Whether the rules have recorded the host of the agent of ``key`` (job, host)."""
+    query = (
+        f'job_instance_hostname:ncclscope_node_info:last15m{{instance="127.0.0.1:{ports[key]}"}}'
+    )
+    try:
+        return bool(prom.query(query))
+    except OSError:  # a busy server: ask again at the next turn
+        return False
+
+
 def _run_wave(wave: Wave, prometheus: str, folder: Path, rules: Path) -> None:
     ports = {(j.scenario.name, h): free_port() for j in wave.jobs for h in j.files}
     config = folder / "prometheus.yml"
@@ -265,7 +276,10 @@ def _run_wave(wave: Wave, prometheus: str, folder: Path, rules: Path) -> None:
         # The replays' shared clock starts once they and Prometheus are up (a replay that
         # starts late sends what it missed at once: its times are the logs').  Prometheus
         # starts after the agents answer, so that no agent is down at its first scrape.
-        wave.start_at = time.time() + 10.0
+        # Each agent takes a second or more of CPU to start: on a busy machine its import
+        # alone takes seconds, so the margin grows with the agents.
+        agents = sum(len(j.files) for j in wave.jobs)
+        wave.start_at = time.time() + 10.0 + agents
         for job in wave.jobs:
             for host, paths in sorted(job.files.items()):
                 log = (folder / f"agent-{job.scenario.name}-{host}.log").open("wb")
@@ -291,7 +305,9 @@ def _run_wave(wave: Wave, prometheus: str, folder: Path, rules: Path) -> None:
         deadline = max(ends)
         while time.time() < deadline:
             for key, at in list(kills.items()):
-                if time.time() >= at:
+                # Killed once its ranks have stopped and the rules know its host (a node
+                # lost before Prometheus ever scraped it is no one's to name).
+                if time.time() >= at and _host_known(prom, key, ports):
                     stop(wave.agents[key])
                     del kills[key]
             for alert in prom.alerts():
