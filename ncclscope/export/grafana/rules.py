@@ -425,15 +425,17 @@ RULE_GROUPS: tuple[RuleGroup, ...] = (
                 f"min by (job) ({_LEFT} and on (job, comm) ({_STALLED}))\n"
                 "  + on (job) group_right ()\n"
                 "(\n"
-                '  0 * (up{job=~".*ncclscope.*"} == 0)\n'
+                '  0 * (max_over_time(up{job=~".*ncclscope.*"}[1m]) == 0)\n'
                 "    * on (job, instance) group_left (hostname)\n"
                 f"  {_NODE_HOST}\n"
                 ")",
                 alert=True,
                 labels=(("severity", "critical"),),
                 comment=(
-                    "An agent that stopped answering while the others' collective stalls:"
-                    " its node is the likely culprit (its ranks' series went with it)."
+                    "An agent that stopped answering (every scrape of the last minute failed:"
+                    " one slow scrape on a busy node is no lost node) while the others'"
+                    " collective stalls: its node is the likely culprit (its ranks' series"
+                    " went with it)."
                     " Value: seconds left."
                 ),
                 annotations=(
