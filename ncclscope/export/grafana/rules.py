@@ -21,6 +21,7 @@ from ncclscope.export.grafana.dashboards import pcie_ratio
 
 __all__ = [
     "MAX_NODE_RANKS",
+    "NODE_LOST_FOR",
     "PCIE_CONTENTION_RATIO",
     "RULE_GROUPS",
     "SLOW_NODE_MIN_S",
@@ -80,6 +81,9 @@ PCIE_CONTENTION_RATIO = 0.8
 #: rank-0 checkpoint a minute or two of a 10-30 minute timeout), and three quarters of
 #: the timeout are left to take stacks.
 STALL_TIMEOUT_SHARE = 0.25
+#: How long an agent must stay unreachable during a stall to be named lost: ten 1 s
+#: scrapes (one failed scrape is no lost node), against a quarter of a 10-30 min timeout.
+NODE_LOST_FOR = "10s"
 #: A node's excess arrival lateness over the job's least late node, as a share of the
 #: gap between collectives, from which it is a slow node.  Twice the post-mortem
 #: detector's minimum effect (``straggler.MIN_SLOWDOWN``): a 5-minute average has none of
@@ -132,6 +136,15 @@ _HOST_EXCESS = "job_comm_host:ncclscope_collective_excess_lateness_seconds:avg5m
 _GAP = "job_comm:ncclscope_collective_gap_seconds:delta2m"
 
 
+#: The nodes at their communicator's highest sequence, computed at once (the 15 s rules
+#: read raw series newer than the 1 s group's recorded highest).
+_LEADING = (
+    "ncclscope_node_collective_seq_max\n"
+    "  == on (job, comm) group_left ()\n"
+    "  max by (job, comm) (ncclscope_node_collective_seq_max)"
+)
+
+
 def _each_rank(nodes: str, indent: str) -> str:
     """One series per rank of ``nodes``, ``rank`` taken from their ``ranks`` list (up to
     ``MAX_NODE_RANKS``; PromQL has no split): the k-th element where the list has one,
@@ -162,7 +175,7 @@ _CROSS_NODE: tuple[Rule, ...] = (
         "  max by (job, comm) (\n"
         "    ncclscope_node_collective_wait_seconds\n"
         "    and on (job, instance, comm)\n"
-        f"    ncclscope_node_collective_seq_max == on (job, comm) group_left () {_SEQ_MAX}\n"
+        f"    ncclscope_node_collective_seq_max >= on (job, comm) group_left () {_SEQ_MAX}\n"
         "  ),\n"
         "  0\n"
         ")",
@@ -172,6 +185,8 @@ _CROSS_NODE: tuple[Rule, ...] = (
             " offset between nodes' clocks cancels; a replay's runs at its speed). On a"
             " healthy job, since the last collective began. A node behind, or one whose"
             " agent stopped reading, is no leader: its growing wait is not the leaders'."
+            " (At or above the highest recorded just before: a scrape may have landed"
+            " between the two rules.)"
         ),
     ),
     Rule(_LEFT, f"{_TIMEOUT}\n  - on (job) group_right ()\n{_WAIT}"),
@@ -249,7 +264,7 @@ _NODE_LATENESS: tuple[Rule, ...] = (
         "max by (job, comm, op) (\n"
         "  ncclscope_node_collective_op_info\n"
         "  and on (job, instance, comm)\n"
-        f"  ncclscope_node_collective_seq_max == on (job, comm) group_left () {_SEQ_MAX}\n"
+        f"  {_LEADING}\n"
         ")",
         comment="The op the leaders entered (the stall alert's text names it).",
     ),
@@ -261,10 +276,7 @@ _NODE_LATENESS: tuple[Rule, ...] = (
         "      - on (job, instance) group_right ()\n"
         "    ncclscope_node_collective_wait_seconds\n"
         "  )\n"
-        "  and on (job, instance, comm) (\n"
-        "    ncclscope_node_collective_seq_max\n"
-        f"      == on (job, comm) group_left ()\n    {_SEQ_MAX}\n"
-        "  )\n"
+        f"  and on (job, instance, comm) ({_LEADING})\n"
         ")",
         comment="When the first leader entered the leaders' collective (on its node's clock).",
     ),
@@ -430,12 +442,13 @@ RULE_GROUPS: tuple[RuleGroup, ...] = (
                 f"  {_NODE_HOST}\n"
                 ")",
                 alert=True,
+                for_=NODE_LOST_FOR,
                 labels=(("severity", "critical"),),
                 comment=(
-                    "An agent that stopped answering (every scrape of the last minute failed:"
-                    " one slow scrape on a busy node is no lost node) while the others'"
-                    " collective stalls: its node is the likely culprit (its ranks' series"
-                    " went with it)."
+                    "An agent that stopped answering while the others' collective stalls:"
+                    " its node is the likely culprit (its ranks' series went with it)."
+                    f" Every scrape of the last minute failed, for {NODE_LOST_FOR} more: a"
+                    " scrape that timed out on a busy node (or Prometheus) is no lost node."
                     " Value: seconds left."
                 ),
                 annotations=(
