@@ -133,3 +133,26 @@ def test_the_agent_names_a_stall_once_a_rank_is_silent_for_an_interval() -> None
     ((_, later),) = job()["ncclscope_timeout_remaining_seconds"]
     assert later == pytest.approx(left - 60, abs=1e-3)
     agent.finish()
+
+
+def test_damaged_coll_lines_cost_only_themselves() -> None:
+    """A COLL line with a number past its column's type is damage (counted as a line
+    the reference analysis must see, read into no member); two processes' lines spliced
+    are read as the reference parser reads them (the last header starts the line); a
+    line cut mid-body is no call; the good lines around them all count."""
+    at = datetime(2026, 11, 27, 12, tzinfo=UTC)
+    good = _coll_line(0, 1, at)
+    overflow = _coll_line(1, 1, at).replace(":101:101 ", ":99999999999999:101 ")
+    spliced = _coll_line(2, 5, at)[:60] + _coll_line(3, 7, at)
+    cut = _coll_line(1, 2, at)[:-60]
+    live = LiveProgress()
+    read = live.add(
+        [("a.log", t, at) for t in (good, overflow, spliced, cut, _coll_line(0, 2, at))],
+        own_times=True,
+    )
+    assert read == 3  # rank 0 twice, and rank 3 from the spliced line
+    assert {(host, pid): m.calls for (_p, host, pid, _c), m in live.members.items()} == {
+        ("node-0", 100): 2,
+        ("node-1", 103): 1,
+    }
+    assert live.notable == 2  # the overflowing line and the cut one: the reference's to count
