@@ -194,6 +194,26 @@ class LiveWindow:
         self.added += n
         return n
 
+    def add_texts(self, batches: Iterable[tuple[str, list[str], datetime]]) -> int:
+        """``add`` for runs of one file's lines (``Follower.poll_texts``: texts without
+        their newline), each written as it is: no work per line."""
+        n = 0
+        for path, texts, arrived in batches:
+            if not texts:
+                continue
+            if self.own_times is None:
+                self._learn_own_times(texts)
+            self._write(path, texts, arrived)
+            n += len(texts)
+        self.added += n
+        return n
+
+    def _learn_own_times(self, texts: list[str]) -> None:
+        for text in texts:
+            if " NCCL " in text and (m := HEADER_RE.search(text)):
+                self.own_times = PREFIX_TS_RE.search(text[: m.start()]) is not None
+                return
+
     def _write(self, path: str, lines: list[str], arrived: datetime) -> None:
         """Append one file's lines of one poll to its segments."""
         seg = self._files.get(path)
@@ -287,20 +307,27 @@ class LiveWindow:
         clock, so that a job that stopped logging is idle until now, not until its last
         line (``Context.now``).  The diagnosis carries the context its detectors read,
         which ``job_rows`` exports from."""
-        with lock if lock is not None else nullcontext():
-            if not self._files:
-                return None
-            paths = self.write(workdir / "window")
-            stamped = self.own_times is False
-        diagnosis = diagnose(
+        copied = self.copy_out(workdir, lock=lock)
+        if copied is None:
+            return None
+        paths, stamped = copied
+        return diagnose(
             build(
-                [str(p) for p in paths],
-                workdir=workdir / "analysis",
-                coll_ts_source="stamped" if stamped else "nccl",
+                paths, workdir=workdir / "analysis", coll_ts_source="stamped" if stamped else "nccl"
             ),
             now=now,
         )
-        return diagnosis
+
+    def copy_out(
+        self, workdir: Path, *, lock: AbstractContextManager[object] | None = None
+    ) -> tuple[list[str], bool] | None:
+        """The window written to ``workdir/window`` for an analysis (``write``), under
+        ``lock``: the files' paths and whether their NCCL times are the arrival stamps
+        the window wrote; None while it is empty."""
+        with lock if lock is not None else nullcontext():
+            if not self._files:
+                return None
+            return [str(p) for p in self.write(workdir / "window")], self.own_times is False
 
     def file_ids(self, paths: list[str]) -> dict[str, int]:
         """Followed path -> its file id in an analysis of the window whose inputs were
