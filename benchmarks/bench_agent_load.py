@@ -50,8 +50,16 @@ def _port() -> int:
 
 
 def _cpu_s(pid: int) -> float:
+    """CPU seconds of ``pid`` and of its children it waited for (the agent's analysis
+    processes: their CPU is the agent's)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _HZ
+    return sum(int(f) for f in fields[11:15]) / _HZ
+
+
+def _analysis_mb(text: str) -> str:
+    """The peak RSS of the agent's last analysis process, as it exports it."""
+    m = re.search(r"^ncclscope_analysis_max_rss_bytes (\S+)$", text, re.M)
+    return f"{float(m[1]) / 2**20:.0f} MB" if m else "none reported"
 
 
 def _status_kb(pid: int, key: str) -> int:
@@ -120,8 +128,9 @@ def idle(seconds: float, warmup: float) -> None:
             time.sleep(1)
         a0, n0, t0 = _cpu_s(agent.pid), _cpu_s(ne.pid) if ne else 0.0, time.monotonic()
         rss = []
+        text = ""
         while time.monotonic() - t0 < seconds:
-            _get(a_port)
+            text = _get(a_port) or text
             if ne is not None:
                 _get(n_port)
             rss.append(_status_kb(agent.pid, "VmRSS"))
@@ -130,7 +139,8 @@ def idle(seconds: float, warmup: float) -> None:
         a = 100 * (_cpu_s(agent.pid) - a0) / span
         print(f"idle, {span:.0f} s after a {warmup:.0f} s warm-up, one scrape a second each")
         print(f"  ncclscope agent: {a:.2f}% of a core, RSS {max(rss) / 1024:.0f} MB "
-              f"(VmHWM {_status_kb(agent.pid, 'VmHWM') / 1024:.0f} MB)")  # fmt: skip
+              f"(VmHWM {_status_kb(agent.pid, 'VmHWM') / 1024:.0f} MB); "
+              f"its last analysis process's peak RSS {_analysis_mb(text)}")  # fmt: skip
         if ne is not None:
             n = 100 * (_cpu_s(ne.pid) - n0) / span
             print(f"  node_exporter:   {n:.2f}% of a core; agent / node_exporter {a / n:.2f}x")
@@ -242,8 +252,10 @@ def rate_mode(rate: float, seconds: float, extra: list[str]) -> None:
         )  # fmt: skip
         print(f"rate: {len(lines):,} lines in {span:.1f} s ({len(lines) / span:,.0f} lines/s), "
               "8 per-rank logs, one scrape a second")  # fmt: skip
-        print(f"  agent CPU {cpu:.2f}% of a core while the lines flowed; "
-              f"VmHWM {_status_kb(agent.pid, 'VmHWM') / 1024:.0f} MB")  # fmt: skip
+        last_text = next((text for _t, text in reversed(scrapes) if text), "")
+        print(f"  agent CPU {cpu:.2f}% of a core while the lines flowed (its analysis "
+              f"processes included); VmHWM {_status_kb(agent.pid, 'VmHWM') / 1024:.0f} MB; "
+              f"its last analysis process's peak RSS {_analysis_mb(last_text)}")  # fmt: skip
         flowing = [text for t, text in scrapes if t <= stall and text]
         if len(flowing) >= 2:
             first, last = _collector_cpu(flowing[0]), _collector_cpu(flowing[-1])

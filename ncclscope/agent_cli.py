@@ -213,6 +213,7 @@ def agent(
 
     config = AgentConfig(
         detect_in_thread=True,
+        isolate_analysis=True,
         follow=list(follow),
         listen=_listen(listen),
         interval_s=interval,
@@ -329,6 +330,7 @@ def replay(
     )
     config = AgentConfig(
         detect_in_thread=True,
+        isolate_analysis=True,
         listen=_listen(listen),
         interval_s=interval,
         analyse_s=analyse_every,
@@ -472,6 +474,7 @@ def run(
     stop = threading.Event()
     config = AgentConfig(
         detect_in_thread=True,
+        isolate_analysis=True,
         follow=[str(out / "output.log"), str(out / "nccl")],
         listen=_listen(listen),
         interval_s=interval,

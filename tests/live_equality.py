@@ -23,7 +23,13 @@ from pathlib import Path
 import polars as pl
 
 from ncclscope.agent.live import LiveWindow, job_rows, timeout_of
-from ncclscope.agent.progress import LiveContext, LiveProgress, member_rows
+from ncclscope.agent.progress import (
+    LiveContext,
+    LiveProgress,
+    MemberIndex,
+    member_rows,
+    might_stall,
+)
 from ncclscope.analysis import build
 from ncclscope.detect.context import Context
 from ncclscope.detect.timeout import countdown
@@ -123,7 +129,10 @@ def compare(files: Mapping[str, Sequence[str]], *, seed: int = 0) -> list[str]:
         timeout_s = timeout_of(d)
         pending = _pending(got, now, timeout_s)
         out += _countdown_differs("countdown", _pending(ref, now, timeout_s), pending, timed=True)
-        rows = member_rows(live, ref.analysis.identity.members, ids)
+        index = MemberIndex.of(ref.analysis.identity.members)
+        if not might_stall(live, index, ids) and not pending.is_empty():
+            out.append(f"might_stall said no stall, the countdown found {pending.rows()}")
+        rows = member_rows(live, index, ids)
         reference_rows = job_rows(d, now)
         for name in _LIVE_METRICS:
             if reference_rows.get(name, []) != rows.get(name, []):

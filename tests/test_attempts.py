@@ -12,7 +12,7 @@ from conftest import run_cli
 import ncclscope.analysis as analysis_module
 import ncclscope.diagnose as diagnose_module
 from ncclscope.agent.live import LiveWindow
-from ncclscope.agent.progress import LiveProgress, member_rows
+from ncclscope.agent.progress import LiveProgress, MemberIndex, member_rows
 from ncclscope.detect.base import Finding
 from ncclscope.detect.context import Context
 
@@ -202,7 +202,7 @@ def test_live_sequence_keeps_growing_past_the_window(tmp_path: Path) -> None:
         assert analysis is not None
         ids = window.file_ids(analysis.analysis.paths)
         members = analysis.context.analysis.identity.members
-        rows = dict(member_rows(live, members, ids)["ncclscope_collective_seq"])
+        rows = dict(member_rows(live, MemberIndex.of(members), ids)["ncclscope_collective_seq"])
         assert len(rows) == 2
         assert len(set(rows.values())) == 1  # both members at the same call
         seen.append(next(iter(rows.values())))

@@ -44,7 +44,15 @@ from ncclscope.parsers.nccl.patterns import HOST_CHARS
 from ncclscope.schema import LIVE_CALLS_SCHEMA as CALLS_SCHEMA
 from ncclscope.schema import TS
 
-__all__ = ["MARK_EVERY", "LiveContext", "LiveProgress", "Member"]
+__all__ = [
+    "MARK_EVERY",
+    "LiveContext",
+    "LiveProgress",
+    "Member",
+    "MemberIndex",
+    "member_rows",
+    "might_stall",
+]
 
 #: Sequence numbers at which a member's arrival time is also exported as a mark (every
 #: multiple of each): Prometheus compares members of one communicator at the same mark,
@@ -208,55 +216,64 @@ class LiveProgress:
         """Read ``(path, text, arrived)`` lines of one poll; returns the COLL lines read.
         ``own_times``: the job's NCCL lines carry their own times (else each line's
         arrival is its time, as the window stamps it)."""
+        return self.add_texts(
+            [(path, [text], arrived) for path, text, arrived in lines], own_times=own_times
+        )
+
+    def add_texts(
+        self, batches: Sequence[tuple[str, list[str], datetime]], *, own_times: bool | None
+    ) -> int:
+        """``add`` for runs of one file's lines read at once (``Follower.poll_texts``)."""
         self._own = bool(own_times)
         read = notable = 0
         last: dict[MemberKey, tuple[Member, str, _Call | None, datetime]] = {}
         members, notable_re, p2p = self.members, _NOTABLE_RE.search, P2P_OPS
-        for path, text, arrived in lines:
-            if " opCount " not in text:
-                if notable_re(text):
-                    notable += 1
-                continue
-            call = _read_fast(text)
-            ts: datetime | None = None
-            if call is None:
-                slow = _read_slow(text)
-                if slow is None or not _fits(slow[0]):
-                    notable += 1  # damaged: the reference analysis counts it
+        for path, texts, arrived in batches:
+            for text in texts:
+                if " opCount " not in text:
+                    if notable_re(text):
+                        notable += 1
                     continue
-                call, ts = slow
-            host, pid, op, oc, comm, nranks, _at = call
-            key = (path, host, pid, comm)
-            m = members.get(key)
-            if m is None:
-                m = members[key] = Member(held=deque(maxlen=self.keep_calls))
-                self.new_members += 1
-            read += 1
-            idx = m.calls
-            m.calls = idx + 1
-            if oc is not None:
-                if m.opcount_min is None or oc < m.opcount_min:
-                    m.opcount_min = oc
-                if m.opcount_max is None or oc > m.opcount_max:
-                    m.opcount_max = oc
-            if nranks is not None and (m.nranks is None or nranks > m.nranks):
-                m.nranks = nranks
-            coll_idx = None
-            if op not in p2p:
-                coll_idx = m.coll_calls
-                m.coll_calls = coll_idx + 1
-                if oc is not None and (m.coll_opcount_max is None or oc > m.coll_opcount_max):
-                    m.coll_opcount_max = oc
-                m.op, m.seen = op, arrived
-                last[key] = (m, text, None if ts is not None else call, arrived)
-                if ts is not None:
-                    m.ts = ts
-                if coll_idx % _MARK_GCD == 0:
-                    when = arrived if not own_times else ts or _time(text, call)
-                    for every in MARK_EVERY:
-                        if coll_idx % every == 0 and when is not None:
-                            m.marks[every] = (coll_idx, when)
-            m.held.append((idx, oc, coll_idx, arrived, text))
+                call = _read_fast(text)
+                ts: datetime | None = None
+                if call is None:
+                    slow = _read_slow(text)
+                    if slow is None or not _fits(slow[0]):
+                        notable += 1  # damaged: the reference analysis counts it
+                        continue
+                    call, ts = slow
+                host, pid, op, oc, comm, nranks, _at = call
+                key = (path, host, pid, comm)
+                m = members.get(key)
+                if m is None:
+                    m = members[key] = Member(held=deque(maxlen=self.keep_calls))
+                    self.new_members += 1
+                read += 1
+                idx = m.calls
+                m.calls = idx + 1
+                if oc is not None:
+                    if m.opcount_min is None or oc < m.opcount_min:
+                        m.opcount_min = oc
+                    if m.opcount_max is None or oc > m.opcount_max:
+                        m.opcount_max = oc
+                if nranks is not None and (m.nranks is None or nranks > m.nranks):
+                    m.nranks = nranks
+                coll_idx = None
+                if op not in p2p:
+                    coll_idx = m.coll_calls
+                    m.coll_calls = coll_idx + 1
+                    if oc is not None and (m.coll_opcount_max is None or oc > m.coll_opcount_max):
+                        m.coll_opcount_max = oc
+                    m.op, m.seen = op, arrived
+                    last[key] = (m, text, None if ts is not None else call, arrived)
+                    if ts is not None:
+                        m.ts = ts
+                    if coll_idx % _MARK_GCD == 0:
+                        when = arrived if not own_times else ts or _time(text, call)
+                        for every in MARK_EVERY:
+                            if coll_idx % every == 0 and when is not None:
+                                m.marks[every] = (coll_idx, when)
+                m.held.append((idx, oc, coll_idx, arrived, text))
         # A member's time is read off its last collective line of the poll only.
         for m, text, call, arrived in last.values():
             if not own_times:
@@ -430,42 +447,117 @@ class LiveContext(Context):
 Rows = dict[str, list[tuple[tuple[str, ...], float]]]
 
 
-def member_rows(live: LiveProgress, members: pl.DataFrame, file_ids: dict[str, int]) -> Rows:
+#: A member in the reference's identity, as the live path reads it: its communicator,
+#: its rank in it and its global rank (None where unknown), and whether its lines start
+#: with the communicator (``identity.ANCHORED``; None where nothing says).
+Known: TypeAlias = tuple[str, int | None, int | None, bool | None]
+
+
+@dataclass(frozen=True)
+class MemberIndex:
+    """The reference analysis's identity members, read once into plain Python: the live
+    path (``member_rows``, ``might_stall``) reads them every tick without polars.
+
+    ``by_key``: (file id, host, pid, comm pointer) -> the members it is (those with a
+    communicator), in the table's order; ``anchored``: per communicator, the comm ranks
+    of a member whose lines start with it (``Context.members``' ``anchored``)."""
+
+    by_key: dict[tuple[int, str, int, str], list[Known]]
+    anchored: dict[str, frozenset[int]]
+
+    @classmethod
+    def of(cls, members: pl.DataFrame) -> MemberIndex:
+        """From ``identity.members`` (``MEMBERS_SCHEMA``)."""
+        by_key: dict[tuple[int, str, int, str], list[Known]] = {}
+        anchored: dict[str, set[int]] = {}
+        cols = ["file_id", "host", "pid", "comm", "comm_key", "comm_rank", "rank", "known_from"]
+        for fid, host, pid, comm, comm_key, comm_rank, rank, known_from in members.select(
+            cols
+        ).iter_rows():
+            # ANCHORED's three values: null where the row says nothing
+            sure = None if known_from is None else known_from not in _UNANCHORED
+            if comm_key is None:
+                continue
+            by_key.setdefault((fid, host, pid, comm), []).append((comm_key, comm_rank, rank, sure))
+            if comm_rank is not None and sure:
+                anchored.setdefault(comm_key, set()).add(int(comm_rank))
+        return cls(by_key, {k: frozenset(v) for k, v in anchored.items()})
+
+
+#: ``identity.ANCHORED``'s values that say a member's lines may not start with it
+_UNANCHORED = ("teardown", "elimination")
+
+
+def _joined(
+    live: LiveProgress, members: MemberIndex, file_ids: dict[str, int]
+) -> list[tuple[Member, str, Known]]:
+    """``live.stats`` joined to the members (inner, on file id, host, pid and comm
+    pointer), by file id, then in the order members arrived."""
+    out: list[tuple[int, Member, str, Known]] = []
+    for (path, host, pid, comm), m in live.members.items():
+        fid = file_ids.get(path)
+        if fid is None:
+            continue
+        out.extend(
+            (fid, m, host, known) for known in members.by_key.get((fid, host, pid, comm), ())
+        )
+    out.sort(key=lambda r: r[0])  # stable: arrival order within a file
+    return [(m, host, known) for _fid, m, host, known in out]
+
+
+def _same_opcount(m: Member) -> bool | None:
+    """opCount never changed (None where the member logged none)."""
+    if m.opcount_min is None or m.opcount_max is None:
+        return None
+    return m.opcount_min == m.opcount_max
+
+
+def might_stall(live: LiveProgress, members: MemberIndex, file_ids: dict[str, int]) -> bool:
+    """Could ``stalls`` find one on the live state?  False only where it cannot: in
+    every communicator, every member that ``progress_table`` keeps is at the same last
+    sequence and every anchored member has a row (else it counts as behind, at -1).  A
+    healthy job at rest answers False without a frame built: the agent reads a stall
+    (``LiveContext``, polars) only when this says True."""
+    seqs: dict[str, set[int]] = {}
+    covered: dict[str, set[int]] = {}
+    for m, _host, (comm_key, comm_rank, _rank, sure) in _joined(live, members, file_ids):
+        if m.coll_calls <= 0 or comm_rank is None:
+            continue
+        same = _same_opcount(m)
+        if not (sure is True or same is False):  # progress_table's filter
+            continue
+        last = m.calls - 1 if same and m.calls > 1 else m.coll_opcount_max
+        if last is None:
+            return True  # a null sequence: let the reference rules decide
+        seqs.setdefault(comm_key, set()).add(last)
+        covered.setdefault(comm_key, set()).add(int(comm_rank))
+    for comm_key, found in seqs.items():
+        if len(found) > 1 or members.anchored.get(comm_key, frozenset()) - covered[comm_key]:
+            return True
+    return False
+
+
+def member_rows(live: LiveProgress, members: MemberIndex, file_ids: dict[str, int]) -> Rows:
     """The members' metric rows, as ``live.job_rows`` reads them post-mortem from the
     tables: per (communicator, rank) the sequence of its last collective counted since
     the agent started (``ncclscope_collective_seq``; by communicator rank where the
     global one is unknown), when it entered it and its op, the last marks; per
     communicator its size; per rank its host.  ``members``: the reference analysis's
-    identity members."""
+    identity members (``MemberIndex``).  Plain Python: it runs whenever a line came."""
     rows: Rows = {}
-    if members.is_empty():
+    joined = _joined(live, members, file_ids)
+    if not joined:
         return rows
-    stats = live.stats(file_ids)
-    if stats.is_empty():
-        return rows
-    key = ["file_id", "host", "pid", "comm"]
-    ids = {v: k for k, v in file_ids.items()}
-    unsure = ~ANCHORED & (pl.col("opcount_min") == pl.col("opcount_max")).fill_null(value=True)
-    joined = (
-        stats.join(
-            members.select(*key, "comm_key", "comm_rank", "rank", "known_from"),
-            on=key,
-            how="inner",
-        )
-        .filter(pl.col("comm_key").is_not_null())
-        # collectives_frame's rank: none for a member its opCount cannot place
-        .with_columns(pl.when(unsure).then(None).otherwise(pl.col("rank")).alias("placed"))
-        .sort("file_id")
-    )
     seqs: dict[tuple[str, int], int] = {}
     last: dict[tuple[str, int], tuple[str | None, datetime | None, str, int | None]] = {}
     marks: dict[tuple[str, int, int], tuple[int, datetime]] = {}
-    for fid, host, pid, comm, comm_key, comm_rank, rank, placed in joined.select(
-        *key, "comm_key", "comm_rank", "rank", "placed"
-    ).iter_rows():
-        m = live.members[(ids[fid], host, pid, comm)]
+    for m, host, (comm_key, comm_rank, rank, sure) in joined:
         if not m.coll_calls:
             continue
+        # collectives_frame's rank: none for a member its opCount cannot place
+        same = _same_opcount(m)
+        unsure = sure is False and same is not False
+        placed = None if unsure else rank
         if comm_rank is not None:
             who = rank if rank is not None else comm_rank
             k = (comm_key, int(who))

@@ -23,19 +23,19 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ncclscope.agent.exporter import Board, MetricsServer, Rows, identity_rows, write_textfile
-from ncclscope.agent.live import (
-    LiveWindow,
-    countdown_rows,
-    diagnosis_rows,
-    timeout_of,
-)
+from ncclscope.agent.live import LiveWindow, countdown_rows
 from ncclscope.agent.nvml import NvmlCollector
-from ncclscope.agent.progress import LiveContext, LiveProgress, member_rows
+from ncclscope.agent.progress import LiveContext, LiveProgress, member_rows, might_stall
+from ncclscope.agent.reference import (
+    AnalysisFailedError,
+    IsolatedAnalysis,
+    Reference,
+    reference,
+)
 from ncclscope.agent.rollup import NodeRollup
 from ncclscope.agent.telemetry import TelemetryWriter
 from ncclscope.agent.topology import collector_topology, link_rows
 from ncclscope.detect.timeout import countdown
-from ncclscope.diagnose import Diagnosis
 from ncclscope.hosts import short_host
 
 __all__ = ["Agent", "AgentConfig", "LineSource", "gpu_rows", "host_rows"]
@@ -76,6 +76,10 @@ class AgentConfig:
     #: delays a sample or a stop (the CLI's choice); off, ``tick()`` runs them in place
     #: and their rows are on the board when it returns (tests, replays driven by hand)
     detect_in_thread: bool = False
+    #: run each reference analysis in a short-lived process of its own
+    #: (``agent.reference``): the agent's memory stays that of its live state (the
+    #: CLI's choice); off, in the agent (tests, replays driven by hand)
+    isolate_analysis: bool = False
 
 
 def gpu_rows(
@@ -175,11 +179,9 @@ class _Reference:
     """The last reference analysis of the window (``analyze``'s pipeline): who is who,
     and what only a whole analysis tells (``live.diagnosis_rows``)."""
 
-    diagnosis: Diagnosis
+    got: Reference
     #: followed path -> its file id in the analysis
     file_ids: dict[str, int]
-    rows: Mapping[str, Rows]
-    timeout_s: float
 
 
 @dataclass
@@ -246,9 +248,12 @@ class Agent:
         #: every member's progress, line by line: what the job rows are read from
         self.progress = LiveProgress()
         self._reference: _Reference | None = None
+        self._isolated = IsolatedAnalysis() if config.isolate_analysis else None
         self._seen = _Seen()
         #: (progress version, reference) -> its live context and member rows
-        self._live: tuple[tuple[int, int, bool], LiveContext, Mapping[str, Rows]] | None = None
+        self._live: tuple[tuple[int, int, bool], LiveContext | None, Mapping[str, Rows]] | None = (
+            None
+        )
         #: the job's rows as exported: the node's summary per communicator added
         self._rollup = NodeRollup()
 
@@ -273,18 +278,21 @@ class Agent:
     def _follow(self) -> bool:
         if self.lines is None:
             return True
-        got = self.lines.poll()
-        lines = [(x.path, x.text, x.arrived) for x in got]  # paths are str: a seam's too
+        poll_texts = getattr(self.lines, "poll_texts", None)
+        if poll_texts is not None:  # the follower: runs of one file's texts
+            batches: list[tuple[str, list[str], datetime]] = poll_texts()
+        else:  # a seam's lines (replay, tests), one at a time; paths are str there too
+            batches = [(x.path, [x.text.rstrip("\n")], x.arrived) for x in self.lines.poll()]
         with self._window_lock:
-            self.window.add(lines)
-        self.progress.add(lines, own_times=self.window.own_times)
+            self.window.add_texts(batches)
+        self.progress.add_texts(batches, own_times=self.window.own_times)
         stats = getattr(self.lines, "stats", None)
         if stats is not None:  # the follower counts bytes as read, incomplete lines too
             self.lines_read, self.bytes_read = stats.lines_read, stats.bytes_read
             files = stats.files_followed
         else:
-            self.lines_read += len(got)
-            self.bytes_read += sum(len(x.text) + 1 for x in got)
+            self.lines_read += sum(len(texts) for _p, texts, _a in batches)
+            self.bytes_read += sum(len(t) + 1 for _p, texts, _a in batches for t in texts)
             files = self.window.files
         self.board.set(
             "logs",
@@ -342,15 +350,30 @@ class Agent:
     def _reference_once(self) -> bool:
         work = Path(self._workdir.name) / "live"
         now = self.wall()
-        diagnosis = self.window.analyse(work, lock=self._window_lock, now=now)
-        if diagnosis is not None:
-            self._reference = _Reference(
-                diagnosis,
-                self.window.file_ids(diagnosis.analysis.paths),
-                diagnosis_rows(diagnosis),
-                timeout_of(diagnosis),
-            )
-            self._learn_pids(diagnosis.analysis)
+        copied = self.window.copy_out(work, lock=self._window_lock)
+        if copied is None:
+            return True
+        paths, stamped = copied
+        if self._isolated is None:
+            got = reference(paths, work / "analysis", stamped=stamped, now=now)
+        else:
+            try:
+                got = self._isolated.run(paths, work, stamped=stamped, now=now)
+            except AnalysisFailedError as e:
+                # Said without a traceback (the process's own error is in it); the
+                # live rows go on from the last analysis.
+                _log.error("%s", e)
+                return False
+            # Its CPU is the agent's too (the detect collector's account), and its peak
+            # memory is exported: the agent's own RSS no longer shows it.
+            self.health.cpu["detect"] = self.health.cpu.get("detect", 0.0) + got.cpu_s
+            if got.max_rss_bytes is not None:
+                self.board.set(
+                    "analysis",
+                    {"ncclscope_analysis_max_rss_bytes": [((), float(got.max_rss_bytes))]},
+                )
+        self._reference = _Reference(got, self.window.file_ids(got.paths))
+        self._learn_pids(got.rank_pids)
         return True
 
     def _publish(self, now: datetime) -> None:
@@ -365,24 +388,25 @@ class Agent:
             return
         silent = self.progress.silent(now, self.config.interval_s)
         key = (self.progress.version, id(ref), silent)
+        got = ref.got
         if self._live is None or self._live[0] != key:
-            ctx = LiveContext(
-                ref.diagnosis.context.analysis, now=now, live=self.progress, file_ids=ref.file_ids
-            )
-            members = ref.diagnosis.context.analysis.identity.members
-            self._live = (key, ctx, member_rows(self.progress, members, ref.file_ids))
+            ctx = None
+            if silent and might_stall(self.progress, got.members, ref.file_ids):
+                ctx = LiveContext(
+                    got.analysis(), now=now, live=self.progress, file_ids=ref.file_ids
+                )
+            self._live = (key, ctx, member_rows(self.progress, got.members, ref.file_ids))
         _key, ctx, rows = self._live
-        pending = countdown(ctx, now, ref.timeout_s) if silent else None
+        pending = countdown(ctx, now, got.timeout_s) if ctx is not None else None
         counted = countdown_rows(pending) if pending is not None else {}
-        self.board.set("job", self._rollup({**ref.rows, **rows, **counted}, now.timestamp()))
+        self.board.set("job", self._rollup({**got.rows, **rows, **counted}, now.timestamp()))
 
-    def _learn_pids(self, analysis: Any) -> None:
+    def _learn_pids(self, rank_pids: list[tuple[str, int]]) -> None:
         """Without --pid or --match, watch the processes the logs name on this host."""
         if self.host is None or self.config.pids or self.config.match:
             return
         short = short_host(self.hostname)
-        ranks = analysis.identity.ranks
-        pids = [int(p) for h, p in zip(ranks["host"], ranks["pid"], strict=True) if h == short]
+        pids = [pid for host, pid in rank_pids if host == short]
         if pids and hasattr(self.host, "set_pids"):
             self.host.set_pids(pids)
 
@@ -460,6 +484,8 @@ class Agent:
         if self.nvml is not None:
             self.nvml.close()
         self._finished = True
+        if self._isolated is not None:
+            self._isolated.stop()
         running = self._detector is not None and self._detector.is_alive()
         with self._window_lock:  # waits only while a run copies the window
             self.window.close()
