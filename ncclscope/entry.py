@@ -5,8 +5,9 @@ settings only take effect if they are in the environment when polars is imported
 they are set here, before anything imports it, and only where the user has not set
 them:
 
-- ``POLARS_MAX_THREADS=1``: the agent's periodic detector run takes one core, not every
-  core the training job is using (it is small work: a window of the latest lines).
+- ``POLARS_MAX_THREADS=1``: the agent's analysis of its window (in a process of its
+  own, ``agent.reference``, which inherits this) takes one core, not every core the
+  training job is using (it is small work: a window of the latest lines).
 - ``_RJEM_MALLOC_CONF`` (polars' jemalloc): one arena for all threads, freed pages kept
   for 10 minutes, and large allocations in that arena too (``oversize_threshold:0``: by
   default those over 8 MiB go to an arena that returns its pages at once).  Each
@@ -15,7 +16,8 @@ them:
   an arena per thread, a run's pages sat in another arena than the next run's.  The
   agent's RSS is then its working set, steady (measured: a 30-minute soak in
   ``benchmarks/README.md``), rather than a saw-tooth; pages unused for 10 minutes are
-  still returned.
+  still returned.  (Since the analyses left the agent for a process of their own, only
+  a stall's reading and replays driven by hand allocate in the agent's arena.)
 """
 
 from __future__ import annotations

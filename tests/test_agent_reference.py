@@ -4,6 +4,8 @@ polars' working set on a healthy job."""
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -11,7 +13,12 @@ import pytest
 from conftest import scrape_metrics
 
 from ncclscope.agent.live import LiveWindow
-from ncclscope.agent.reference import AnalysisFailedError, IsolatedAnalysis, reference
+from ncclscope.agent.reference import (
+    AnalysisFailedError,
+    AnalysisStoppedError,
+    IsolatedAnalysis,
+    reference,
+)
 from ncclscope.agent.replay import ReplaySource
 from ncclscope.agent.run import Agent, AgentConfig
 
@@ -69,8 +76,29 @@ def test_an_analysis_past_its_time_is_stopped(tmp_path: Path) -> None:
 def test_a_stopped_analysis_starts_no_process(tmp_path: Path) -> None:
     runner = IsolatedAnalysis()
     runner.stop()
-    with pytest.raises(AnalysisFailedError, match="stopping"):
+    with pytest.raises(AnalysisStoppedError, match="stopping"):
         runner.run([str(STALLED)], tmp_path / "w", stamped=False, now=NOW)
+
+
+def test_an_analysis_ended_by_a_stop_is_no_failure(tmp_path: Path) -> None:
+    runner = IsolatedAnalysis()
+    ended: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            runner.run([str(STALLED)], tmp_path / "w", stamped=False, now=NOW)
+        except AnalysisFailedError as e:
+            ended.append(e)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    deadline = time.monotonic() + 10
+    while runner._proc is None and time.monotonic() < deadline:
+        time.sleep(0.01)  # until the process runs: the stop is to end it
+    runner.stop()
+    worker.join(30)
+    assert len(ended) == 1
+    assert isinstance(ended[0], AnalysisStoppedError)
 
 
 def _replayed(*, isolate: bool) -> tuple[dict[str, float], Agent]:

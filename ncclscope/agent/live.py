@@ -27,7 +27,6 @@ Sample stamped line (a 2.21 COLL line as the window writes it)::
 from __future__ import annotations
 
 import hashlib
-import re
 from collections import deque
 from collections.abc import Iterable
 from contextlib import AbstractContextManager, nullcontext
@@ -81,12 +80,6 @@ def stamp(text: str, arrived: datetime) -> str | None:
     return f"{text[:at]}{_ts_text(arrived)}{text[at:]}"
 
 
-#: HEADER_RE for polars: the prefix before the header and the rest, no other captures
-_SPLIT_AT_HEADER = (
-    r"^(?s)(?P<pre>.*?)(?P<rest>" + re.sub(r"\(\?P<\w+>", "(?:", HEADER_RE.pattern) + r".*)$"
-)
-
-
 @dataclass
 class _Segment:
     """One segment file: its lines, and where each poll's lines begin (line index in the
@@ -122,19 +115,16 @@ def _arrivals(seg: _Segment, n: int) -> list[str]:
 
 
 def _stamp_lines(lines: list[str], arrived: list[str]) -> list[str]:
-    """``stamp`` over many lines at once, in polars: each line with an NCCL header gets
-    its arrival time in front of the header."""
-    frame = pl.DataFrame(
-        {"line": lines, "ts": arrived}, schema={"line": pl.String, "ts": pl.String}
-    )
-    parts = pl.col("line").str.extract_groups(_SPLIT_AT_HEADER)
-    out = frame.select(
-        pl.when(pl.col("line").str.contains(" NCCL ", literal=True))
-        .then(pl.concat_str(parts.struct["pre"], pl.col("ts"), parts.struct["rest"]))
-        .otherwise(None)
-        .fill_null(pl.col("line"))
-    )
-    return out.to_series().to_list()
+    """``stamp`` over many lines at once: each line with an NCCL header gets its arrival
+    time (as NCCL would print it) in front of the header.  Plain Python: the agent reads
+    no frame for its window (``agent.reference``); only NCCL lines are searched."""
+    out = lines.copy()
+    search = HEADER_RE.search
+    for k, line in enumerate(lines):
+        if " NCCL " in line and (m := search(line)) is not None:
+            at = m.start()
+            out[k] = f"{line[:at]}{arrived[k]}{line[at:]}"
+    return out
 
 
 @dataclass

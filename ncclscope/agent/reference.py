@@ -39,11 +39,18 @@ from ncclscope.agent.progress import MemberIndex
 from ncclscope.analysis import Analysis, build
 from ncclscope.diagnose import diagnose
 
-__all__ = ["AnalysisFailedError", "IsolatedAnalysis", "Reference", "reference"]
+__all__ = [
+    "AnalysisFailedError",
+    "AnalysisStoppedError",
+    "IsolatedAnalysis",
+    "Reference",
+    "reference",
+]
 
 #: polars' thread pool in the analysis process: a guest on a training node does not
-#: take every core for a few seconds' work (the user's own POLARS_MAX_THREADS wins)
-ANALYSIS_THREADS = "2"
+#: take every core for a few seconds' work (as ``entry`` sets it for the CLI; the user's own
+#: POLARS_MAX_THREADS wins)
+ANALYSIS_THREADS = "1"
 
 
 #: the process's program: ``main`` imported from this module (run as ``-m``, the module
@@ -53,6 +60,10 @@ _MAIN = "import sys; from ncclscope.agent.reference import main; sys.exit(main(s
 
 class AnalysisFailedError(RuntimeError):
     """The analysis process failed: its exit status and the last line it wrote."""
+
+
+class AnalysisStoppedError(AnalysisFailedError):
+    """The agent is stopping: the analysis was not run, or was ended (nothing failed)."""
 
 
 @dataclass(frozen=True)
@@ -145,7 +156,7 @@ class IsolatedAnalysis:
         env.setdefault("POLARS_MAX_THREADS", ANALYSIS_THREADS)
         with self._lock:
             if self._stopped:
-                raise AnalysisFailedError("the agent is stopping")
+                raise AnalysisStoppedError("the agent is stopping")
             self._proc = subprocess.Popen(
                 [sys.executable, "-c", _MAIN, str(request)],
                 stdin=subprocess.DEVNULL,
@@ -165,6 +176,8 @@ class IsolatedAnalysis:
         finally:
             with self._lock:
                 self._proc = None
+        if self._stopped:
+            raise AnalysisStoppedError("the agent is stopping")
         if proc.returncode != 0:
             lines = err.decode(errors="replace").strip().splitlines()
             last = lines[-1] if lines else "no message"

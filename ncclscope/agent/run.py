@@ -28,6 +28,7 @@ from ncclscope.agent.nvml import NvmlCollector
 from ncclscope.agent.progress import LiveContext, LiveProgress, member_rows, might_stall
 from ncclscope.agent.reference import (
     AnalysisFailedError,
+    AnalysisStoppedError,
     IsolatedAnalysis,
     Reference,
     reference,
@@ -359,6 +360,8 @@ class Agent:
         else:
             try:
                 got = self._isolated.run(paths, work, stamped=stamped, now=now)
+            except AnalysisStoppedError:
+                return True  # the agent is stopping: nothing to say
             except AnalysisFailedError as e:
                 # Said without a traceback (the process's own error is in it); the
                 # live rows go on from the last analysis.
