@@ -6,6 +6,10 @@ once a second, beside node_exporter (``prometheus-node-exporter``, Debian) scrap
 same way in the same run; the CPU share of one core of each process and the agent's RSS
 over ``--seconds`` after a warm-up.
 
+The agent's CPU counts its analysis processes (``agent.reference``: the kernel's account
+of the children it waited for); their peak RSS is the one the agent exports
+(``ncclscope_analysis_max_rss_bytes``), printed beside the agent's own.
+
 ``rate``: 8 per-rank logs of one node written at ``--rate`` lines a second (a DeepSpeed
 ZeRO-3 job's NCCL and DeepSpeed lines written by ``ncclscope synth``, each line's time
 rewritten to the moment it is written), the agent following them with ``--interval 1``
