@@ -14,7 +14,7 @@ import tempfile
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, tzinfo
 from pathlib import Path
 from typing import BinaryIO
 
@@ -39,6 +39,7 @@ from ncclscope.model.flight import join_flight, read_flight
 from ncclscope.model.identity import Identity, listable_size, resolve_identity
 from ncclscope.model.inspector import join_inspector
 from ncclscope.model.tools import read_tools
+from ncclscope.parsers.common import read_as, zone_name
 from ncclscope.parsers.frameworks import FrameworkTables, mtime_years, read_frameworks
 from ncclscope.parsers.nccl import errors as nccl_errors
 from ncclscope.parsers.nccl.records import (
@@ -79,6 +80,7 @@ def run_analysis(
     coll_ts_source: str = "nccl",
     telemetry: pl.DataFrame | None = None,
     now: datetime | None = None,
+    log_zone: tzinfo | None = None,
 ) -> Diagnosis:
     """``build`` then ``diagnose``: the tables of the logs named by ``names``
     (``Diagnosis.analysis``) and what the detectors found on them.  The arguments are
@@ -91,6 +93,7 @@ def run_analysis(
             progress=progress,
             coll_ts_source=coll_ts_source,
             telemetry=telemetry,
+            log_zone=log_zone,
         ),
         now=now,
         progress=progress,
@@ -105,10 +108,15 @@ def build(
     progress: Progress | None = None,
     coll_ts_source: str = "nccl",
     telemetry: pl.DataFrame | None = None,
+    log_zone: tzinfo | None = None,
 ) -> Built:
     """The tables of the logs named by ``names`` (files, directories, globs, ``.gz``,
     ``-``): the job's (its last attempt's) and each attempt's own.  Nothing is judged
     here: ``diagnose`` runs the detectors on them.
+
+    ``log_zone``: the zone the logs' wall times were written in (NCCL, PyTorch and
+    DeepSpeed print local time without a zone); None reads them as UTC and says so
+    (``Analysis.log_zone``).  Arrival times the agent stamped are UTC whatever it is.
 
     ``coll_ts_source`` is where COLL lines' times came from: ``nccl`` (NCCL printed
     them), or ``stamped`` (the agent wrote each line's arrival time in front of it).
@@ -119,6 +127,30 @@ def build(
     (and should keep it alive while reading ``Analysis.collectives``).
     """
 
+    with read_as(log_zone):
+        built = _build_tables(
+            names,
+            workdir=workdir,
+            stdin=stdin,
+            progress=progress,
+            coll_ts_source=coll_ts_source,
+            telemetry=telemetry,
+        )
+    zone = zone_name(log_zone) if log_zone is not None else None
+    analysis = replace(built.analysis, log_zone=zone)
+    views = [(replace(v, log_zone=zone), a) for v, a in built.views]
+    return replace(built, analysis=analysis, views=views)
+
+
+def _build_tables(
+    names: Sequence[str],
+    *,
+    workdir: Path,
+    stdin: BinaryIO | None,
+    progress: Progress | None,
+    coll_ts_source: str,
+    telemetry: pl.DataFrame | None,
+) -> Built:
     def report(stage: str, done: int, total: int) -> None:
         if progress is not None:
             progress(stage, done, total)

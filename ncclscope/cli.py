@@ -18,6 +18,7 @@ from ncclscope.analysis import new_workdir, run_analysis
 from ncclscope.detect.base import SEVERITIES, Severity, severity_at_least
 from ncclscope.export.json_report import to_json_dict
 from ncclscope.export.text_report import render_text
+from ncclscope.parsers.common import parse_zone
 from ncclscope.sources import Problem
 from ncclscope.units import human_bytes
 
@@ -150,6 +151,14 @@ def cli(verbose: int) -> None:
     "repeatable): correlated with the logs by the detectors and summarised after the report.",
 )
 @click.option(
+    "--log-tz",
+    "log_tz",
+    metavar="ZONE",
+    help="The time zone the logs' times were written in: NCCL, PyTorch and DeepSpeed "
+    "print the node's local time without a zone (UTC, an offset such as +09:00, or a "
+    "name such as America/New_York). Default: read as UTC, and the report says so.",
+)
+@click.option(
     "--html",
     "html_out",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -165,6 +174,7 @@ def analyze(
     fail_on: Severity | None,
     prom_out: Path | None,
     telemetry: tuple[Path, ...],
+    log_tz: str | None,
     html_out: Path | None,
 ) -> None:
     """Analyse NCCL_DEBUG=INFO logs: versions, ranks, communicators, collectives, errors.
@@ -180,10 +190,17 @@ def analyze(
       zcat run.log.gz | ncclscope analyze -
       ncclscope analyze logs/ --fail-on critical   # exit 3 on a hang, in CI
       ncclscope analyze logs/ --telemetry tel/ --html report.html
+      ncclscope analyze logs/ --log-tz America/New_York   # the job ran in New York time
 
     Exit status: 0 analysed (whatever was found), 1 an input could not be read,
     2 usage error, 3 a finding at or above --fail-on.
     """
+    zone = None
+    if log_tz is not None:
+        try:
+            zone = parse_zone(log_tz)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--log-tz") from None
     progress = _Progress(sys.stderr, allowed=not no_progress)
     samples = None
     telemetry_problems: list[Problem] = []
@@ -207,6 +224,7 @@ def analyze(
                 stdin=stdin,
                 progress=progress.update,
                 telemetry=samples,
+                log_zone=zone,
             )
             analysis = diagnosis.analysis
         finally:

@@ -294,6 +294,8 @@ def _job(analysis: Analysis) -> dict[str, Any]:
         "transports": analysis.transports,
         "networks": analysis.networks,
         "timestamps": analysis.timestamps,
+        "log_zone": analysis.log_zone or "UTC",
+        "log_zone_source": "given" if analysis.log_zone is not None else "assumed",
         "env": analysis.env,
         "zero": _zero(analysis),
         "timeout_s": timeout_s,

@@ -90,6 +90,16 @@ def _job(out: list[str], doc: dict[str, Any]) -> None:
         + f" · {nhosts} host{'s' if nhosts != 1 else ''} · world size {world}"
         + f" · NCCL timestamps: {job['timestamps']}"
     )
+    if job["timestamps"] != "none" or job["frameworks"]["deepspeed"]["seen"]:
+        # Loggers print local time without a zone: which one was assumed matters
+        # wherever a time meets another clock (telemetry, the agent's, a reader's).
+        zone = job["log_zone"]
+        out.append(
+            f"  times read as {zone} (given)"
+            if job["log_zone_source"] == "given"
+            else f"  times read as {zone}: the logs name no zone (--log-tz sets the one "
+            "they were written in)"
+        )
     by_host: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for rank in job["ranks"]:
         by_host[rank["host"]].append(rank)

@@ -82,6 +82,9 @@ class Analysis:
     #: None when nothing says
     world_size: int | None = None
     world_size_source: str | None = None
+    #: the zone the logs' wall times were read in (``build``'s ``log_zone``: ``UTC``,
+    #: ``+09:00``, ``America/New_York``); None: read as UTC, nothing said otherwise
+    log_zone: str | None = None
     #: ranks of the world that left no line in these inputs (a host whose files are
     #: absent); None when that cannot be told (world size unknown, or members whose
     #: rank no line names)

@@ -9,11 +9,29 @@ which end of an overlong line to keep) is the policy each parser gives it.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone, tzinfo
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-__all__ = ["ANSI_RE", "LineCleaner", "last_segment", "strip_ansi", "to_dt"]
+import polars as pl
+
+from ncclscope.schema import TS
+
+__all__ = [
+    "ANSI_RE",
+    "LOG_ZONE",
+    "LineCleaner",
+    "last_segment",
+    "local_to_utc",
+    "parse_zone",
+    "read_as",
+    "strip_ansi",
+    "to_dt",
+    "zone_name",
+]
 
 #: ANSI escape sequences (colours, cursor moves) that terminals and loggers add; Ray
 #: colours its ``(pid=..)`` prefix.
@@ -104,20 +122,100 @@ class LineCleaner:
         return text.rstrip("\n")
 
 
+#: The zone the logs' wall times were written in: NCCL, PyTorch and DeepSpeed print the
+#: host's local time without a zone (NCCL: ``strftime`` of ``localtime``; ``TZ=UTC``
+#: changes it).  None: read as UTC.  Set for one analysis by ``read_as`` (``build``'s
+#: ``log_zone``), so that every parser, row by row or vectorised, reads the same zone.
+LOG_ZONE: ContextVar[tzinfo | None] = ContextVar("LOG_ZONE", default=None)
+
+
+def parse_zone(spec: str) -> tzinfo:
+    """A zone as the user names it: ``UTC``, an offset (``+09:00``, ``-0500``) or an
+    IANA name (``America/New_York``: its daylight saving time is applied per stamp).
+
+    >>> parse_zone("+09:00"), parse_zone("utc")
+    (datetime.timezone(datetime.timedelta(seconds=32400)), datetime.timezone.utc)
+    """
+    text = spec.strip()
+    if text.upper() in ("UTC", "Z", "GMT"):
+        return UTC
+    m = re.fullmatch(r"([+-])(\d\d):?(\d\d)", text)
+    if m:
+        minutes = int(m[2]) * 60 + int(m[3])
+        if minutes > 18 * 60:
+            raise ValueError(f"{spec!r}: an offset is at most 18 hours")
+        return timezone(timedelta(minutes=minutes if m[1] == "+" else -minutes))
+    try:
+        return ZoneInfo(text)
+    except (ZoneInfoNotFoundError, ValueError) as e:
+        raise ValueError(
+            f"{spec!r} is no time zone: give UTC, an offset such as +09:00, or an IANA "
+            "name such as America/New_York"
+        ) from e
+
+
+def zone_name(zone: tzinfo | None) -> str:
+    """How a report names a zone: ``UTC``, ``+09:00``, ``America/New_York``."""
+    if zone is None or zone is UTC:
+        return "UTC"
+    if isinstance(zone, ZoneInfo):
+        return zone.key
+    offset = zone.utcoffset(None)
+    if offset is None:
+        return str(zone)
+    minutes = int(offset.total_seconds()) // 60
+    sign = "+" if minutes >= 0 else "-"
+    return f"{sign}{abs(minutes) // 60:02d}:{abs(minutes) % 60:02d}"
+
+
+@contextmanager
+def read_as(zone: tzinfo | None) -> Iterator[None]:
+    """Within the block, the logs' wall times are read in ``zone`` (``LOG_ZONE``)."""
+    token = LOG_ZONE.set(None if zone is UTC else zone)
+    try:
+        yield
+    finally:
+        LOG_ZONE.reset(token)
+
+
+def local_to_utc(micros: pl.Expr) -> pl.Expr:
+    """Wall-time microseconds since 1970 as written in the logs (``LOG_ZONE``) -> a UTC
+    ``TS`` column: the vectorised parsers' ``to_dt``."""
+    zone = LOG_ZONE.get()
+    if zone is None:
+        return micros.cast(TS)
+    if isinstance(zone, ZoneInfo):
+        return (
+            micros.cast(pl.Datetime("us"))
+            # a wall time that occurs twice (the hour DST ends) is read as the first;
+            # one that never occurs (the hour it starts) is no time
+            .dt.replace_time_zone(zone.key, ambiguous="earliest", non_existent="null")
+            .dt.convert_time_zone("UTC")
+            .cast(TS)
+        )
+    offset = zone.utcoffset(None)
+    shift = int(offset.total_seconds() * 1_000_000) if offset is not None else 0
+    return (micros - shift).cast(TS)
+
+
 def to_dt(date: str, time: str, frac: str | None) -> datetime | None:
     """A logged ``YYYY-MM-DD`` date, ``HH:MM:SS`` time and fraction as a UTC datetime.
 
     Loggers (NCCL, PyTorch, DeepSpeed) print the host's local wall time without a zone:
-    it is kept as UTC.  The regexes fixed the digit positions, so ``int()`` on slices
-    (~10x faster than ``strptime``) reads them; ``None`` for digits in the right places
-    that are not a date (``2024-13-45``).
+    it is read in ``LOG_ZONE`` (UTC unless an analysis says otherwise).  The regexes
+    fixed the digit positions, so ``int()`` on slices (~10x faster than ``strptime``)
+    reads them; ``None`` for digits in the right places that are not a date
+    (``2024-13-45``).
 
     >>> to_dt("2025-03-14", "09:05:37", "123456789")
     datetime.datetime(2025, 3, 14, 9, 5, 37, 123456, tzinfo=datetime.timezone.utc)
+    >>> with read_as(parse_zone("+09:00")):
+    ...     to_dt("2025-03-14", "09:05:37", None)
+    datetime.datetime(2025, 3, 14, 0, 5, 37, tzinfo=datetime.timezone.utc)
     """
     micro = int((frac or "0")[:6].ljust(6, "0"))
     try:
-        return datetime(
+        stamp = datetime(
             int(date[0:4]),
             int(date[5:7]),
             int(date[8:10]),
@@ -129,3 +227,7 @@ def to_dt(date: str, time: str, frac: str | None) -> datetime | None:
         )
     except ValueError:
         return None
+    zone = LOG_ZONE.get()
+    if zone is None:
+        return stamp
+    return stamp.replace(tzinfo=zone).astimezone(UTC)

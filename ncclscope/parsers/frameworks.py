@@ -17,6 +17,7 @@ from pathlib import Path
 
 import polars as pl
 
+from ncclscope.parsers.common import local_to_utc
 from ncclscope.parsers.deepspeed import lines as ds
 from ncclscope.parsers.deepspeed import zero as ds_zero
 from ncclscope.parsers.deepspeed.patterns import TIMER_RENAMES
@@ -30,7 +31,6 @@ from ncclscope.schema import (
     TIMEOUTS_SCHEMA,
     TIMERS_SCHEMA,
     TORCH_EVENTS_SCHEMA,
-    TS,
 )
 
 __all__ = ["FrameworkTables", "mtime_years", "read_frameworks"]
@@ -292,7 +292,7 @@ def _headed(lines: pl.DataFrame) -> pl.DataFrame:
         "file_id",
         "i",
         pl.col("rank").cast(pl.Int32),
-        pl.when(valid).then(micros).cast(TS).alias("ts"),
+        local_to_utc(pl.when(valid).then(micros)).alias("ts"),
         "msg",
         "maybe_cut",
     )

@@ -40,6 +40,7 @@ from typing import Any
 
 import polars as pl
 
+from ncclscope.parsers.common import local_to_utc
 from ncclscope.parsers.nccl.patterns import BINARY_CHARS
 from ncclscope.parsers.nccl.procs import bad_tokens
 from ncclscope.schema import COLL_STORE_SCHEMA, LINE_KIND, TEXT_STORE_SCHEMA, TS
@@ -195,7 +196,8 @@ _CLOCK_TOKEN = r"^[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,9})?\]$"
 
 
 def _default_ts(date_token: pl.Expr, time_token: pl.Expr) -> pl.Expr:
-    """NCCL's default timestamp ``[%F %T.%Nf] `` from its two tokens, as UTC microseconds.
+    """NCCL's default timestamp ``[%F %T.%Nf] `` from its two tokens, as UTC (read in
+    ``LOG_ZONE``: NCCL prints local time).
 
     ``[2025-03-14`` + ``09:00:09.387136]``: the date repeats on every line (parsed once
     per distinct value), the time is cut into fields where it stands; cheaper than
@@ -214,7 +216,7 @@ def _default_ts(date_token: pl.Expr, time_token: pl.Expr) -> pl.Expr:
     fraction = clock.str.slice(9, 6).str.strip_suffix("]").cast(pl.Int64, strict=False).fill_null(0)
     micros = fraction * pl.lit(10, dtype=pl.Int64).pow(6 - digits)
     total = day.cast(pl.Int64) * 86_400_000_000 + seconds * 1_000_000 + micros
-    return pl.when(clock.str.contains(_CLOCK_TOKEN)).then(total).cast(TS)
+    return local_to_utc(pl.when(clock.str.contains(_CLOCK_TOKEN)).then(total))
 
 
 #: The largest ``[nranks=N]`` token an Int32 column holds.
