@@ -19,6 +19,7 @@ import click
 
 from ncclscope.agent.exporter import DEFAULT_LISTEN
 from ncclscope.agent.run import Agent, AgentConfig, LineSource
+from ncclscope.parsers.common import parse_zone
 
 if TYPE_CHECKING:  # ``ncclscope run`` only: the sidecar never loads it
     from ncclscope.agent.launch import SignalForwarder
@@ -181,6 +182,14 @@ def _agent_options(fn: _F) -> _F:
     hidden=True,
     help="With --fake-gpus: that many simulated GPUs behind each PCIe switch.",
 )
+@click.option(
+    "--log-tz",
+    "log_tz",
+    metavar="ZONE",
+    help="The time zone the job's logs print their times in (NCCL: the node's local "
+    "time, unless the job sets TZ): UTC, an offset such as +09:00, or a name such as "
+    "America/New_York. Default: learned from when the lines arrive.",
+)
 @_agent_options
 def agent(
     follow: tuple[str, ...],
@@ -197,6 +206,7 @@ def agent(
     from_start: bool,
     sysfs_root: Path,
     fake_gpus_per_switch: int,
+    log_tz: str | None,
     fake_gpus: int,
 ) -> None:
     """Run beside a training job: sample GPUs and the host, follow its logs, export.
@@ -211,9 +221,14 @@ def agent(
     """
     from ncclscope.agent.host import HostCollector
 
+    try:
+        zone = parse_zone(log_tz) if log_tz is not None else None
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--log-tz") from None
     config = AgentConfig(
         detect_in_thread=True,
         isolate_analysis=True,
+        log_zone=zone,
         follow=list(follow),
         listen=_listen(listen),
         interval_s=interval,

@@ -62,6 +62,7 @@ CATALOG: tuple[Metric, ...] = (
     _m("self", "scrape_collector_success", "gauge", "", "1 if the collector's last run succeeded, else 0.", "collector"),
     _m("self", "scrape_collector_duration_seconds", "gauge", "seconds", "How long the collector's last run took.", "collector"),
     _m("self", "sample_cpu_seconds_total", "counter", "seconds", "CPU time the agent spent sampling.", "collector"),
+    _m("self", "log_utc_offset_seconds", "gauge", "seconds", "The followed job's clock less UTC: NCCL prints the node's local time without a zone; named with --log-tz, else learned from the lines' arrival times (absent until known). Every exported time is UTC."),
     _m("self", "analysis_max_rss_bytes", "gauge", "bytes", "Peak resident memory of the short-lived process that ran the last reference analysis of the live window (not the agent's own)."),
     _m("self", "http_requests_rejected_total", "counter", "", "Scrapes of /metrics answered 503 Service Unavailable, unrendered, because every handler was busy and the queue of waiting connections was full."),
     _m("self", "log_lines_read_total", "counter", "", "Lines read from followed logs."),

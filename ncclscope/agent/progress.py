@@ -30,7 +30,7 @@ import re
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta, tzinfo
 from functools import cached_property
 from typing import TypeAlias
 
@@ -198,7 +198,7 @@ class LiveProgress:
     members ever seen.
     """
 
-    def __init__(self, *, keep_calls: int = 512) -> None:
+    def __init__(self, *, keep_calls: int = 512, zone: tzinfo | None = None) -> None:
         self.keep_calls = keep_calls
         self.members: dict[MemberKey, Member] = {}
         self.version = 0
@@ -206,6 +206,13 @@ class LiveProgress:
         self.new_members = 0
         #: the job's NCCL lines carry their own times (else arrivals are their times)
         self._own = False
+        #: the zone the job's times were written in, where the user named it
+        self.zone = zone
+        #: the job's clock less UTC, in seconds: NCCL prints local time without a zone.
+        #: Members keep the times as printed; what leaves (rows, calls) is UTC.  None
+        #: until known: named (``zone``) or learned (``_learn``).
+        self.offset_s: float | None = None
+        self._paths: set[str] = set()
 
     def add(
         self,
@@ -275,15 +282,46 @@ class LiveProgress:
                                 m.marks[every] = (coll_idx, when)
                 m.held.append((idx, oc, coll_idx, arrived, text))
         # A member's time is read off its last collective line of the poll only.
-        for m, text, call, arrived in last.values():
+        fresh: list[tuple[datetime, datetime]] = []
+        for (path, *_key), (m, text, call, arrived) in last.items():
             if not own_times:
                 m.ts = arrived
-            elif call is not None:
+                continue
+            if call is not None:
                 m.ts = _time(text, call)
+            if m.ts is not None and path in self._paths:
+                fresh.append((m.ts, arrived))
+        self._paths.update(path for path, _texts, _arrived in batches)
+        if own_times:
+            self._learn(fresh, batches[-1][2] if batches else None)
         self.notable += notable
         if read or notable:
             self.version += 1
         return read
+
+    def _learn(self, fresh: list[tuple[datetime, datetime]], now: datetime | None) -> None:
+        """The job's clock less UTC: from the zone the user named, else from the newest
+        line of a poll against its arrival (lines of a file's first poll may be hours
+        old, and are not used).  A zone's offset is a whole quarter hour; a line is
+        printed before it arrives, within ``_FRESH_S``."""
+        if self.zone is not None:
+            if now is not None:
+                offset = now.astimezone(self.zone).utcoffset()
+                self.offset_s = offset.total_seconds() if offset is not None else 0.0
+            return
+        if not fresh:
+            return
+        ts, arrived = max(fresh)
+        ahead = (ts - arrived).total_seconds()
+        guess = round(ahead / _QUARTER_S) * _QUARTER_S
+        # Beyond the zones' range the job's clock is no zone of this node's (a replay,
+        # a log copied from elsewhere): nothing to learn from it.
+        if abs(guess) <= _ZONES_S and -_FRESH_S <= ahead - guess <= _SKEW_S:
+            self.offset_s = float(guess)
+
+    def utc(self, ts: datetime) -> datetime:
+        """A time as the job printed it, in UTC (unchanged while the offset is unknown)."""
+        return ts - timedelta(seconds=self.offset_s) if self.offset_s else ts
 
     def silent(self, now: datetime, for_s: float) -> bool:
         """Has a member logged no collective for ``for_s`` seconds of the agent's clock?
@@ -318,11 +356,12 @@ class LiveProgress:
                      idx, coll_idx, idx + 1, arrived)
                 )  # fmt: skip
         frame = pl.DataFrame(rows, schema={**CALLS_SCHEMA, "arrived": TS}, orient="row")
-        return (
-            frame.drop("arrived")
-            if self._own
-            else frame.drop("ts").rename({"arrived": "ts"}).select(list(CALLS_SCHEMA))
-        )
+        if not self._own:
+            return frame.drop("ts").rename({"arrived": "ts"}).select(list(CALLS_SCHEMA))
+        frame = frame.drop("arrived")
+        if self.offset_s:
+            frame = frame.with_columns(pl.col("ts") - pl.duration(seconds=self.offset_s))
+        return frame
 
     def stats(self, file_ids: dict[str, int]) -> pl.DataFrame:
         """``proc_comm_stats``' columns for the members of the files in ``file_ids``
@@ -337,6 +376,16 @@ class LiveProgress:
         ]  # fmt: skip
         return pl.DataFrame(rows, schema=_STATS_SCHEMA, orient="row")
 
+
+#: Time zones differ from UTC by whole quarter hours (Nepal +05:45, Chatham +12:45).
+_QUARTER_S = 900
+#: Zones lie from UTC-12 to UTC+14.
+_ZONES_S = 14 * 3600
+#: A line used to learn the job's clock was printed at most this long before it arrived
+#: (the agent polls every interval; NCCL flushes each line) ...
+_FRESH_S = 120.0
+#: ... and at most this long after, by the node's clocks (NTP keeps them within ms).
+_SKEW_S = 5.0
 
 #: the coarsest spacing every mark spacing is a multiple of
 _MARK_GCD = math.gcd(*MARK_EVERY)
@@ -567,11 +616,11 @@ def member_rows(live: LiveProgress, members: MemberIndex, file_ids: dict[str, in
         k = (comm_key, int(placed))
         was = last.get(k)
         nranks = _most(was[3] if was else None, m.nranks)
-        last[k] = (m.op, m.ts, host, nranks)
+        last[k] = (m.op, live.utc(m.ts) if m.ts is not None else None, host, nranks)
         for every, (seq, ts) in m.marks.items():
             mk = (comm_key, int(placed), every)
             if mk not in marks or marks[mk][0] <= seq:
-                marks[mk] = (seq, ts)
+                marks[mk] = (seq, live.utc(ts))
     rows["ncclscope_collective_seq"] = [
         ((c, str(w)), float(s)) for (c, w), s in sorted(seqs.items())
     ]

@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, tzinfo
 from pathlib import Path
 
 from ncclscope.agent.exporter import Rows
@@ -38,6 +38,7 @@ from ncclscope.agent.live import diagnosis_rows, timeout_of
 from ncclscope.agent.progress import MemberIndex
 from ncclscope.analysis import Analysis, build
 from ncclscope.diagnose import diagnose
+from ncclscope.parsers.common import parse_zone, zone_name
 
 __all__ = [
     "AnalysisFailedError",
@@ -100,11 +101,24 @@ class Reference:
         return self._read[0]
 
 
-def reference(paths: list[str], workdir: Path, *, stamped: bool, now: datetime | None) -> Reference:
+def reference(
+    paths: list[str],
+    workdir: Path,
+    *,
+    stamped: bool,
+    now: datetime | None,
+    log_zone: tzinfo | None = None,
+) -> Reference:
     """``analyze``'s pipeline over the window's files ``paths`` (``LiveWindow.write``);
-    ``stamped``: their NCCL times are the arrival stamps the window wrote."""
+    ``stamped``: their NCCL times are the arrival stamps the window wrote; ``log_zone``:
+    the zone the job's times were written in (``build``)."""
     diagnosis = diagnose(
-        build(paths, workdir=workdir, coll_ts_source="stamped" if stamped else "nccl"),
+        build(
+            paths,
+            workdir=workdir,
+            coll_ts_source="stamped" if stamped else "nccl",
+            log_zone=log_zone,
+        ),
         now=now,
     )
     # The live progress stands in for the collectives (LiveContext): the table, a
@@ -136,7 +150,13 @@ class IsolatedAnalysis:
         self._stopped = False
 
     def run(
-        self, paths: list[str], workdir: Path, *, stamped: bool, now: datetime | None
+        self,
+        paths: list[str],
+        workdir: Path,
+        *,
+        stamped: bool,
+        now: datetime | None,
+        log_zone: tzinfo | None = None,
     ) -> Reference:
         workdir.mkdir(parents=True, exist_ok=True)
         request, answer = workdir / "request.json", workdir / "reference.pickle"
@@ -148,6 +168,7 @@ class IsolatedAnalysis:
                     "workdir": str(workdir / "analysis"),
                     "stamped": stamped,
                     "now": now.isoformat() if now is not None else None,
+                    "log_zone": zone_name(log_zone) if log_zone is not None else None,
                     "answer": str(answer),
                 }
             )
@@ -201,7 +222,10 @@ def main(argv: list[str]) -> int:
     """The analysis process, given its request's path (``IsolatedAnalysis.run``)."""
     req = json.loads(Path(argv[0]).read_text())
     now = datetime.fromisoformat(req["now"]) if req["now"] is not None else None
-    ref = reference(req["paths"], Path(req["workdir"]), stamped=req["stamped"], now=now)
+    zone = parse_zone(req["log_zone"]) if req.get("log_zone") else None
+    ref = reference(
+        req["paths"], Path(req["workdir"]), stamped=req["stamped"], now=now, log_zone=zone
+    )
     usage = resource.getrusage(resource.RUSAGE_SELF)
     ref = dataclasses.replace(
         ref,

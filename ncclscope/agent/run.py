@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone, tzinfo
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -77,6 +77,9 @@ class AgentConfig:
     #: delays a sample or a stop (the CLI's choice); off, ``tick()`` runs them in place
     #: and their rows are on the board when it returns (tests, replays driven by hand)
     detect_in_thread: bool = False
+    #: the zone the job's logs print their times in (NCCL: the node's local time);
+    #: None: learned from the lines' arrival times
+    log_zone: tzinfo | None = None
     #: run each reference analysis in a short-lived process of its own
     #: (``agent.reference``): the agent's memory stays that of its live state (the
     #: CLI's choice); off, in the agent (tests, replays driven by hand)
@@ -247,7 +250,7 @@ class Agent:
         )
         self.window = LiveWindow(Path(self._workdir.name) / "window", max_lines=config.window_lines)
         #: every member's progress, line by line: what the job rows are read from
-        self.progress = LiveProgress()
+        self.progress = LiveProgress(zone=config.log_zone)
         self._reference: _Reference | None = None
         self._isolated = IsolatedAnalysis() if config.isolate_analysis else None
         self._seen = _Seen()
@@ -355,11 +358,12 @@ class Agent:
         if copied is None:
             return True
         paths, stamped = copied
+        zone = None if stamped else self._log_zone()
         if self._isolated is None:
-            got = reference(paths, work / "analysis", stamped=stamped, now=now)
+            got = reference(paths, work / "analysis", stamped=stamped, now=now, log_zone=zone)
         else:
             try:
-                got = self._isolated.run(paths, work, stamped=stamped, now=now)
+                got = self._isolated.run(paths, work, stamped=stamped, now=now, log_zone=zone)
             except AnalysisStoppedError:
                 return True  # the agent is stopping: nothing to say
             except AnalysisFailedError as e:
@@ -378,6 +382,14 @@ class Agent:
         self._reference = _Reference(got, self.window.file_ids(got.paths))
         self._learn_pids(got.rank_pids)
         return True
+
+    def _log_zone(self) -> tzinfo | None:
+        """The zone the job's times were written in: named, else the offset learned
+        from its lines' arrivals (``LiveProgress._learn``), else unknown (UTC)."""
+        p = self.progress
+        if p.zone is not None:
+            return p.zone
+        return timezone(timedelta(seconds=p.offset_s)) if p.offset_s else None
 
     def _publish(self, now: datetime) -> None:
         """The job's rows at ``now``: the members' rows are computed again only when a
@@ -428,9 +440,10 @@ class Agent:
         if self.lines is not None:
             # The clock the job's ages are read against (a replay's runs at its speed):
             # the rules measure a wait from it, not from Prometheus' own time.
-            self.board.set(
-                "clock", {"ncclscope_clock_timestamp_seconds": [((), self.wall().timestamp())]}
-            )
+            clock = {"ncclscope_clock_timestamp_seconds": [((), self.wall().timestamp())]}
+            if self.progress.offset_s is not None:
+                clock["ncclscope_log_utc_offset_seconds"] = [((), self.progress.offset_s)]
+            self.board.set("clock", clock)
             self.health.timed("logs", self._follow)
             self.health.timed("progress", self._detect)
         self.board.set("health", self.health.rows())

@@ -1,0 +1,180 @@
+"""NCCL prints the node's local time without a zone: the agent learns the job's clock
+from when its lines arrive, ``analyze --log-tz`` reads the zone it is given, and every
+time either exports is UTC."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta, tzinfo
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from ncclscope.agent.run import Agent, AgentConfig
+from ncclscope.parsers.common import parse_zone, read_as, to_dt
+
+REPO = Path(__file__).resolve().parent.parent
+STALLED = REPO / "fixtures" / "stalled-227-ts" / "job.log"
+_STAMP = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6})\] ")
+#: UTC, New York (EDT in this job's March: -04:00) and Tokyo (+09:00)
+ZONES = ["UTC", "America/New_York", "Asia/Tokyo"]
+
+
+@dataclass(frozen=True)
+class _Line:
+    path: str
+    text: str
+    arrived: datetime
+
+
+class _Node:
+    """A job's lines as a node in ``zone`` writes them: each NCCL stamp in the zone's
+    wall time, each line arriving 0.2 s after its (UTC) moment, polled by the clock."""
+
+    def __init__(self, lines: list[str], zone: tzinfo, start: datetime) -> None:
+        first = _first_time(lines)
+        self.start = start
+        self.lines: list[tuple[datetime, str]] = []
+        last = start
+        for text in lines:
+            m = _STAMP.search(text)
+            if m:
+                printed = datetime.fromisoformat(m[1]).replace(tzinfo=UTC)
+                last = start + (printed - first)
+                local = last.astimezone(zone).strftime("%Y-%m-%d %H:%M:%S.%f")
+                text = f"{text[: m.start()]}[{local}] {text[m.end() :]}"
+            self.lines.append((last + timedelta(seconds=0.2), text))
+        self.now = start
+        self.at = 0
+
+    def poll(self) -> list[_Line]:
+        out = []
+        while self.at < len(self.lines) and self.lines[self.at][0] <= self.now:
+            out.append(_Line("job.log", self.lines[self.at][1], self.now))
+            self.at += 1
+        return out
+
+
+def _first_time(lines: list[str]) -> datetime:
+    m = next(m for m in map(_STAMP.search, lines) if m)
+    return datetime.fromisoformat(m[1]).replace(tzinfo=UTC)
+
+
+def _run(lines: list[str], zone: str, *, rest_s: float) -> tuple[Agent, _Node]:
+    start = datetime(2026, 3, 14, 13, 0, tzinfo=UTC)  # EDT in New York, as the job's date
+    node = _Node(lines, ZoneInfo(zone), start)
+    a = Agent(
+        AgentConfig(interval_s=1.0, analyse_s=0.0, hostname="node-0"),
+        lines=node,
+        wall=lambda: node.now,
+    )
+    end = node.lines[-1][0] + timedelta(seconds=rest_s)
+    while node.now < end:
+        node.now += timedelta(seconds=1)
+        a.tick()
+    a.finish()
+    return a, node
+
+
+def _job(a: Agent) -> dict[str, list[tuple[tuple[str, ...], float]]]:
+    return a.board.snapshot()
+
+
+@pytest.mark.parametrize("zone", ZONES)
+def test_a_hang_counts_down_alike_in_every_zone(zone: str) -> None:
+    lines = STALLED.read_text(encoding="utf-8").splitlines()
+    a, _node = _run(lines, zone, rest_s=120)
+    rows = _job(a)
+    # 120 s after the last line (AllGather #30, rank 6 missing since ~09:00:09.45 of
+    # the job's 10 s): about 120 s of the 30-minute timeout gone, whatever the zone.
+    left = rows["ncclscope_timeout_remaining_seconds"]
+    assert len(left) == 1
+    reference, _ = _run(lines, "UTC", rest_s=120)
+    assert left[0][1] == pytest.approx(
+        reference.board.snapshot()["ncclscope_timeout_remaining_seconds"][0][1], abs=1.0
+    )
+    assert 1800 - 125 < left[0][1] < 1800 - 115  # the job's Timeout(ms)=1800000
+    culprit = rows["ncclscope_timeout_culprit_info"]
+    assert [labels[1] for labels, _v in culprit] == ["6"]
+    offset = dict(rows["ncclscope_log_utc_offset_seconds"])[()]
+    want = {"UTC": 0.0, "America/New_York": -4 * 3600.0, "Asia/Tokyo": 9 * 3600.0}[zone]
+    assert offset == want
+    # The times exported are UTC: the node's ranks have waited ~120 s, and the first
+    # collective's mark is the job's start (13:00 UTC), not hours away.
+    waits = [v for _l, v in rows["ncclscope_node_collective_wait_seconds"]]
+    assert waits
+    assert all(115 < w < 135 for w in waits)
+    marks = [v for _l, v in rows["ncclscope_node_collective_mark_timestamp_seconds"]]
+    assert marks
+    assert all(0 <= t - _node.start.timestamp() < 15 for t in marks)
+
+
+@pytest.mark.parametrize("zone", ["America/New_York", "Asia/Tokyo"])
+def test_a_healthy_job_in_another_zone_raises_nothing(zone: str) -> None:
+    lines = STALLED.read_text(encoding="utf-8").splitlines()
+    # The job without the collective it hung in: every rank's last is AllGather #29.
+    healthy = [t for t in lines if "opCount 1e " not in t and "Watchdog" not in t]
+    a, _node = _run(healthy, zone, rest_s=3)
+    rows = _job(a)
+    assert "ncclscope_timeout_remaining_seconds" not in rows
+    assert "ncclscope_pending_collective_age_seconds" not in rows
+    assert "ncclscope_timeout_culprit_info" not in rows
+    waits = [v for _l, v in rows.get("ncclscope_node_collective_wait_seconds", [])]
+    assert all(w < 10 for w in waits)
+
+
+def test_a_line_hours_old_teaches_nothing() -> None:
+    """A file's first poll may hold hours of history (--from-start): not a clock."""
+    lines = STALLED.read_text(encoding="utf-8").splitlines()
+    start = datetime(2026, 3, 14, 13, 0, tzinfo=UTC)
+    node = _Node(lines, ZoneInfo("UTC"), start)
+    node.now = node.lines[-1][0] + timedelta(hours=3)  # everything in one late poll
+    a = Agent(AgentConfig(analyse_s=0.0, hostname="node-0"), lines=node, wall=lambda: node.now)
+    a.tick()
+    a.finish()
+    assert a.progress.offset_s is None
+    assert "ncclscope_log_utc_offset_seconds" not in a.board.snapshot()
+
+
+def test_a_named_zone_is_read_with_its_daylight_saving_time() -> None:
+    with read_as(parse_zone("America/New_York")):
+        winter = to_dt("2026-01-15", "09:00:00", None)
+        summer = to_dt("2026-07-15", "09:00:00", None)
+    assert winter == datetime(2026, 1, 15, 14, tzinfo=UTC)
+    assert summer == datetime(2026, 7, 15, 13, tzinfo=UTC)
+    assert to_dt("2026-07-15", "09:00:00", None) == datetime(2026, 7, 15, 9, tzinfo=UTC)
+
+
+def test_a_zone_that_is_none_says_what_to_give() -> None:
+    with pytest.raises(ValueError, match="IANA name"):
+        parse_zone("Mars/Olympus")
+    with pytest.raises(ValueError, match="18 hours"):
+        parse_zone("+19:00")
+
+
+def test_analyze_reads_the_zone_it_is_given(tmp_path: Path) -> None:
+    def job(*extra: str) -> dict[str, object]:
+        out = subprocess.run(
+            [sys.executable, "-m", "ncclscope", "analyze", str(STALLED), "--format", "json",
+             "--no-progress", *extra],
+            capture_output=True, text=True, check=True, cwd=REPO,
+        )  # fmt: skip
+        doc: dict[str, object] = json.loads(out.stdout)
+        return doc
+
+    def since(doc: dict[str, object]) -> datetime:
+        findings = doc["findings"]
+        assert isinstance(findings, list)
+        found = next(f for f in findings if f["kind"] == "timeout_imminent")
+        return datetime.fromisoformat(found["evidence"]["since"])
+
+    as_utc, tokyo = job(), job("--log-tz", "Asia/Tokyo")
+    assert as_utc["job"] == {**as_utc["job"], "log_zone": "UTC", "log_zone_source": "assumed"}  # type: ignore[dict-item]
+    assert tokyo["job"]["log_zone"] == "Asia/Tokyo"  # type: ignore[index]
+    assert tokyo["job"]["log_zone_source"] == "given"  # type: ignore[index]
+    assert since(as_utc) - since(tokyo) == timedelta(hours=9)
