@@ -243,6 +243,9 @@ def test_the_job_is_one_agent_per_pod_sharing_the_logs() -> None:
     follow = args[args.index("--follow") + 1]
     env = {e["name"]: e.get("value") for e in trainer["env"]}
     assert env["NCCL_DEBUG"] == "INFO"
+    # Stamps every reader reads alike: microseconds, in UTC (NCCL prints local time).
+    assert env["NCCL_DEBUG_TIMESTAMP_FORMAT"] == "[%F %T.%6f] "
+    assert env["TZ"] == "UTC"
     debug_file = env["NCCL_DEBUG_FILE"]
     log_dir = str(Path(debug_file).parent)
     assert Path(follow).parent == Path(log_dir)
@@ -463,6 +466,7 @@ STAND_INS = {
     "torchrun": (
         "#!/bin/bash\n"
         "log=${NCCL_DEBUG_FILE//%h/$(hostname -s)}; log=${log//%p/$$}\n"
+        'printf "%s|%s" "$TZ" "$NCCL_DEBUG_TIMESTAMP_FORMAT" >"$SLURM_SUBMIT_DIR/trainer.env"\n'
         'echo "$(hostname -s):$$:$$ [0] NCCL INFO NCCL version 2.21.5+cuda12.4" >"$log"\n'
         "for _ in $(seq 600); do [[ -e $NCCLSCOPE_TEST_DONE ]] && break; sleep 0.1; done\n"
         'echo "torchrun done"\n'
@@ -520,6 +524,8 @@ def _run_batch(tmp_path: Path, exit_code: int) -> tuple[Path, Any, str, int, int
         assert len(ours) == 2, logs  # <host>.<pid>.log from NCCL and the trainer's own
         assert f"{host}.torchrun.log" in ours
         assert sorted(set(logs) - set(ours)) == ["other-node.77.log"]
+        # The training step's stamps: UTC, microseconds.
+        assert (tmp_path / "trainer.env").read_text() == "UTC|[%F %T.%6f] "
         shutil.copy(sd_file, tmp_path / "targets.json")
         done.write_text(str(exit_code))
         out, _ = proc.communicate(timeout=30)

@@ -149,6 +149,7 @@ def test_a_job_is_teed_watched_analysed_and_its_status_returned(tmp_path: Path) 
     assert env["NCCL_DEBUG_FILE"] == f"{out.resolve()}/nccl/%h.%p.log"
     assert env["NCCL_DEBUG_TIMESTAMP_LEVELS"] == "WARN,INFO"
     assert env["NCCL_DEBUG_TIMESTAMP_FORMAT"] == "[%F %T.%6f] "
+    assert env["TZ"] == "UTC"
     assert env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "500"
     assert "TORCH_FR_BUFFER_SIZE" not in env  # it would win over the user's older name
     assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"

@@ -118,13 +118,22 @@ SETTINGS: tuple[Setting, ...] = (
         "WARN,INFO",
         "NCCL >= 2.26 stamps INFO lines with the wall time: lateness and stall lengths "
         "become measurable. Older NCCL ignores it.",
-        "~29 bytes per line. NCCL prints local time (analyze reads it as UTC).",
+        "~29 bytes per line.",
     ),
     Setting(
         ("NCCL_DEBUG_TIMESTAMP_FORMAT",),
         "[%F %T.%6f] ",
         "Microseconds: one second (the default format) cannot order collectives.",
         "None beyond the bytes above; 2.26.2 prints wrong sub-second digits (fixed in 2.26.3).",
+    ),
+    Setting(
+        ("TZ",),
+        "UTC",
+        "NCCL, PyTorch and DeepSpeed print the local time without a zone: in UTC the "
+        "stamps mean the same on every node and to every reader. Where you set TZ, the "
+        "agent learns it from when the lines arrive, and analyze takes --log-tz.",
+        "The job's own local-time output (its logger's times, file names it dates) is "
+        "in UTC too.",
     ),
     Setting(
         ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"),
