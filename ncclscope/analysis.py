@@ -81,6 +81,7 @@ def run_analysis(
     telemetry: pl.DataFrame | None = None,
     now: datetime | None = None,
     log_zone: tzinfo | None = None,
+    log_zone_source: str = "given",
 ) -> Diagnosis:
     """``build`` then ``diagnose``: the tables of the logs named by ``names``
     (``Diagnosis.analysis``) and what the detectors found on them.  The arguments are
@@ -94,6 +95,7 @@ def run_analysis(
             coll_ts_source=coll_ts_source,
             telemetry=telemetry,
             log_zone=log_zone,
+            log_zone_source=log_zone_source,
         ),
         now=now,
         progress=progress,
@@ -109,6 +111,7 @@ def build(
     coll_ts_source: str = "nccl",
     telemetry: pl.DataFrame | None = None,
     log_zone: tzinfo | None = None,
+    log_zone_source: str = "given",
 ) -> Built:
     """The tables of the logs named by ``names`` (files, directories, globs, ``.gz``,
     ``-``): the job's (its last attempt's) and each attempt's own.  Nothing is judged
@@ -116,7 +119,8 @@ def build(
 
     ``log_zone``: the zone the logs' wall times were written in (NCCL, PyTorch and
     DeepSpeed print local time without a zone); None reads them as UTC and says so
-    (``Analysis.log_zone``).  Arrival times the agent stamped are UTC whatever it is.
+    (``Analysis.log_zone``); ``log_zone_source`` says where the zone came from (``given``,
+    ``telemetry``).  Arrival times the agent stamped are UTC whatever it is.
 
     ``coll_ts_source`` is where COLL lines' times came from: ``nccl`` (NCCL printed
     them), or ``stamped`` (the agent wrote each line's arrival time in front of it).
@@ -137,8 +141,9 @@ def build(
             telemetry=telemetry,
         )
     zone = zone_name(log_zone) if log_zone is not None else None
-    analysis = replace(built.analysis, log_zone=zone)
-    views = [(replace(v, log_zone=zone), a) for v, a in built.views]
+    source = log_zone_source if log_zone is not None else "assumed"
+    analysis = replace(built.analysis, log_zone=zone, log_zone_source=source)
+    views = [(replace(v, log_zone=zone, log_zone_source=source), a) for v, a in built.views]
     return replace(built, analysis=analysis, views=views)
 
 

@@ -215,6 +215,11 @@ def analyze(
                 + " (expected part-*.parquet files written by 'ncclscope agent --out')",
                 err=True,
             )
+    learned = None
+    if samples is not None:
+        from ncclscope.agent.telemetry import learned_zone
+
+        learned = learned_zone(samples)
     with new_workdir() as tmp:
         try:
             stdin = sys.stdin.buffer if "-" in paths else None
@@ -224,7 +229,8 @@ def analyze(
                 stdin=stdin,
                 progress=progress.update,
                 telemetry=samples,
-                log_zone=zone,
+                log_zone=zone if zone is not None else learned,
+                log_zone_source="given" if zone is not None else "telemetry",
             )
             analysis = diagnosis.analysis
         finally:

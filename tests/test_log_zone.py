@@ -11,6 +11,7 @@ import sys
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, tzinfo
 from pathlib import Path
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -65,11 +66,13 @@ def _first_time(lines: list[str]) -> datetime:
     return datetime.fromisoformat(m[1]).replace(tzinfo=UTC)
 
 
-def _run(lines: list[str], zone: str, *, rest_s: float) -> tuple[Agent, _Node]:
+def _run(
+    lines: list[str], zone: str, *, rest_s: float, out: Path | None = None
+) -> tuple[Agent, _Node]:
     start = datetime(2026, 3, 14, 13, 0, tzinfo=UTC)  # EDT in New York, as the job's date
     node = _Node(lines, ZoneInfo(zone), start)
     a = Agent(
-        AgentConfig(interval_s=1.0, analyse_s=0.0, hostname="node-0"),
+        AgentConfig(interval_s=1.0, analyse_s=0.0, hostname="node-0", out=out),
         lines=node,
         wall=lambda: node.now,
     )
@@ -157,24 +160,47 @@ def test_a_zone_that_is_none_says_what_to_give() -> None:
         parse_zone("+19:00")
 
 
-def test_analyze_reads_the_zone_it_is_given(tmp_path: Path) -> None:
-    def job(*extra: str) -> dict[str, object]:
-        out = subprocess.run(
-            [sys.executable, "-m", "ncclscope", "analyze", str(STALLED), "--format", "json",
-             "--no-progress", *extra],
-            capture_output=True, text=True, check=True, cwd=REPO,
-        )  # fmt: skip
-        doc: dict[str, object] = json.loads(out.stdout)
-        return doc
+def test_analyze_reads_the_zone_it_is_given() -> None:
+    as_utc = _analyze(str(STALLED))
+    tokyo = _analyze(str(STALLED), "--log-tz", "Asia/Tokyo")
+    assert as_utc["job"]["log_zone"] == "UTC"
+    assert as_utc["job"]["log_zone_source"] == "assumed"
+    assert tokyo["job"]["log_zone"] == "Asia/Tokyo"
+    assert tokyo["job"]["log_zone_source"] == "given"
+    assert _since(as_utc) - _since(tokyo) == timedelta(hours=9)
 
-    def since(doc: dict[str, object]) -> datetime:
-        findings = doc["findings"]
-        assert isinstance(findings, list)
-        found = next(f for f in findings if f["kind"] == "timeout_imminent")
-        return datetime.fromisoformat(found["evidence"]["since"])
 
-    as_utc, tokyo = job(), job("--log-tz", "Asia/Tokyo")
-    assert as_utc["job"] == {**as_utc["job"], "log_zone": "UTC", "log_zone_source": "assumed"}  # type: ignore[dict-item]
-    assert tokyo["job"]["log_zone"] == "Asia/Tokyo"  # type: ignore[index]
-    assert tokyo["job"]["log_zone_source"] == "given"  # type: ignore[index]
-    assert since(as_utc) - since(tokyo) == timedelta(hours=9)
+def _analyze(*args: str) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-m", "ncclscope", "analyze", "--format", "json", "--no-progress",
+         *args],
+        capture_output=True, text=True, check=True, cwd=REPO,
+    )  # fmt: skip
+    doc: dict[str, Any] = json.loads(out.stdout)
+    return doc
+
+
+def _since(doc: dict[str, Any]) -> datetime:
+    found = next(f for f in doc["findings"] if f["kind"] == "timeout_imminent")
+    return datetime.fromisoformat(found["evidence"]["since"])
+
+
+def test_analyze_reads_the_zone_the_agent_learned(tmp_path: Path) -> None:
+    """The agent keeps the offset it learned with its telemetry; analyze --telemetry
+    reads the same logs in it, where nothing else says the zone."""
+    lines = STALLED.read_text(encoding="utf-8").splitlines()
+    written = {}
+    for zone in ("UTC", "Asia/Tokyo"):
+        tel = tmp_path / f"telemetry-{zone.replace('/', '-')}"
+        _agent, node = _run(lines, zone, rest_s=5, out=tel)
+        log = tmp_path / f"job-{zone.replace('/', '-')}.log"
+        log.write_text("".join(f"{text}\n" for _t, text in node.lines), encoding="utf-8")
+        written[zone] = (log, tel)
+    log, tel = written["Asia/Tokyo"]
+    tokyo = _analyze(str(log), "--telemetry", str(tel))
+    assert tokyo["job"]["log_zone"] == "+09:00"
+    assert tokyo["job"]["log_zone_source"] == "telemetry"
+    plain = _analyze(str(log))  # the same lines, nothing said: read as UTC, 9 h off
+    utc = _analyze(str(written["UTC"][0]))
+    assert _since(tokyo) == _since(utc)
+    assert _since(plain) - _since(utc) == timedelta(hours=9)

@@ -132,8 +132,7 @@ SETTINGS: tuple[Setting, ...] = (
         "NCCL, PyTorch and DeepSpeed print the local time without a zone: in UTC the "
         "stamps mean the same on every node and to every reader. Where you set TZ, the "
         "agent learns it from when the lines arrive, and analyze takes --log-tz.",
-        "The job's own local-time output (its logger's times, file names it dates) is "
-        "in UTC too.",
+        "The job's own local-time output (its logger's times, file names it dates) is in UTC too.",
     ),
     Setting(
         ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"),

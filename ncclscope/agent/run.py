@@ -440,9 +440,16 @@ class Agent:
         if self.lines is not None:
             # The clock the job's ages are read against (a replay's runs at its speed):
             # the rules measure a wait from it, not from Prometheus' own time.
-            clock = {"ncclscope_clock_timestamp_seconds": [((), self.wall().timestamp())]}
+            clock: dict[str, Rows] = {
+                "ncclscope_clock_timestamp_seconds": [((), self.wall().timestamp())]
+            }
             if self.progress.offset_s is not None:
-                clock["ncclscope_log_utc_offset_seconds"] = [((), self.progress.offset_s)]
+                learned: dict[str, Rows] = {
+                    "ncclscope_log_utc_offset_seconds": [((), self.progress.offset_s)]
+                }
+                clock.update(learned)
+                # Kept with the samples: analyze --telemetry reads the logs in it.
+                self._record(learned)
             self.board.set("clock", clock)
             self.health.timed("logs", self._follow)
             self.health.timed("progress", self._detect)

@@ -12,6 +12,7 @@ import os
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta, timezone, tzinfo
 from pathlib import Path
 
 import polars as pl
@@ -20,7 +21,7 @@ from ncclscope.errors import InputError
 from ncclscope.schema import TELEMETRY_SCHEMA
 from ncclscope.sources import Problem
 
-__all__ = ["TelemetryWriter", "read_telemetry", "summary_lines"]
+__all__ = ["TelemetryWriter", "learned_zone", "read_telemetry", "summary_lines"]
 
 #: The GPU series ``summary_lines`` reads (labelled ``gpu,UUID,pci_bus_id``).
 _SUMMARY_METRICS = (
@@ -151,3 +152,12 @@ def summary_lines(frame: pl.DataFrame) -> list[str]:
         out.append(f"  {host}: host memory available at least {low / 2**30:.1f} GiB")
     out.append("")
     return out
+
+
+def learned_zone(samples: pl.DataFrame) -> tzinfo | None:
+    """The job's clock as the agent learned it (``ncclscope_log_utc_offset_seconds``,
+    the latest sample): a fixed offset from UTC; None where no agent learned one."""
+    offsets = samples.filter(pl.col("metric") == "ncclscope_log_utc_offset_seconds").sort("ts")
+    if offsets.is_empty():
+        return None
+    return timezone(timedelta(seconds=float(offsets["value"][-1])))

@@ -295,7 +295,7 @@ def _job(analysis: Analysis) -> dict[str, Any]:
         "networks": analysis.networks,
         "timestamps": analysis.timestamps,
         "log_zone": analysis.log_zone or "UTC",
-        "log_zone_source": "given" if analysis.log_zone is not None else "assumed",
+        "log_zone_source": analysis.log_zone_source,
         "env": analysis.env,
         "zero": _zero(analysis),
         "timeout_s": timeout_s,

@@ -94,9 +94,11 @@ def _job(out: list[str], doc: dict[str, Any]) -> None:
         # Loggers print local time without a zone: which one was assumed matters
         # wherever a time meets another clock (telemetry, the agent's, a reader's).
         zone = job["log_zone"]
+        said = {"given": "(--log-tz)", "telemetry": "(learned by the agent, from its telemetry)"}
+        source = job["log_zone_source"]
         out.append(
-            f"  times read as {zone} (given)"
-            if job["log_zone_source"] == "given"
+            f"  times read as {zone} {said[source]}"
+            if source in said
             else f"  times read as {zone}: the logs name no zone (--log-tz sets the one "
             "they were written in)"
         )

@@ -85,6 +85,9 @@ class Analysis:
     #: the zone the logs' wall times were read in (``build``'s ``log_zone``: ``UTC``,
     #: ``+09:00``, ``America/New_York``); None: read as UTC, nothing said otherwise
     log_zone: str | None = None
+    #: where ``log_zone`` came from: ``given`` (--log-tz), ``telemetry`` (the offset the
+    #: agent learned from the lines' arrivals), ``assumed`` (UTC: nothing said)
+    log_zone_source: str = "assumed"
     #: ranks of the world that left no line in these inputs (a host whose files are
     #: absent); None when that cannot be told (world size unknown, or members whose
     #: rank no line names)
