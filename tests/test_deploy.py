@@ -20,6 +20,7 @@ is missing and fails under CI (``.ci/run`` installs them).
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -274,6 +275,84 @@ def test_the_sidecar_arguments_are_the_agents() -> None:
         if line.startswith("COPY "):
             for source in line.split()[1:-1]:
                 assert (REPO / source).exists(), line
+
+
+#: The volume types the Restricted Pod Security Standard allows (kubernetes.io, "Pod
+#: Security Standards", Restricted: "Volume Types").
+_RESTRICTED_VOLUMES = {
+    "configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+    "projected", "secret",
+}  # fmt: skip
+
+
+def _restricted_violations(pod: dict[str, Any]) -> list[str]:
+    """Where a pod spec breaks the Restricted Pod Security Standard (its Baseline and
+    Restricted controls as the Kubernetes docs list them, for the fields a pod can set
+    here): host namespaces, privileged, capabilities, hostPath and other volume types,
+    host ports, /proc mount, sysctls, privilege escalation, non-root, seccomp."""
+    out = [f"spec.{f}" for f in ("hostNetwork", "hostPID", "hostIPC") if pod.get(f)]
+    psc = pod.get("securityContext", {})
+    for v in pod.get("volumes", []):
+        name, kinds = v["name"], set(v) - {"name"}
+        if not kinds <= _RESTRICTED_VOLUMES:
+            out.append(f"volume {name}: {sorted(kinds - _RESTRICTED_VOLUMES)}")
+    if psc.get("sysctls"):
+        out.append("spec.securityContext.sysctls")
+    containers = pod.get("initContainers", []) + pod.get("containers", [])
+    for c in containers:
+        sc = c.get("securityContext", {})
+        where = f"container {c['name']}"
+        if sc.get("privileged"):
+            out.append(f"{where}: privileged")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            out.append(f"{where}: allowPrivilegeEscalation must be false")
+        caps = sc.get("capabilities", {})
+        if "ALL" not in caps.get("drop", []):
+            out.append(f"{where}: capabilities must drop ALL")
+        if set(caps.get("add", [])) - {"NET_BIND_SERVICE"}:
+            out.append(f"{where}: adds capabilities")
+        if sc.get("procMount", "Default") != "Default":
+            out.append(f"{where}: procMount")
+        if any(p.get("hostPort") for p in c.get("ports", [])):
+            out.append(f"{where}: hostPort")
+        non_root = sc.get("runAsNonRoot", psc.get("runAsNonRoot"))
+        if non_root is not True:
+            out.append(f"{where}: runAsNonRoot must be true")
+        if sc.get("runAsUser", psc.get("runAsUser")) == 0:
+            out.append(f"{where}: runAsUser 0")
+        seccomp = sc.get("seccompProfile", psc.get("seccompProfile", {})).get("type")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            out.append(f"{where}: seccompProfile must be RuntimeDefault or Localhost")
+    return out
+
+
+def test_the_job_passes_the_restricted_pod_security_level() -> None:
+    pod = _pod_template()["spec"]
+    assert _restricted_violations(pod) == []
+    # The check reads what it should: root, a hostPath, a kept capability all fail.
+    broken = copy.deepcopy(pod)
+    broken["securityContext"]["runAsNonRoot"] = False
+    broken["volumes"].append({"name": "host", "hostPath": {"path": "/var/log"}})
+    broken["containers"][0]["securityContext"]["capabilities"] = {"drop": ["NET_RAW"]}
+    found = _restricted_violations(broken)
+    assert any("runAsNonRoot" in f for f in found)
+    assert any("hostPath" in f for f in found)
+    assert any("drop ALL" in f for f in found)
+
+
+def test_the_sidecar_never_gates_the_trainer() -> None:
+    """No probe of the agent holds the pod back (a native sidecar's readiness is the
+    pod's; its startup probe would delay the trainer), and the headless Service names
+    pods before they are ready (torchrun's rendezvous needs the names first)."""
+    pod = _pod_template()["spec"]
+    (agent,) = [c for c in pod["initContainers"] if "agent" in c.get("args", [])]
+    assert not {"readinessProbe", "startupProbe"} & set(agent)
+    assert _one(JOB, "Service")["spec"]["publishNotReadyAddresses"] is True
+    # Its root is read-only: what it writes goes to a volume of bounded size.
+    assert agent["securityContext"]["readOnlyRootFilesystem"] is True
+    tmp = {m["mountPath"]: m["name"] for m in agent["volumeMounts"]}["/tmp"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == tmp]
+    assert volume["emptyDir"]["sizeLimit"]
 
 
 def test_the_headless_service_gives_the_pods_their_names() -> None:
