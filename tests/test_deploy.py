@@ -672,6 +672,43 @@ def test_promtool_and_prometheus_take_the_slurm_config(tmp_path: Path) -> None:
     assert target["scrapeInterval"] == "5s"
 
 
+def test_the_slurm_config_merges_into_a_site_config(tmp_path: Path) -> None:
+    """Merged into a site's prometheus.yml (its own global intervals, an unrelated scrape
+    job), the ncclscope job and rules keep their intervals and the site's job its own."""
+    promtool = _need("promtool", "prometheus")
+    ours = yaml.safe_load((SLURM / "prometheus.yml").read_text())
+    assert "global" not in ours  # nothing of the site's is changed
+    closed = _free_port()
+    site = {
+        "global": {"scrape_interval": "1m", "evaluation_interval": "1m"},
+        "rule_files": ours["rule_files"],
+        "scrape_configs": [
+            {"job_name": "node", "static_configs": [{"targets": [f"127.0.0.1:{closed}"]}]},
+            *ours["scrape_configs"],
+        ],
+    }
+    etc = tmp_path / "etc"
+    (etc / "ncclscope.d").mkdir(parents=True)
+    (etc / "prometheus.yml").write_text(yaml.safe_dump(site))
+    shutil.copy(RULES, etc / "ncclscope-rules.yml")
+    (etc / "ncclscope.d" / "job.json").write_text(
+        json.dumps([{"targets": [f"127.0.0.1:{_free_port()}"], "labels": {"job": "ncclscope-1"}}])
+    )
+    check = subprocess.run(
+        [promtool, "check", "config", str(etc / "prometheus.yml")], capture_output=True, text=True
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    intervals = {
+        t["labels"]["job"]: t["scrapeInterval"] for t in _targets(etc / "prometheus.yml", 2)
+    }
+    assert intervals == {"node": "1m", "ncclscope-1": "5s"}
+    # Every rule group says its interval: the site's 1m evaluation slows none of them.
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    assert {g["name"]: g.get("interval") for g in groups} == {
+        "ncclscope-job": "1s", "ncclscope-job-trends": "15s", "ncclscope-node": "15s",
+    }  # fmt: skip
+
+
 # --- docs ----------------------------------------------------------------------------------
 
 
