@@ -246,7 +246,13 @@ def analyze(
             write_postmortem(diagnosis, prom_out)
         if html_out is not None and analysis.paths:
             # Inside the work directory: the report reads the collectives' Parquet.
-            from ncclscope.export.html_report import write_html
+            try:
+                from ncclscope.export.html_report import write_html
+            except ModuleNotFoundError as e:  # an image without plotly (deploy/Dockerfile)
+                raise click.ClickException(
+                    f"--html needs {e.name}, which this installation lacks: "
+                    "pip install plotly (the text and JSON reports need nothing more)"
+                ) from None
 
             size = write_html(diagnosis, html_out)
             click.echo(f"ncclscope: wrote {html_out} ({human_bytes(size)})", err=True)

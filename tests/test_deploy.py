@@ -30,6 +30,7 @@ import socket
 import subprocess
 import sys
 import time
+import tomllib
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -275,6 +276,61 @@ def test_the_sidecar_arguments_are_the_agents() -> None:
         if line.startswith("COPY "):
             for source in line.split()[1:-1]:
                 assert (REPO / source).exists(), line
+
+
+def _requirements(lines: list[str]) -> dict[str, str]:
+    """name -> version (or specifier) of requirement lines, names normalised."""
+    out = {}
+    for line in lines:
+        m = re.match(r"\s*([A-Za-z0-9_.-]+)\s*([<>=!~].*)?$", line.split("#")[0])
+        if m and m[1]:
+            out[re.sub(r"[-_.]+", "-", m[1]).lower()] = (m[2] or "").strip()
+    return out
+
+
+def test_the_image_installs_the_agent_pinned_and_without_plotly() -> None:
+    """deploy/Dockerfile: Python 3.11 on Debian 12 (what CI tests); every runtime
+    dependency but plotly, at deploy/constraints.txt's versions, each pinned exactly and
+    at or above pyproject.toml's floor."""
+    from packaging.version import Version
+
+    text = (DEPLOY / "Dockerfile").read_text()
+    assert re.search(r"^FROM python:3\.11-slim-bookworm", text, re.M)
+    run = " ".join(text.split("RUN ", 1)[1].split("\n"))
+    assert "-c /src/deploy/constraints.txt" in run
+    assert "--no-deps /src" in run  # ncclscope itself brings nothing more
+    installed = _requirements(run.split("constraints.txt", 1)[1].split("&&", 1)[0].split())
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    wanted = _requirements(pyproject["project"]["dependencies"])
+    assert set(installed) == (set(wanted) - {"plotly"}) | {"polars-runtime-32"}
+    pins = _requirements((DEPLOY / "constraints.txt").read_text().splitlines())
+    for name, spec in wanted.items():
+        assert pins[name].startswith("=="), name
+        floor = spec.removeprefix(">=")
+        assert Version(pins[name][2:]) >= Version(floor), (name, pins[name], spec)
+
+
+def test_the_agent_and_the_text_report_need_no_plotly(tmp_path: Path) -> None:
+    """What the image runs works without plotly; --html says what to install."""
+    blocked = (
+        "import sys; sys.modules['plotly'] = None; "
+        "from ncclscope.entry import main; sys.argv[0] = 'ncclscope'; main()"
+    )
+
+    def ncclscope(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", blocked, *args], capture_output=True, text=True, cwd=REPO
+        )
+
+    fixture = str(REPO / "fixtures" / "stalled-227-ts" / "job.log")
+    report = ncclscope("analyze", fixture, "--no-progress")
+    assert report.returncode == 0, report.stderr
+    assert "AllGather" in report.stdout
+    assert ncclscope("agent", "--help").returncode == 0
+    html = ncclscope("analyze", fixture, "--no-progress", "--html", str(tmp_path / "r.html"))
+    assert html.returncode == 1
+    assert "--html needs plotly" in html.stderr
+    assert "pip install plotly" in html.stderr
 
 
 #: The volume types the Restricted Pod Security Standard allows (kubernetes.io, "Pod
