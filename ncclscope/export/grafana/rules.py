@@ -394,7 +394,8 @@ RULE_GROUPS: tuple[RuleGroup, ...] = (
                         "{{ if $labels.op }} ({{ $labels.op }}"
                         f"{_PENDING_SEQ}){{{{ end }}}}:"
                         " take its stacks now "
-                        "(py-spy dump) before the job is killed.{{ end }}",
+                        "(docs/deploy.md, taking a rank's stacks) before the job is killed."
+                        "{{ end }}",
                     ),
                 ),
             ),
@@ -426,7 +427,7 @@ RULE_GROUPS: tuple[RuleGroup, ...] = (
                         "{{ $labels.comm }} and have "
                         "waited for rank {{ $labels.rank }} long enough that the watchdog "
                         "aborts the job in {{ $value | humanizeDuration }}. Take its stacks "
-                        "now (py-spy dump --pid ...){{ if $labels.hostname }} on "
+                        "now (docs/deploy.md, taking a rank's stacks){{ if $labels.hostname }} on "
                         "{{ $labels.hostname }}{{ end }}; if every rank of a node is named, "
                         "look at the node (GPU XID, NIC, kernel log).",
                     ),
