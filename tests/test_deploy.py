@@ -198,7 +198,7 @@ def test_kubernetes_validate_accepts_the_core_manifests(version: str) -> None:
             where = ".".join(str(x) for x in err.path)
             pytest.fail(f"{path.name} {doc['kind']} at {where}: {err.message}")
         checked.append(doc["kind"])
-    assert sorted(checked) == ["Job", "Service"]
+    assert sorted(checked) == ["Job", "PersistentVolumeClaim", "Service"]
 
 
 def test_kubernetes_validate_rejects_a_broken_job() -> None:
@@ -255,9 +255,22 @@ def test_the_job_is_one_agent_per_pod_sharing_the_logs() -> None:
     mounts = {c["name"]: {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
               for c in (agent, trainer)}  # fmt: skip
     volumes = {v["name"]: v for v in pod["volumes"]}
-    shared = [n for n, v in volumes.items() if "emptyDir" in v
-              and mounts["ncclscope"].get(n) == log_dir == mounts["trainer"].get(n)]  # fmt: skip
+    shared = [n for n in volumes
+              if mounts["ncclscope"].get(n) == log_dir == mounts["trainer"].get(n)]  # fmt: skip
     assert shared == ["logs"]
+    # The logs outlive the pod: a claim of the job's (a size limit), each pod in its own
+    # folder of it, the same for both containers.
+    claim = volumes["logs"]["persistentVolumeClaim"]["claimName"]
+    pvc = _one(JOB, "PersistentVolumeClaim")
+    assert pvc["metadata"]["name"] == claim
+    assert pvc["spec"]["resources"]["requests"]["storage"]
+    assert "ReadWriteMany" in pvc["spec"]["accessModes"]
+    sub = {c["name"]: next(m for m in c["volumeMounts"] if m["name"] == "logs")
+           for c in (agent, trainer)}  # fmt: skip
+    assert sub["ncclscope"]["subPathExpr"] == sub["trainer"]["subPathExpr"] == "$(POD_NAME)"
+    for c in (agent, trainer):
+        (pod_name,) = [e for e in c["env"] if e["name"] == "POD_NAME"]
+        assert pod_name["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
 
 
 def test_the_sidecar_arguments_are_the_agents() -> None:
