@@ -606,9 +606,52 @@ def test_shellcheck_passes_the_slurm_scripts(script: str) -> None:
     assert check.returncode == 0, check.stdout + check.stderr
 
 
+#: srun's stand-in runs its command here, once (this "allocation" is one node), and
+#: enforces what matters to the script: which step holds the node's GPUs. A step takes
+#: them unless it asks for none (--gres=none, --gpus=0); it shares them with --overlap
+#: only from Slurm 22.05 (NEWS: "--overlap now allows the step to share all resources
+#: (CPUs, memory, and GRES)"; before, CPUs only). A step that needs GPUs a running step
+#: holds unshared would wait forever in Slurm: the stand-in fails it at once. Its
+#: version is SRUN_STANDIN_VERSION's.
+_SRUN = r"""#!/bin/bash
+version=${SRUN_STANDIN_VERSION:-23.11.4}
+if [[ $1 == --version ]]; then echo "slurm $version"; exit 0; fi
+takes=1 overlap=0
+while [[ $1 == -* ]]; do
+  case $1 in
+    --gres=none|--gpus=0|--gres=gpu:0) takes=0 ;;
+    --overlap) overlap=1 ;;
+  esac
+  shift
+done
+mode=none
+if (( takes )); then
+  mode=exclusive
+  if (( overlap )) && printf '%s\n' 22.05 "$version" | sort -V -C; then mode=shared; fi
+fi
+steps=$SLURM_SUBMIT_DIR/.srun-steps
+mkdir -p "$steps"
+exec 9>"$steps/lock"
+flock 9
+if [[ $mode == exclusive ]]; then
+  for held in "$steps"/step.*; do
+    [[ -e $held ]] || continue
+    pid=${held##*.}
+    if ! kill -0 "$pid" 2>/dev/null; then rm -f "$held"; continue; fi
+    if [[ $(cat "$held") == exclusive ]]; then
+      echo "srun (stand-in, Slurm $version): this step needs the GPUs step $pid holds" \
+        "without sharing them: Slurm would keep it waiting forever" >&2
+      exit 1
+    fi
+  done
+fi
+echo "$mode" >"$steps/step.$$"
+exec 9>&-
+exec "$@"
+"""
+
 STAND_INS = {
-    # srun runs its command here, once (this "allocation" is one node).
-    "srun": '#!/bin/bash\nwhile [[ $1 == -* ]]; do shift; done\nexec "$@"\n',
+    "srun": _SRUN,
     "scontrol": '#!/bin/bash\n[[ "$1 $2" == "show hostnames" ]] && echo localhost\n',
     # torchrun writes an NCCL line where NCCL_DEBUG_FILE says, then waits for the test.
     "torchrun": (
@@ -623,26 +666,34 @@ STAND_INS = {
 }
 
 
-def _run_batch(tmp_path: Path, exit_code: int) -> tuple[Path, Any, str, int, int]:
-    """Run train.sbatch with the stand-ins until its training step runs; look at what it
-    made; let the training end with ``exit_code``; return what is left and its status."""
+def _batch_env(tmp_path: Path, slurm: str) -> dict[str, str]:
+    """The environment train.sbatch runs in under the stand-ins (Slurm ``slurm``)."""
     bindir = tmp_path / "bin"
-    bindir.mkdir()
+    bindir.mkdir(parents=True)
     for name, text in STAND_INS.items():
         (bindir / name).write_text(text)
         (bindir / name).chmod(0o755)
-    port = _free_port()
-    done = tmp_path / "done"
-    sd_dir = tmp_path / "ncclscope.d"
-    env = {
+    return {
         **os.environ,
         "PATH": f"{bindir}:{os.environ['PATH']}",
         "SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "train llm", "SLURM_JOB_NODELIST": "localhost",
         "SLURM_JOB_NUM_NODES": "1", "SLURM_NODEID": "0", "SLURM_SUBMIT_DIR": str(tmp_path),
         "NCCLSCOPE": str(Path(sys.executable).parent / "ncclscope"),
-        "NCCLSCOPE_PORT": str(port), "NCCLSCOPE_LISTEN": "127.0.0.1",
-        "NCCLSCOPE_SD_DIR": str(sd_dir), "NCCLSCOPE_TEST_DONE": str(done),
+        "NCCLSCOPE_PORT": str(_free_port()), "NCCLSCOPE_LISTEN": "127.0.0.1",
+        "NCCLSCOPE_SD_DIR": str(tmp_path / "ncclscope.d"),
+        "NCCLSCOPE_TEST_DONE": str(tmp_path / "done"), "SRUN_STANDIN_VERSION": slurm,
     }  # fmt: skip
+
+
+def _run_batch(
+    tmp_path: Path, exit_code: int, *, slurm: str = "23.11.4"
+) -> tuple[Path, Any, str, int, int]:
+    """Run train.sbatch with the stand-ins (Slurm ``slurm``) until its training step
+    runs; look at what it made; let the training end with ``exit_code``; return what is
+    left and its status."""
+    env = _batch_env(tmp_path, slurm)
+    port, done = int(env["NCCLSCOPE_PORT"]), Path(env["NCCLSCOPE_TEST_DONE"])
+    sd_dir = Path(env["NCCLSCOPE_SD_DIR"])
     # Another node's file in the shared log directory: this node's agent must leave it.
     (tmp_path / "logs" / "4242").mkdir(parents=True)
     (tmp_path / "logs" / "4242" / "other-node.77.log").write_text("other-node:77:77 [0] x\n")
@@ -698,6 +749,29 @@ def test_the_batch_script_runs_an_agent_and_cleans_up(tmp_path: Path) -> None:
     }]  # fmt: skip
     assert not sd_file.exists()
     assert list(sd_file.parent.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_before_slurm_22_05_the_agent_step_takes_no_gpus(tmp_path: Path) -> None:
+    """Slurm 21.08: --overlap shares CPUs only, so the agent step asks for no GPUs and
+    the training step gets them; the same script without that would wait forever."""
+    _sd_file, _targets, out, rc, _port = _run_batch(tmp_path, 0, slurm="21.08.8")
+    assert rc == 0, out
+    assert "torchrun done" in out
+    assert "takes no GPUs (--gres=none)" in out
+    # The stand-in enforces it: without --gres=none the training step cannot start.
+    text = SBATCH.read_text()
+    assert "  agent_gres=(--gres=none)\n" in text
+    naive = tmp_path / "naive.sbatch"
+    naive.write_text(text.replace("  agent_gres=(--gres=none)\n", "  :\n"))
+    work = tmp_path / "naive"
+    env = _batch_env(work, "21.08.8")
+    (work / "logs" / "4242").mkdir(parents=True)
+    done = subprocess.run(
+        ["bash", str(naive)], cwd=work, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode != 0
+    assert "Slurm would keep it waiting forever" in done.stdout + done.stderr
 
 
 @pytest.mark.slow
