@@ -409,6 +409,16 @@ def test_the_job_passes_the_restricted_pod_security_level() -> None:
     assert any("drop ALL" in f for f in found)
 
 
+def test_the_sidecar_asks_for_no_gpu_nor_every_gpu_of_the_node() -> None:
+    """NVIDIA_VISIBLE_DEVICES=all on a container without a GPU request is refused on
+    hardened GPU Operator setups and shows other tenants' GPUs: the sidecar sets it not,
+    and requests no GPU (the trainer holds the pod's)."""
+    pod = _pod_template()["spec"]
+    (agent,) = [c for c in pod["initContainers"] if "agent" in c.get("args", [])]
+    assert "NVIDIA_VISIBLE_DEVICES" not in {e["name"] for e in agent.get("env", [])}
+    assert not any("gpu" in k for k in agent["resources"].get("limits", {}))
+
+
 def test_the_sidecar_never_gates_the_trainer() -> None:
     """No probe of the agent holds the pod back (a native sidecar's readiness is the
     pod's; its startup probe would delay the trainer), and the headless Service names
