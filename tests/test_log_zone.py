@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
+import polars as pl
 import pytest
 
 from ncclscope.agent.run import Agent, AgentConfig
-from ncclscope.parsers.common import parse_zone, read_as, to_dt
+from ncclscope.parsers.common import local_to_utc, parse_zone, read_as, to_dt
 
 REPO = Path(__file__).resolve().parent.parent
 STALLED = REPO / "fixtures" / "stalled-227-ts" / "job.log"
@@ -151,6 +152,23 @@ def test_a_named_zone_is_read_with_its_daylight_saving_time() -> None:
     assert winter == datetime(2026, 1, 15, 14, tzinfo=UTC)
     assert summer == datetime(2026, 7, 15, 13, tzinfo=UTC)
     assert to_dt("2026-07-15", "09:00:00", None) == datetime(2026, 7, 15, 9, tzinfo=UTC)
+
+
+def test_a_stamp_a_zone_moves_out_of_range_is_no_time() -> None:
+    """A damaged date at datetime's edge, read in a zone, costs only itself."""
+    with read_as(parse_zone("+09:00")):
+        assert to_dt("0001-01-01", "00:00:00", None) is None
+        assert to_dt("2025-03-14", "09:00:00", None) == datetime(2025, 3, 14, tzinfo=UTC)
+    with read_as(parse_zone("-05:00")):
+        assert to_dt("9999-12-31", "23:59:59", None) is None
+    # The vectorised readers alike (NCCL's stamp, PyTorch's and DeepSpeed's prefixes).
+    edge = [datetime(1, 1, 1, tzinfo=UTC), datetime(2025, 3, 14, 9, tzinfo=UTC)]
+    micros = pl.Series([int((t - datetime(1970, 1, 1, tzinfo=UTC)) / timedelta(microseconds=1))
+                        for t in edge])  # fmt: skip
+    for zone in ("Asia/Tokyo", "+09:00"):
+        with read_as(parse_zone(zone)):
+            got = pl.DataFrame({"m": micros}).select(local_to_utc(pl.col("m")))["m"].to_list()
+        assert got == [None, datetime(2025, 3, 14, 0, tzinfo=UTC)]
 
 
 def test_a_zone_that_is_none_says_what_to_give() -> None:

@@ -185,17 +185,24 @@ def local_to_utc(micros: pl.Expr) -> pl.Expr:
     if zone is None:
         return micros.cast(TS)
     if isinstance(zone, ZoneInfo):
-        return (
+        utc = (
             micros.cast(pl.Datetime("us"))
             # a wall time that occurs twice (the hour DST ends) is read as the first;
             # one that never occurs (the hour it starts) is no time
             .dt.replace_time_zone(zone.key, ambiguous="earliest", non_existent="null")
-            .dt.convert_time_zone("UTC")
-            .cast(TS)
+            .dt.epoch("us")
         )
-    offset = zone.utcoffset(None)
-    shift = int(offset.total_seconds() * 1_000_000) if offset is not None else 0
-    return (micros - shift).cast(TS)
+    else:
+        offset = zone.utcoffset(None)
+        utc = micros - (int(offset.total_seconds() * 1_000_000) if offset is not None else 0)
+    # A damaged stamp at datetime's edge, moved past it, is no time (as in to_dt): a
+    # year 0 would fail wherever the column meets Python.
+    return pl.when(utc.is_between(_FIRST_US, _LAST_US)).then(utc).cast(TS)
+
+
+#: datetime's range, 0001-01-01 to 9999-12-31 23:59:59.999999, in microseconds since 1970
+_FIRST_US = -62_135_596_800_000_000
+_LAST_US = 253_402_300_799_999_999
 
 
 def to_dt(date: str, time: str, frac: str | None) -> datetime | None:
@@ -230,4 +237,7 @@ def to_dt(date: str, time: str, frac: str | None) -> datetime | None:
     zone = LOG_ZONE.get()
     if zone is None:
         return stamp
-    return stamp.replace(tzinfo=zone).astimezone(UTC)
+    try:
+        return stamp.replace(tzinfo=zone).astimezone(UTC)
+    except OverflowError:  # year 1 or 9999 moved past datetime's range: a damaged stamp
+        return None
