@@ -73,11 +73,16 @@ def stamp(text: str, arrived: datetime) -> str | None:
     >>> stamp("[rank3]:node-0:41:41 [3] NCCL INFO x", datetime(2026, 1, 2, 3, 4, 5, 6, UTC))
     '[rank3]:[2026-01-02 03:04:05.000006] node-0:41:41 [3] NCCL INFO x'
     """
+    return _stamped(text, _ts_text(arrived))
+
+
+def _stamped(text: str, ts_text: str) -> str | None:
+    """``text`` with ``ts_text`` in front of its NCCL header; None without one."""
     m = HEADER_RE.search(text)
     if m is None:
         return None
     at = m.start()
-    return f"{text[:at]}{_ts_text(arrived)}{text[at:]}"
+    return f"{text[:at]}{ts_text}{text[at:]}"
 
 
 @dataclass
@@ -119,11 +124,9 @@ def _stamp_lines(lines: list[str], arrived: list[str]) -> list[str]:
     time (as NCCL would print it) in front of the header.  Plain Python: the agent reads
     no frame for its window (``agent.reference``); only NCCL lines are searched."""
     out = lines.copy()
-    search = HEADER_RE.search
     for k, line in enumerate(lines):
-        if " NCCL " in line and (m := search(line)) is not None:
-            at = m.start()
-            out[k] = f"{line[:at]}{arrived[k]}{line[at:]}"
+        if " NCCL " in line and (stamped := _stamped(line, arrived[k])) is not None:
+            out[k] = stamped
     return out
 
 
