@@ -54,6 +54,7 @@ from ncclscope.parsers.nccl.records import (
     plain_info_lines,
 )
 from ncclscope.parsers.nccl.scan import Scan, ScanTarget, scan_inputs, sniff_offsets
+from ncclscope.parsers.zone import guess_zone
 from ncclscope.schema import (
     COMMUNICATORS_SCHEMA,
     CONNECTIONS_SCHEMA,
@@ -119,8 +120,10 @@ def build(
 
     ``log_zone``: the zone the logs' wall times were written in (NCCL, PyTorch and
     DeepSpeed print local time without a zone); None reads them as UTC and says so
-    (``Analysis.log_zone``); ``log_zone_source`` says where the zone came from (``given``,
-    ``telemetry``).  Arrival times the agent stamped are UTC whatever it is.
+    (``Analysis.log_zone``) unless a clock in the inputs that names its zone says which
+    (``parsers.zone``: source ``learned``); ``log_zone_source`` says where a given zone
+    came from (``given``, ``telemetry``).  Arrival times the agent stamped are UTC
+    whatever it is.
 
     ``coll_ts_source`` is where COLL lines' times came from: ``nccl`` (NCCL printed
     them), or ``stamped`` (the agent wrote each line's arrival time in front of it).
@@ -131,20 +134,16 @@ def build(
     (and should keep it alive while reading ``Analysis.collectives``).
     """
 
-    with read_as(log_zone):
-        built = _build_tables(
-            names,
-            workdir=workdir,
-            stdin=stdin,
-            progress=progress,
-            coll_ts_source=coll_ts_source,
-            telemetry=telemetry,
-        )
-    zone = zone_name(log_zone) if log_zone is not None else None
-    source = log_zone_source if log_zone is not None else "assumed"
-    analysis = replace(built.analysis, log_zone=zone, log_zone_source=source)
-    views = [(replace(v, log_zone=zone, log_zone_source=source), a) for v, a in built.views]
-    return replace(built, analysis=analysis, views=views)
+    return _build_tables(
+        names,
+        workdir=workdir,
+        stdin=stdin,
+        progress=progress,
+        coll_ts_source=coll_ts_source,
+        telemetry=telemetry,
+        log_zone=log_zone,
+        log_zone_source=log_zone_source,
+    )
 
 
 def _build_tables(
@@ -155,6 +154,8 @@ def _build_tables(
     progress: Progress | None,
     coll_ts_source: str,
     telemetry: pl.DataFrame | None,
+    log_zone: tzinfo | None,
+    log_zone_source: str,
 ) -> Built:
     def report(stage: str, done: int, total: int) -> None:
         if progress is not None:
@@ -163,6 +164,37 @@ def _build_tables(
     inputs, problems = expand_inputs(
         names, workdir=workdir / "inputs", stdin=stdin, on_copy=lambda _n, b: report("read", b, 0)
     )
+    evidence = None
+    if log_zone is None:
+        guess = guess_zone([i.path for i in inputs if i.kind in LOG_KINDS])
+        log_zone, log_zone_source = guess.zone, "learned"
+        evidence = guess.evidence or None
+    # Arrival stamps the agent wrote in front of NCCL lines are UTC whatever the zone.
+    with read_as(log_zone, nccl_utc=coll_ts_source == "stamped"):
+        built = _tables(
+            inputs, problems, workdir=workdir, report=report, coll_ts_source=coll_ts_source,
+            telemetry=telemetry,
+        )  # fmt: skip
+    zone = zone_name(log_zone) if log_zone is not None else None
+    source = log_zone_source if log_zone is not None else "assumed"
+
+    def said(a: Analysis) -> Analysis:
+        return replace(a, log_zone=zone, log_zone_source=source, log_zone_evidence=evidence)
+
+    analysis = said(built.analysis)
+    views = [(said(v), a) for v, a in built.views]
+    return replace(built, analysis=analysis, views=views)
+
+
+def _tables(
+    inputs: list[Input],
+    problems: list[Problem],
+    *,
+    workdir: Path,
+    report: Callable[[str, int, int], None],
+    coll_ts_source: str,
+    telemetry: pl.DataFrame | None,
+) -> Built:
     dumps = [(i.display, i.path, i.kind) for i in inputs if i.kind.startswith("flight_")]
     tool_inputs = [i for i in inputs if not i.kind.startswith("flight_") and i.kind != "log"]
     inputs = [inp for inp in inputs if inp.kind in LOG_KINDS]

@@ -156,7 +156,9 @@ def cli(verbose: int) -> None:
     metavar="ZONE",
     help="The time zone the logs' times were written in: NCCL, PyTorch and DeepSpeed "
     "print the node's local time without a zone (UTC, an offset such as +09:00, or a "
-    "name such as America/New_York). Default: read as UTC, and the report says so.",
+    "name such as America/New_York). Default: the offset the agent learned (--telemetry), "
+    "else one learned from stamps in the logs that name their zone (kubectl logs "
+    "--timestamps), else UTC; the report says which.",
 )
 @click.option(
     "--html",

@@ -296,6 +296,7 @@ def _job(analysis: Analysis) -> dict[str, Any]:
         "timestamps": analysis.timestamps,
         "log_zone": analysis.log_zone or "UTC",
         "log_zone_source": analysis.log_zone_source,
+        "log_zone_evidence": analysis.log_zone_evidence,
         "env": analysis.env,
         "zero": _zero(analysis),
         "timeout_s": timeout_s,

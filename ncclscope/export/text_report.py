@@ -96,12 +96,17 @@ def _job(out: list[str], doc: dict[str, Any]) -> None:
         zone = job["log_zone"]
         said = {"given": "(--log-tz)", "telemetry": "(learned by the agent, from its telemetry)"}
         source = job["log_zone_source"]
-        out.append(
-            f"  times read as {zone} {said[source]}"
-            if source in said
-            else f"  times read as {zone}: the logs name no zone (--log-tz sets the one "
-            "they were written in)"
-        )
+        evidence = job.get("log_zone_evidence")
+        if source in said:
+            out.append(f"  times read as {zone} {said[source]}")
+        elif source == "learned":
+            out.append(f"  times read as {zone}: {evidence} (--log-tz overrides)")
+        else:
+            out.append(
+                f"  times read as {zone}: "
+                + (f"{evidence}; " if evidence else "the logs name no zone ")
+                + "(--log-tz sets the one they were written in)"
+            )
     by_host: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for rank in job["ranks"]:
         by_host[rank["host"]].append(rank)

@@ -86,8 +86,12 @@ class Analysis:
     #: ``+09:00``, ``America/New_York``); None: read as UTC, nothing said otherwise
     log_zone: str | None = None
     #: where ``log_zone`` came from: ``given`` (--log-tz), ``telemetry`` (the offset the
-    #: agent learned from the lines' arrivals), ``assumed`` (UTC: nothing said)
+    #: agent learned from the lines' arrivals), ``learned`` (a clock in the logs that names
+    #: its zone: ``parsers.zone``), ``assumed`` (UTC: nothing said)
     log_zone_source: str = "assumed"
+    #: what taught ``log_zone`` where it was ``learned`` from the logs' own zoned clocks
+    #: (or why they taught nothing); None otherwise
+    log_zone_evidence: str | None = None
     #: ranks of the world that left no line in these inputs (a host whose files are
     #: absent); None when that cannot be told (world size unknown, or members whose
     #: rank no line names)

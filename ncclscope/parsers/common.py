@@ -127,6 +127,10 @@ class LineCleaner:
 #: changes it).  None: read as UTC.  Set for one analysis by ``read_as`` (``build``'s
 #: ``log_zone``), so that every parser, row by row or vectorised, reads the same zone.
 LOG_ZONE: ContextVar[tzinfo | None] = ContextVar("LOG_ZONE", default=None)
+#: NCCL's own stamps are UTC whatever ``LOG_ZONE`` is: the agent wrote each line's
+#: arrival there (NCCL before 2.26 prints no time), while PyTorch's and DeepSpeed's
+#: stamps on the same window are still the job's local time.
+_NCCL_UTC: ContextVar[bool] = ContextVar("_NCCL_UTC", default=False)
 
 
 def parse_zone(spec: str) -> tzinfo:
@@ -169,19 +173,26 @@ def zone_name(zone: tzinfo | None) -> str:
 
 
 @contextmanager
-def read_as(zone: tzinfo | None) -> Iterator[None]:
-    """Within the block, the logs' wall times are read in ``zone`` (``LOG_ZONE``)."""
+def read_as(zone: tzinfo | None, *, nccl_utc: bool = False) -> Iterator[None]:
+    """Within the block, the logs' wall times are read in ``zone`` (``LOG_ZONE``);
+    NCCL's stamps in UTC where ``nccl_utc`` (the agent's arrival stamps)."""
     token = LOG_ZONE.set(None if zone is UTC else zone)
+    nccl = _NCCL_UTC.set(nccl_utc)
     try:
         yield
     finally:
+        _NCCL_UTC.reset(nccl)
         LOG_ZONE.reset(token)
 
 
-def local_to_utc(micros: pl.Expr) -> pl.Expr:
+def _zone(nccl: bool) -> tzinfo | None:
+    return None if nccl and _NCCL_UTC.get() else LOG_ZONE.get()
+
+
+def local_to_utc(micros: pl.Expr, *, nccl: bool = False) -> pl.Expr:
     """Wall-time microseconds since 1970 as written in the logs (``LOG_ZONE``) -> a UTC
-    ``TS`` column: the vectorised parsers' ``to_dt``."""
-    zone = LOG_ZONE.get()
+    ``TS`` column: the vectorised parsers' ``to_dt``.  ``nccl``: NCCL's own stamps."""
+    zone = _zone(nccl)
     if zone is None:
         return micros.cast(TS)
     if isinstance(zone, ZoneInfo):
@@ -205,14 +216,14 @@ _FIRST_US = -62_135_596_800_000_000
 _LAST_US = 253_402_300_799_999_999
 
 
-def to_dt(date: str, time: str, frac: str | None) -> datetime | None:
+def to_dt(date: str, time: str, frac: str | None, *, nccl: bool = False) -> datetime | None:
     """A logged ``YYYY-MM-DD`` date, ``HH:MM:SS`` time and fraction as a UTC datetime.
 
     Loggers (NCCL, PyTorch, DeepSpeed) print the host's local wall time without a zone:
     it is read in ``LOG_ZONE`` (UTC unless an analysis says otherwise).  The regexes
     fixed the digit positions, so ``int()`` on slices (~10x faster than ``strptime``)
     reads them; ``None`` for digits in the right places that are not a date
-    (``2024-13-45``).
+    (``2024-13-45``).  ``nccl``: NCCL's own stamp (UTC where the agent wrote it).
 
     >>> to_dt("2025-03-14", "09:05:37", "123456789")
     datetime.datetime(2025, 3, 14, 9, 5, 37, 123456, tzinfo=datetime.timezone.utc)
@@ -234,7 +245,7 @@ def to_dt(date: str, time: str, frac: str | None) -> datetime | None:
         )
     except ValueError:
         return None
-    zone = LOG_ZONE.get()
+    zone = _zone(nccl)
     if zone is None:
         return stamp
     try:

@@ -22,6 +22,7 @@ from datetime import datetime
 
 from ncclscope.parsers.common import LineCleaner, to_dt
 from ncclscope.parsers.nccl import patterns as pat
+from ncclscope.parsers.zone import zoned_stamp
 
 __all__ = [
     "Chain",
@@ -235,7 +236,11 @@ def parse_ts(prefix: str) -> tuple[datetime | None, str]:
     # NCCL's stamp ends the prefix; searching its tail alone keeps this cheap.
     match = pat.PREFIX_TS_RE.search(prefix, max(0, len(prefix) - 40))
     if match:
-        return to_dt(match["date"], match["time"], match["frac"]), "nccl"
+        return to_dt(match["date"], match["time"], match["frac"], nccl=True), "nccl"
+    # A collector's stamp that names its zone (kubectl logs --timestamps) is exact.
+    zoned = zoned_stamp(prefix)
+    if zoned is not None:
+        return zoned[0], "logger"
     logger = re.search(r"(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})(?:[.,](\d{1,9}))?", prefix)
     if logger:
         return to_dt(logger[1], logger[2], logger[3]), "logger"

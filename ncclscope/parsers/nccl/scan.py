@@ -216,7 +216,7 @@ def _default_ts(date_token: pl.Expr, time_token: pl.Expr) -> pl.Expr:
     fraction = clock.str.slice(9, 6).str.strip_suffix("]").cast(pl.Int64, strict=False).fill_null(0)
     micros = fraction * pl.lit(10, dtype=pl.Int64).pow(6 - digits)
     total = day.cast(pl.Int64) * 86_400_000_000 + seconds * 1_000_000 + micros
-    return local_to_utc(pl.when(clock.str.contains(_CLOCK_TOKEN)).then(total))
+    return local_to_utc(pl.when(clock.str.contains(_CLOCK_TOKEN)).then(total), nccl=True)
 
 
 #: The largest ``[nranks=N]`` token an Int32 column holds.
