@@ -188,7 +188,8 @@ def _agent_options(fn: _F) -> _F:
     metavar="ZONE",
     help="The time zone the job's logs print their times in (NCCL: the node's local "
     "time, unless the job sets TZ): UTC, an offset such as +09:00, or a name such as "
-    "America/New_York. Default: learned from when the lines arrive.",
+    "America/New_York. Default: learned from when the lines arrive (NCCL's stamps, else "
+    "PyTorch's and DeepSpeed's).",
 )
 @_agent_options
 def agent(

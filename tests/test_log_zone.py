@@ -222,3 +222,148 @@ def test_analyze_reads_the_zone_the_agent_learned(tmp_path: Path) -> None:
     utc = _analyze(str(written["UTC"][0]))
     assert _since(tokyo) == _since(utc)
     assert _since(plain) - _since(utc) == timedelta(hours=9)
+
+
+# -- analyze learns the zone from a clock in the logs that names its own ------------
+
+
+def _collected(node: _Node, prefix: Any) -> str:
+    """The node's lines as a collector kept them: each behind its arrival stamp."""
+    return "".join(f"{prefix(arrived)}{text}\n" for arrived, text in node.lines)
+
+
+def _kubectl(arrived: datetime) -> str:  # kubectl logs --timestamps: RFC 3339, UTC
+    return f"{arrived:%Y-%m-%dT%H:%M:%S.%f}123Z "
+
+
+def _journal(zone: str) -> Any:  # journalctl -o short-iso: the node's zone, +hhmm
+    return lambda at: f"{at.astimezone(ZoneInfo(zone)):%Y-%m-%dT%H:%M:%S%z} node-0 python[41]: "
+
+
+@pytest.mark.parametrize(
+    ("zone", "prefix", "named"),
+    [
+        ("Asia/Tokyo", _kubectl, "+09:00"),
+        ("America/New_York", _kubectl, "-04:00"),
+        ("UTC", _kubectl, "UTC"),
+        ("Asia/Kathmandu", _journal("Asia/Kathmandu"), "+05:45"),
+    ],
+)
+def test_analyze_learns_the_zone_from_stamps_that_name_theirs(
+    tmp_path: Path, zone: str, prefix: Any, named: str
+) -> None:
+    lines = STALLED.read_text(encoding="utf-8").splitlines()
+    start = datetime(2026, 3, 14, 13, 0, tzinfo=UTC)
+    log = tmp_path / "job.log"
+    log.write_text(_collected(_Node(lines, ZoneInfo(zone), start), prefix), encoding="utf-8")
+    bare = tmp_path / "utc.log"
+    bare.write_text("".join(f"{t}\n" for _a, t in _Node(lines, UTC, start).lines))
+    doc = _analyze(str(log))
+    assert doc["job"]["log_zone"] == named
+    assert doc["job"]["log_zone_source"] == "learned"
+    assert "learned from" in doc["job"]["log_zone_evidence"]
+    assert _since(doc) == _since(_analyze(str(bare)))
+    # What the user names wins over what the logs suggest.
+    given = _analyze(str(log), "--log-tz", "UTC")
+    assert given["job"]["log_zone_source"] == "given"
+
+
+def test_a_logger_that_prints_its_zone_teaches_the_lines_beside_it(tmp_path: Path) -> None:
+    """Python logging with %z on its own lines, NCCL's local stamps on the others."""
+    lines = STALLED.read_text(encoding="utf-8").splitlines()
+    node = _Node(lines, ZoneInfo("Asia/Tokyo"), datetime(2026, 3, 14, 13, 0, tzinfo=UTC))
+    out = []
+    for k, (arrived, text) in enumerate(node.lines):
+        if k % 50 == 0:
+            local = arrived.astimezone(ZoneInfo("Asia/Tokyo"))
+            out.append(f"{local:%Y-%m-%d %H:%M:%S},{local.microsecond // 1000:03d}"
+                       f"{local:%z} INFO train.py: step {k}")  # fmt: skip
+        out.append(text)
+    log = tmp_path / "job.log"
+    log.write_text("\n".join(out) + "\n", encoding="utf-8")
+    doc = _analyze(str(log))
+    assert (doc["job"]["log_zone"], doc["job"]["log_zone_source"]) == ("+09:00", "learned")
+
+
+def test_clocks_that_disagree_or_are_quoted_teach_nothing(tmp_path: Path) -> None:
+    from ncclscope.parsers.zone import decide, offset_votes
+
+    # A message that quotes a UTC time is no clock of its line.
+    quoted = ["[2025-03-14 09:00:00.100000] n:1:1 [0] NCCL INFO saved checkpoint "
+              "stamped 2025-03-14T00:00:00Z"] * 10  # fmt: skip
+    assert offset_votes(quoted) == {}
+    # Two lines minutes apart are two moments; a lag past 2 minutes is no vote.
+    assert offset_votes(["2025-03-14T00:05:00Z x", "[2025-03-14 09:00:00.1] y"]) == {}
+    assert offset_votes(["2025-03-14T00:01:00Z x", "[2025-03-14 09:00:00.1] y"]) == {9 * 3600: 1}
+    # Fewer than three pairs, or pairs that disagree, decide nothing.
+    assert decide(offset_votes(["2025-03-14T00:00:00Z [2025-03-14 09:00:00.0] a"])).zone is None
+    split = decide(offset_votes(
+        ["2025-03-14T00:00:00Z [2025-03-14 09:00:00.0] a"] * 3
+        + ["2025-03-14T00:00:00Z [2025-03-14 02:00:00.0] b"] * 3
+    ))  # fmt: skip
+    assert split.zone is None
+    assert "do not agree" in split.evidence
+    log = tmp_path / "split.log"
+    log.write_text(
+        "".join(f"2025-03-14T00:00:0{k}Z [2025-03-14 0{9 if k % 2 else 2}:00:0{k}.0] "
+                f"n:1:1 [0] NCCL INFO Init COMPLETE\n" for k in range(8)),
+        encoding="utf-8",
+    )  # fmt: skip
+    doc = _analyze(str(log))
+    assert doc["job"]["log_zone_source"] == "assumed"
+    assert "do not agree" in doc["job"]["log_zone_evidence"]
+
+
+# -- NCCL without stamps: the window's arrivals stay UTC, the frameworks' are local ---
+
+OFFLOAD = REPO / "fixtures" / "zero3-offload-hang" / "train.log"
+
+
+def test_a_stamped_window_reads_nccl_as_utc_and_the_rest_in_the_zone(tmp_path: Path) -> None:
+    from ncclscope.agent.live import stamp
+    from ncclscope.analysis import build
+
+    arrived = datetime(2026, 3, 14, 13, 0, tzinfo=UTC)
+    window = tmp_path / "window.log"
+    window.write_text(
+        "".join(f"{stamp(t, arrived) or t}\n" for t in OFFLOAD.read_text().splitlines()),
+        encoding="utf-8",
+    )
+
+    def tables(zone: str | None) -> tuple[set[datetime], list[datetime]]:
+        built = build(
+            [str(window)],
+            workdir=tmp_path / f"w-{zone}",
+            coll_ts_source="stamped",
+            log_zone=parse_zone(zone) if zone else None,
+        )
+        assert built.analysis.collectives is not None
+        colls = set(built.analysis.collectives.select("ts").collect()["ts"].drop_nulls())
+        return colls, built.analysis.frameworks.timers["ts"].drop_nulls().to_list()
+
+    colls_utc, timers_utc = tables(None)
+    colls_tokyo, timers_tokyo = tables("+09:00")
+    assert colls_utc == colls_tokyo == {arrived}
+    assert timers_utc
+    assert [t - timedelta(hours=9) for t in timers_utc] == timers_tokyo
+
+
+def test_the_agent_learns_the_clock_from_framework_stamps_where_nccl_prints_none() -> None:
+    from ncclscope.agent.progress import LiveProgress
+
+    p = LiveProgress()
+    start = datetime(2026, 3, 14, 13, 0, tzinfo=UTC)
+    tokyo = ZoneInfo("Asia/Tokyo")
+    for k in range(3):
+        arrived = start + timedelta(seconds=k)
+        local = (arrived - timedelta(seconds=0.3)).astimezone(tokyo)
+        texts = [
+            f"[{local:%Y-%m-%d %H:%M:%S},123] [INFO] [engine.py:1] step {k}",
+            "node-0:41:41 [0] NCCL INFO AllReduce: opCount 1 sendbuff 0x1 recvbuff 0x2 "
+            "count 4 datatype 7 op 0 root 0 comm 0x55 [nranks=2] stream 0x5",
+        ]
+        p.add_texts([("job.log", texts, arrived)], own_times=False)
+        # The first poll may be history; two polls must agree.
+        assert p.offset_s == (None if k < 2 else 9 * 3600.0)
+    # The members' times are their arrivals, UTC already.
+    assert p.utc(start) == start

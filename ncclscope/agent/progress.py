@@ -30,7 +30,7 @@ import re
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, tzinfo
+from datetime import UTC, datetime, timedelta, tzinfo
 from functools import cached_property
 from typing import TypeAlias
 
@@ -41,6 +41,7 @@ from ncclscope.model.collectives import P2P_OPS
 from ncclscope.model.identity import ANCHORED
 from ncclscope.parsers.nccl.lines import Coll, parse_line, parse_ts
 from ncclscope.parsers.nccl.patterns import HOST_CHARS
+from ncclscope.parsers.zone import local_stamp
 from ncclscope.schema import LIVE_CALLS_SCHEMA as CALLS_SCHEMA
 from ncclscope.schema import TS
 
@@ -212,6 +213,8 @@ class LiveProgress:
         #: Members keep the times as printed; what leaves (rows, calls) is UTC.  None
         #: until known: named (``zone``) or learned (``_learn``).
         self.offset_s: float | None = None
+        #: an offset one poll gave, waiting for a later poll to agree
+        self._candidate: float | None = None
         self._paths: set[str] = set()
 
     def add(
@@ -291,9 +294,16 @@ class LiveProgress:
                 m.ts = _time(text, call)
             if m.ts is not None and path in self._paths:
                 fresh.append((m.ts, arrived))
+        if not own_times:
+            # NCCL prints no time (the window stamps arrivals, UTC): the job's clock is
+            # read off PyTorch's and DeepSpeed's stamps, which the analysis reads in it.
+            fresh = [
+                (ts, arrived)
+                for path, texts, arrived in batches
+                if path in self._paths and (ts := _framework_time(texts, arrived)) is not None
+            ]
         self._paths.update(path for path, _texts, _arrived in batches)
-        if own_times:
-            self._learn(fresh, batches[-1][2] if batches else None)
+        self._learn(fresh, batches[-1][2] if batches else None)
         self.notable += notable
         if read or notable:
             self.version += 1
@@ -303,7 +313,8 @@ class LiveProgress:
         """The job's clock less UTC: from the zone the user named, else from the newest
         line of a poll against its arrival (lines of a file's first poll may be hours
         old, and are not used).  A zone's offset is a whole quarter hour; a line is
-        printed before it arrives, within ``_FRESH_S``."""
+        printed before it arrives, within ``_FRESH_S``; two polls must agree (one line
+        that sat in a buffer for minutes is not the clock)."""
         if self.zone is not None:
             if now is not None:
                 offset = now.astimezone(self.zone).utcoffset()
@@ -317,11 +328,14 @@ class LiveProgress:
         # Beyond the zones' range the job's clock is no zone of this node's (a replay,
         # a log copied from elsewhere): nothing to learn from it.
         if abs(guess) <= _ZONES_S and -_FRESH_S <= ahead - guess <= _SKEW_S:
-            self.offset_s = float(guess)
+            if self._candidate == guess:
+                self.offset_s = float(guess)
+            self._candidate = float(guess)
 
     def utc(self, ts: datetime) -> datetime:
-        """A time as the job printed it, in UTC (unchanged while the offset is unknown)."""
-        return ts - timedelta(seconds=self.offset_s) if self.offset_s else ts
+        """A time as the job's NCCL printed it, in UTC (unchanged while the offset is
+        unknown, and where the times are arrivals: NCCL printed none)."""
+        return ts - timedelta(seconds=self.offset_s) if self.offset_s and self._own else ts
 
     def silent(self, now: datetime, for_s: float) -> bool:
         """Has a member logged no collective for ``for_s`` seconds of the agent's clock?
@@ -375,6 +389,38 @@ class LiveProgress:
             if path in file_ids
         ]  # fmt: skip
         return pl.DataFrame(rows, schema=_STATS_SCHEMA, orient="row")
+
+
+#: Lines of a poll searched from its end for a PyTorch or DeepSpeed stamp.
+_STAMP_LINES = 16
+#: PyTorch's C++ (glog) stamp: ``[rank0]:[E314 09:00:09.456044 ...`` (no year).
+_GLOG_RE = re.compile(r"\[[IWEF](\d{1,2})(\d\d) (\d\d):(\d\d):(\d\d)\.(\d{1,6})")
+
+
+def _framework_time(texts: list[str], arrived: datetime) -> datetime | None:
+    """The newest PyTorch or DeepSpeed stamp among a poll's last lines, as printed (in
+    UTC's type, zone unknown), read with the arrival's year where the stamp has none.
+
+    >>> from datetime import UTC
+    >>> _framework_time(["[2025-03-14 18:00:09,239] [INFO] [engine.py:1] x"],
+    ...                 datetime(2025, 3, 14, 9, 0, 10, tzinfo=UTC))
+    datetime.datetime(2025, 3, 14, 18, 0, 9, 239000, tzinfo=datetime.timezone.utc)
+    """
+    for text in texts[: -_STAMP_LINES - 1 : -1]:
+        if " NCCL " in text:
+            continue  # NCCL's lines carry no time here; a message may quote one
+        ts = local_stamp(text)
+        if ts is None and (g := _GLOG_RE.search(text, 0, 80)) is not None:
+            try:
+                ts = datetime(
+                    arrived.year, int(g[1]), int(g[2]), int(g[3]), int(g[4]), int(g[5]),
+                    int(g[6].ljust(6, "0")),
+                )  # fmt: skip
+            except ValueError:
+                continue
+        if ts is not None:
+            return ts.replace(tzinfo=UTC)
+    return None
 
 
 #: Time zones differ from UTC by whole quarter hours (Nepal +05:45, Chatham +12:45).

@@ -358,7 +358,7 @@ class Agent:
         if copied is None:
             return True
         paths, stamped = copied
-        zone = None if stamped else self._log_zone()
+        zone = self._log_zone()  # stamped: NCCL's times are UTC arrivals, the rest not
         if self._isolated is None:
             got = reference(paths, work / "analysis", stamped=stamped, now=now, log_zone=zone)
         else:
