@@ -113,6 +113,7 @@ CATALOG: tuple[Metric, ...] = (
     _m("job", "rank_info", "info", "", "The host a rank runs on, as its log lines name it.", "rank", "hostname"),
     _m("job", "clock_timestamp_seconds", "gauge", "seconds", "The agent's clock (Unix time; a replay's runs at its speed): the rules measure waits against it."),
     _m("job", "collective_timeout_seconds", "gauge", "seconds", "The collective timeout in force: from the logs, else PyTorch's default (600 s)."),
+    _m("job", "collective_wait_bound_seconds", "gauge", "seconds", "How long a collective some members entered may wait for the others before it is a stall (named at warning): the largest of 30 s, 5 median gaps between the communicator's collectives and 1.5 times the longest wait its logged history shows (a checkpoint or evaluation that recurs). Absent with fewer than 10 timed collectives: the rules then wait a quarter of the timeout.", "comm"),
     _m("job", "collective_lateness_seconds", "gauge", "seconds", "A rank's median arrival lateness at collectives (arrival - the first rank's).", "rank"),
     _m("job", "straggler_score", "gauge", "", "A rank's excess median lateness over the typical rank's, as a share of the gap between collectives.", "rank"),
     _m("job", "pending_collective_age_seconds", "gauge", "seconds", "Age of the oldest collective some members entered and others did not.", "comm"),
@@ -174,19 +175,21 @@ def series_budget(
     memberships: int,
     comms: int,
     spanning: int,
+    timed: int = 0,
 ) -> int:
     """Series one agent exports on a healthy job: ``gpus`` behind ``uplinks`` PCIe
     uplinks, ``processes`` job processes (each on one GPU), ``ranks`` ranks whose logs it
     reads, on ``comms`` communicators with ``memberships`` rank-communicator pairs, of
-    which ``spanning`` have members on other nodes too.
+    which ``spanning`` have members on other nodes too, and ``timed`` hold history enough
+    (10 collectives with times) for a stall bound.
 
     What depends on the job's state comes on top (docs/metrics.md): the findings and
     NCCL errors by kind, 3 per communicator with a pending collective (+1 per culprit),
     XIDs, Inspector's bandwidth buckets.
 
     >>> series_budget(gpus=8, uplinks=4, processes=8, ranks=8, memberships=32, comms=4,
-    ...               spanning=3)
-    274
+    ...               spanning=3, timed=4)
+    278
     """
     agent = 2 + 3 * _COLLECTORS + 5  # build and node info, collectors' health, log reading
     host = 6
@@ -197,7 +200,7 @@ def series_budget(
     per_spanning = 8  # the node's highest and lowest sequence, wait, op, 2 x 2 marks
     return (
         agent + host + clock + per_gpu * gpus + 4 * uplinks + per_process * processes
-        + per_rank * ranks + memberships + comms + per_spanning * spanning
+        + per_rank * ranks + memberships + comms + per_spanning * spanning + timed
     )  # fmt: skip
 
 
@@ -220,9 +223,11 @@ _BUDGET = """\
 Per node, on a healthy job, with G GPUs behind U PCIe uplinks (switches; U = G where
 each GPU has a root port of its own), P job processes (each on one GPU), R ranks whose
 logs the agent reads, on C communicators with M rank-communicator memberships (M = R x C
-where every rank is on every communicator), X of which have members on other nodes too:
+where every rank is on every communicator), X of which have members on other nodes too,
+T of which hold history enough for a stall bound (10 collectives with times: T = C on a
+job with NCCL timestamps, 0 without):
 
-    series = 30 + 15 G + 4 U + 3 P + 3 R + M + C + 8 X
+    series = 30 + 15 G + 4 U + 3 P + 3 R + M + C + 8 X + T
 
 - 30: the agent (build and node info, 5 collectors' success, run time and CPU, 5 log
   counters), the host (6), the agent's clock and the collective timeout;
@@ -233,12 +238,14 @@ where every rank is on every communicator), X of which have members on other nod
   nodes (the node's summary: its highest and lowest sequence number, wait and op; two
   marks' sequence and time). A communicator wholly on the node (tensor parallelism within
   it) has no summary: nothing to compare across nodes, its stalls are the node's own
-  countdown's.
+  countdown's. 1 per communicator with history (T: how long its collectives may wait
+  before a stall is named, ``ncclscope_collective_wait_bound_seconds``).
 
 8 GPUs behind 4 switches, 8 processes, 8 ranks each on 4 communicators, one of them the
-node's own (M = 32, C = 4, X = 3): **274**. With data-parallel groups of one rank per
-node (each rank on the world, its node's and its own group: M = 24, C = 10, X = 9): 320.
-Measured so (with the config doctor's one finding on top): 275 and 321; before issue #25
+node's own (M = 32, C = 4, X = 3, T = 4): **278**. With data-parallel groups of one rank
+per node (each rank on the world, its node's and its own group: M = 24, C = 10, X = 9,
+T = 10): 330. Measured so (with the config doctor's one finding on top): 279 and 331;
+before issue #25
 (7 series per rank and communicator, and each rank's lateness and straggler score once
 per communicator of the node's size) the same agent exported 491 and 409. On top, what
 the job's state

@@ -21,6 +21,7 @@ from ncclscope.analysis import Diagnosis, run_analysis
 from ncclscope.detect import Context
 from ncclscope.detect.base import Finding, severity_at_least
 from ncclscope.detect.hang import HangDetector
+from ncclscope.detect.waits import EARLY_STALL_S
 from ncclscope.detect.watchdog import MIN_STALL_S
 from ncclscope.synth import DeadProcess, StopRank, SynthSpec, generate
 
@@ -425,15 +426,16 @@ STALLED = Path(__file__).resolve().parent.parent / "fixtures" / "stalled-227-ts"
 
 
 @pytest.mark.parametrize(
-    ("idle_s", "severity"), [(None, "info"), (60.0, "info"), (900.0, "warning")]
+    ("idle_s", "severity"), [(None, "info"), (20.0, "info"), (60.0, "warning"), (900.0, "warning")]
 )
 def test_live_now_makes_a_long_stall_stop_evidence(
     tmp_path: Path, idle_s: float | None, severity: str
 ) -> None:
     """Seven ranks entered AllGather #30 and the log ends (no watchdog yet).  Post-mortem
-    (no ``now``) or live a minute later, that is a log that ends: ``info``.  Live, with
-    the wall clock past the bound (``MIN_STALL_S``) since the waiters' last line, the
-    stall is the evidence: a ``warning`` naming rank 6, and the countdown with it."""
+    (no ``now``) or live 20 s later, that is a log that ends: ``info``.  Live, with the
+    wall clock past the job's own bound (``waits``: 30 s here) since the waiters' last
+    line, the stall is the evidence: a ``warning`` naming rank 6, and the countdown with
+    it."""
     end = Context(run_analysis([str(STALLED)], workdir=tmp_path / "w0").analysis).last_ts
     assert end is not None
     now = None if idle_s is None else end + timedelta(seconds=idle_s)
@@ -448,7 +450,7 @@ def test_live_now_makes_a_long_stall_stop_evidence(
         assert hang.ranks == [6]
         assert soon.ranks == [6]
         assert hang.evidence["stop_evidence"] == ["no_progress"]
-        assert hang.evidence["idle_s"] > MIN_STALL_S
+        assert hang.evidence["idle_s"] > hang.evidence["idle_bound_s"] == EARLY_STALL_S
         # The countdown itself is still measured at the last line (the metrics' time).
         assert soon.evidence["age_s"] < 1.0
 

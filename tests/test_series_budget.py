@@ -243,6 +243,7 @@ def test_series_per_node_follow_the_budget_and_not_the_collectives(
         memberships=shape.memberships,
         comms=len(shape.comms),
         spanning=sum(c.nranks > len(c.local) for c in shape.comms),
+        timed=len(shape.comms),  # every communicator: 100 collectives with times
     )
     assert len(early) == expected, sorted(by_metric)
     # 1,500 more collectives, past 64- and 1,024-collective marks: the same series, new

@@ -41,6 +41,7 @@ from ncclscope.agent.progress import MARK_EVERY
 from ncclscope.analysis import Analysis, build
 from ncclscope.detect.straggler import lateness
 from ncclscope.detect.timeout import countdown
+from ncclscope.detect.waits import BOUND_METRIC, wait_bounds
 from ncclscope.diagnose import Diagnosis, diagnose
 from ncclscope.model.collectives import P2P_OPS
 from ncclscope.parsers.nccl.patterns import HEADER_RE, PREFIX_TS_RE
@@ -491,6 +492,12 @@ def diagnosis_rows(diagnosis: Diagnosis) -> dict[str, list[tuple[tuple[str, ...]
                 score = max(0.0, (r["median_s"] - typical) / r["gap_s"])
                 rows.setdefault("ncclscope_straggler_score", []).append(((who,), score))
     rows["ncclscope_collective_timeout_seconds"] = [((), timeout_of(diagnosis))]
+    bounds = wait_bounds(diagnosis.context)
+    if len(bounds):
+        rows[BOUND_METRIC] = [
+            ((str(comm),), float(bound))
+            for comm, bound in bounds.select("comm_key", "bound_s").iter_rows()
+        ]
     errors = analysis.errors.group_by("kind", "severity").len()
     rows["ncclscope_nccl_errors"] = [((str(k), str(s)), float(n)) for k, s, n in errors.iter_rows()]
     counts: dict[tuple[str, str], int] = {}

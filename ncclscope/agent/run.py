@@ -37,6 +37,7 @@ from ncclscope.agent.rollup import NodeRollup
 from ncclscope.agent.telemetry import TelemetryWriter
 from ncclscope.agent.topology import collector_topology, link_rows
 from ncclscope.detect.timeout import countdown
+from ncclscope.detect.waits import BOUND_METRIC, MIN_HISTORY
 from ncclscope.hosts import short_host
 
 __all__ = ["Agent", "AgentConfig", "LineSource", "gpu_rows", "host_rows"]
@@ -254,6 +255,16 @@ class Agent:
         self._reference: _Reference | None = None
         self._isolated = IsolatedAnalysis() if config.isolate_analysis else None
         self._seen = _Seen()
+        #: stalls (communicator, sequence) that asked for an analysis of their own, and
+        #: whether one is owed: the window's history up to a stall gives the bound the
+        #: rules name it by (``detect.waits``) and the hang finding, minutes before a
+        #: refresh would
+        self._stalls_analysed: set[tuple[str, int]] = set()
+        self._stall_due = False
+        #: the most collectives a member had logged when the last analysis started: an
+        #: analysis that found too little history for a bound is run again once that
+        #: has doubled (a node that sees no stall of its own needs the bound too)
+        self._history_calls = 0
         #: (progress version, reference) -> its live context and member rows
         self._live: tuple[tuple[int, int, bool], LiveContext | None, Mapping[str, Rows]] | None = (
             None
@@ -320,20 +331,38 @@ class Agent:
 
     def _due(self) -> bool:
         """A reference analysis is due when lines came since the last one started, and
-        either they hold a new member or a notable line (``progress.NOTABLE``) and
-        ``analyse_s`` has passed, or ``refresh_s`` has; never while one runs."""
+        either they hold a new member or a notable line (``progress.NOTABLE``), or a new
+        stall began, and ``analyse_s`` has passed, or ``refresh_s`` has; never while one
+        runs."""
         if self._detector is not None and self._detector.is_alive():
             return False  # the last run is still going: no queue of runs behind it
         seen, p = self._seen, self.progress
         if self.window.added == seen.added:
             return False  # nothing new: an unchanged window is never read again
         since = time.monotonic() - self._last_analysis
-        if self._reference is None or p.new_members != seen.members or p.notable != seen.notable:
+        if (
+            self._reference is None
+            or self._stall_due
+            or self._history_short()
+            or p.new_members != seen.members
+            or p.notable != seen.notable
+        ):
             return since >= self.config.analyse_s
         return since >= self.config.refresh_s
 
+    def _history_short(self) -> bool:
+        """The last analysis knew no stall bound (``detect.waits``) though the job's
+        lines carry times, and members have logged twice the collectives since."""
+        ref = self._reference
+        if ref is None or not self.window.own_times or BOUND_METRIC in ref.got.rows:
+            return False
+        calls = max((m.coll_calls for m in self.progress.members.values()), default=0)
+        return calls >= max(MIN_HISTORY, 2 * self._history_calls)
+
     def _start_reference(self) -> None:
         self._last_analysis = time.monotonic()
+        self._stall_due = False
+        self._history_calls = max((m.coll_calls for m in self.progress.members.values()), default=0)
         p = self.progress
         self._seen = _Seen(self.window.added, p.new_members, p.notable)
         if not self.config.detect_in_thread:
@@ -414,6 +443,11 @@ class Agent:
         _key, ctx, rows = self._live
         pending = countdown(ctx, now, got.timeout_s) if ctx is not None else None
         counted = countdown_rows(pending) if pending is not None else {}
+        if pending is not None and len(pending):
+            stalled = {(str(c), int(q)) for c, q in pending.select("comm_key", "seq").iter_rows()}
+            if not stalled <= self._stalls_analysed:
+                self._stalls_analysed |= stalled
+                self._stall_due = True
         self.board.set("job", self._rollup({**got.rows, **rows, **counted}, now.timestamp()))
 
     def _learn_pids(self, rank_pids: list[tuple[str, int]]) -> None:

@@ -151,7 +151,9 @@ class HangDetector:
     def _stall(self, stall: Stall, ctx: Context) -> Finding:
         waited_at = stall.waiter_rows["ts"].drop_nulls() if len(stall.waiter_rows) else None
         last_active = waited_at.max() if waited_at is not None and len(waited_at) else None
-        ev = stop_evidence(ctx, last_active if isinstance(last_active, datetime) else None)
+        ev = stop_evidence(
+            ctx, last_active if isinstance(last_active, datetime) else None, stall.comm_key
+        )
         op = stall.op or "a collective"
         last_calls = stall.culprit_rows.filter(pl.col("last_seq") >= 0)
         evidence: dict[str, object] = {

@@ -110,7 +110,7 @@ class TimeoutImminentDetector:
                 msg += f": the watchdog fires in {duration_text(left)}"
             # Post-mortem, a countdown is an alarm only when the logs say the job stopped
             # (live, the agent's countdown needs no such proof: the clock is running).
-            ev = stop_evidence(ctx, r["since"])
+            ev = stop_evidence(ctx, r["since"], r["comm_key"])
             severity: Severity = (
                 "info"
                 if not ev.stopped

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
+from ncclscope.detect.waits import wait_bounds
 from ncclscope.model.identity import listable_size
 
 if TYPE_CHECKING:
@@ -101,9 +102,13 @@ class StopEvidence:
         return out
 
 
-def stop_evidence(ctx: Context, last_active: datetime | None = None) -> StopEvidence:
+def stop_evidence(
+    ctx: Context, last_active: datetime | None = None, comm_key: str | None = None
+) -> StopEvidence:
     """The job-level evidence that it stopped.  ``last_active``: when the stalled members
-    last logged anything; with it, no progress for longer than the bound counts too."""
+    last logged anything; with it, no progress for longer than the bound counts too: live,
+    the stalled communicator's (``comm_key``) own history where it has one (``waits``),
+    else ``MIN_STALL_S`` or ``GAP_MULTIPLE`` gaps."""
     a = ctx.analysis
     fw = a.frameworks
     kinds: list[str] = []
@@ -129,6 +134,13 @@ def stop_evidence(ctx: Context, last_active: datetime | None = None) -> StopEvid
         idle = (end - last_active).total_seconds()
         gap = _normal_gap_s(ctx)
         bound = max(MIN_STALL_S, GAP_MULTIPLE * gap) if gap is not None else MIN_STALL_S
+        # Live (``now``: the clock runs past the last line), the stalled communicator's
+        # own history bounds it; post-mortem a log that simply goes on past a stall (a
+        # first evaluation logged by one rank while the others wait) keeps the long one.
+        if comm_key is not None and ctx.now is not None:
+            own = wait_bounds(ctx).filter(pl.col("comm_key") == comm_key)["bound_s"]
+            if len(own):
+                bound = min(bound, float(own[0]))
         if idle > bound:
             kinds.append("no_progress")
     return StopEvidence(kinds, idle, bound)

@@ -76,10 +76,11 @@ STRAGGLER_FLOOR = 0.05
 #: Share of the PCIe link from which offload traffic contends (issue #6: ~80%).
 PCIE_CONTENTION_RATIO = 0.8
 #: Share of the collective timeout the leaders of a communicator have waited for members
-#: behind them from which the stall is alerted.  A quarter: no healthy job keeps its
-#: ranks waiting that long (its slowest rank is late by milliseconds to seconds, a
-#: rank-0 checkpoint a minute or two of a 10-30 minute timeout), and three quarters of
-#: the timeout are left to take stacks.
+#: behind them from which the stall is alerted where no agent knows the job's own bound
+#: (``detect.waits``: too little history), and the most it waits where one does.  A
+#: quarter: no healthy job keeps its ranks waiting that long (its slowest rank is late by
+#: milliseconds to seconds, a rank-0 checkpoint a minute or two of a 10-30 minute
+#: timeout), and three quarters of the timeout are left to take stacks.
 STALL_TIMEOUT_SHARE = 0.25
 #: How long an agent must stay unreachable during a stall to be named lost: ten 1 s
 #: scrapes (one failed scrape is no lost node), against a quarter of a 10-30 min timeout.
@@ -108,7 +109,13 @@ _TIMEOUT = "job:ncclscope_collective_timeout_seconds:max"
 _HOLDING = "job_instance_comm:ncclscope_collective_seq:holding_up"
 _ALL_BEHIND = "job_instance_comm:ncclscope_collective_seq:all_behind"
 _CULPRIT = "job_comm_rank:ncclscope_collective_seq:behind_on_host"
-_STALLED = f"{_WAIT} >= on (job) group_left () ({STALL_TIMEOUT_SHARE} * {_TIMEOUT})"
+#: The job's own stall bound per communicator (the agents' ``wait_bounds``; the most
+#: patient node's), and the threshold the stall rules hold the leaders' wait to: that
+#: bound, at most a quarter of the timeout; the quarter where no agent knows a bound.
+_BOUND = "job_comm:ncclscope_collective_wait_bound_seconds:max"
+_THRESHOLD = "job_comm:ncclscope_collective_wait_bound_seconds:threshold"
+_QUARTER = f"({STALL_TIMEOUT_SHARE} * {_TIMEOUT})"
+_STALLED = f"{_WAIT} >= on (job, comm) {_THRESHOLD}"
 #: Each node's host, kept 15 minutes after its agent stopped answering (recorded every
 #: 15 s: the range costs the 1 s rules nothing).
 _NODE_HOST = "job_instance_hostname:ncclscope_node_info:last15m"
@@ -189,6 +196,35 @@ _CROSS_NODE: tuple[Rule, ...] = (
             " between the two rules.)"
         ),
     ),
+    Rule(
+        _BOUND,
+        "max by (job, comm) (ncclscope_collective_wait_bound_seconds)",
+        comment=(
+            "How long a collective may wait before it is a stall, by the job's own history"
+            " (each agent's window; the most patient node's): a checkpoint or evaluation"
+            " that recurs raises it."
+        ),
+    ),
+    Rule(
+        _THRESHOLD,
+        "(\n"
+        f"  {_BOUND}\n"
+        f"    < on (job) group_left () {_QUARTER}\n"
+        ")\n"
+        "or on (job, comm)\n"
+        f"(0 * {_WAIT} + on (job) group_left () {_QUARTER})\n"
+        "or on (job, comm)\n"
+        "(\n"
+        "  0 * max by (job, comm) (ncclscope_pending_collective_age_seconds)\n"
+        f"    + on (job) group_left () {_QUARTER}\n"
+        ")",
+        comment=(
+            "The leaders' wait past which a communicator is stalled: the job's own bound,"
+            " at most a quarter of the timeout; the quarter where no agent has history"
+            " enough to know a bound (on every communicator the leaders' wait or a node's"
+            " countdown is known for)."
+        ),
+    ),
     Rule(_LEFT, f"{_TIMEOUT}\n  - on (job) group_right ()\n{_WAIT}"),
     Rule(
         _HOLDING,
@@ -199,7 +235,7 @@ _CROSS_NODE: tuple[Rule, ...] = (
         f") > 0\nand on (job, comm) ({_STALLED})",
         comment=(
             "The nodes that hold a stalled collective up (ranks behind the leaders while"
-            " they have waited a quarter of the timeout), by how many collectives, with"
+            " they have waited past the stall threshold), by how many collectives, with"
             " the list of their ranks: a handful of series, none on a running job."
         ),
     ),
@@ -227,7 +263,7 @@ _CROSS_NODE: tuple[Rule, ...] = (
         "    max by (job, instance, comm, rank) (ncclscope_timeout_culprit_info)\n"
         "      and on (job, instance, comm)\n"
         "    ncclscope_pending_collective_age_seconds\n"
-        f"      >= on (job) group_left () ({STALL_TIMEOUT_SHARE} * {_TIMEOUT})\n"
+        f"      >= on (job, comm) group_left () {_THRESHOLD}\n"
         "  )\n"
         f"  * on (job, instance) group_left (hostname) {_NODE_HOST}\n"
         ")",
@@ -236,8 +272,8 @@ _CROSS_NODE: tuple[Rule, ...] = (
             " collective waits for (value: collectives their node's last rank is behind, 1"
             " where only a node's own countdown saw it). A node whose ranks are all behind"
             " names each from its list; a node with ranks on both sides names those its own"
-            " countdown names, and so does a node whose countdown has waited a quarter of"
-            " the timeout (on a communicator wholly on the node, the only view there is)."
+            " countdown names, and so does a node whose countdown has waited past the stall"
+            " threshold (on a communicator wholly on the node, the only view there is)."
             " No series per rank is read."
         ),
     ),
@@ -408,7 +444,8 @@ RULE_GROUPS: tuple[RuleGroup, ...] = (
                 alert=True,
                 labels=(("severity", "warning"),),
                 comment=(
-                    "Ranks behind while the leaders have waited a quarter of the timeout,"
+                    "Ranks behind while the leaders have waited longer than the job ever has"
+                    " (its own bound, at most a quarter of the timeout),"
                     " across nodes (a whole node frozen, one rank per node) or on a node that"
                     " sees both sides. Value: seconds left. No `for`: the wait comes from the"
                     " logs' timestamps."
