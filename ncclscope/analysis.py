@@ -134,29 +134,6 @@ def build(
     (and should keep it alive while reading ``Analysis.collectives``).
     """
 
-    return _build_tables(
-        names,
-        workdir=workdir,
-        stdin=stdin,
-        progress=progress,
-        coll_ts_source=coll_ts_source,
-        telemetry=telemetry,
-        log_zone=log_zone,
-        log_zone_source=log_zone_source,
-    )
-
-
-def _build_tables(
-    names: Sequence[str],
-    *,
-    workdir: Path,
-    stdin: BinaryIO | None,
-    progress: Progress | None,
-    coll_ts_source: str,
-    telemetry: pl.DataFrame | None,
-    log_zone: tzinfo | None,
-    log_zone_source: str,
-) -> Built:
     def report(stage: str, done: int, total: int) -> None:
         if progress is not None:
             progress(stage, done, total)

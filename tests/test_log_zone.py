@@ -348,7 +348,15 @@ def test_a_stamped_window_reads_nccl_as_utc_and_the_rest_in_the_zone(tmp_path: P
     assert [t - timedelta(hours=9) for t in timers_utc] == timers_tokyo
 
 
-def test_the_agent_learns_the_clock_from_framework_stamps_where_nccl_prints_none() -> None:
+_DEEPSPEED = "[{:%Y-%m-%d %H:%M:%S},123] [INFO] [logging.py:96:log_dist] [Rank 0] step={}"
+#: PyTorch's C++ logger: no year, and the month not zero-padded
+_GLOG = "[rank0]:[I{0.month}{0:%d %H:%M:%S}.123456 41 ProcessGroupNCCL.cpp:607] step {1}"
+
+
+@pytest.mark.parametrize("logger", [_DEEPSPEED, _GLOG], ids=["deepspeed", "glog"])
+def test_the_agent_learns_the_clock_from_framework_stamps_where_nccl_prints_none(
+    logger: str,
+) -> None:
     from ncclscope.agent.progress import LiveProgress
 
     p = LiveProgress()
@@ -358,7 +366,7 @@ def test_the_agent_learns_the_clock_from_framework_stamps_where_nccl_prints_none
         arrived = start + timedelta(seconds=k)
         local = (arrived - timedelta(seconds=0.3)).astimezone(tokyo)
         texts = [
-            f"[{local:%Y-%m-%d %H:%M:%S},123] [INFO] [engine.py:1] step {k}",
+            logger.format(local, k),
             "node-0:41:41 [0] NCCL INFO AllReduce: opCount 1 sendbuff 0x1 recvbuff 0x2 "
             "count 4 datatype 7 op 0 root 0 comm 0x55 [nranks=2] stream 0x5",
         ]

@@ -30,7 +30,7 @@ import re
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta, tzinfo
+from datetime import datetime, timedelta, tzinfo
 from functools import cached_property
 from typing import TypeAlias
 
@@ -41,7 +41,8 @@ from ncclscope.model.collectives import P2P_OPS
 from ncclscope.model.identity import ANCHORED
 from ncclscope.parsers.nccl.lines import Coll, parse_line, parse_ts
 from ncclscope.parsers.nccl.patterns import HOST_CHARS
-from ncclscope.parsers.zone import local_stamp
+from ncclscope.parsers.torch.lines import logger_time
+from ncclscope.parsers.zone import quarter_offset
 from ncclscope.schema import LIVE_CALLS_SCHEMA as CALLS_SCHEMA
 from ncclscope.schema import TS
 
@@ -323,14 +324,17 @@ class LiveProgress:
         if not fresh:
             return
         ts, arrived = max(fresh)
-        ahead = (ts - arrived).total_seconds()
-        guess = round(ahead / _QUARTER_S) * _QUARTER_S
         # Beyond the zones' range the job's clock is no zone of this node's (a replay,
         # a log copied from elsewhere): nothing to learn from it.
-        if abs(guess) <= _ZONES_S and -_FRESH_S <= ahead - guess <= _SKEW_S:
+        guess = quarter_offset((ts - arrived).total_seconds(), before_s=_FRESH_S, after_s=_SKEW_S)
+        if guess is not None:
             if self._candidate == guess:
                 self.offset_s = float(guess)
             self._candidate = float(guess)
+
+    def most_calls(self) -> int:
+        """The most collectives any member has logged (0 before any)."""
+        return max((m.coll_calls for m in self.members.values()), default=0)
 
     def utc(self, ts: datetime) -> datetime:
         """A time as the job's NCCL printed it, in UTC (unchanged while the offset is
@@ -393,40 +397,26 @@ class LiveProgress:
 
 #: Lines of a poll searched from its end for a PyTorch or DeepSpeed stamp.
 _STAMP_LINES = 16
-#: PyTorch's C++ (glog) stamp: ``[rank0]:[E314 09:00:09.456044 ...`` (no year).
-_GLOG_RE = re.compile(r"\[[IWEF](\d{1,2})(\d\d) (\d\d):(\d\d):(\d\d)\.(\d{1,6})")
 
 
 def _framework_time(texts: list[str], arrived: datetime) -> datetime | None:
-    """The newest PyTorch or DeepSpeed stamp among a poll's last lines, as printed (in
-    UTC's type, zone unknown), read with the arrival's year where the stamp has none.
+    """The newest PyTorch or DeepSpeed logger stamp among a poll's last lines, as
+    printed (``torch.lines.logger_time``; glog's, which has no year, in the arrival's).
 
     >>> from datetime import UTC
-    >>> _framework_time(["[2025-03-14 18:00:09,239] [INFO] [engine.py:1] x"],
+    >>> _framework_time(["[2025-03-14 18:00:09,239] [INFO] [engine.py:1960:step] x"],
     ...                 datetime(2025, 3, 14, 9, 0, 10, tzinfo=UTC))
     datetime.datetime(2025, 3, 14, 18, 0, 9, 239000, tzinfo=datetime.timezone.utc)
     """
     for text in texts[: -_STAMP_LINES - 1 : -1]:
         if " NCCL " in text:
             continue  # NCCL's lines carry no time here; a message may quote one
-        ts = local_stamp(text)
-        if ts is None and (g := _GLOG_RE.search(text, 0, 80)) is not None:
-            try:
-                ts = datetime(
-                    arrived.year, int(g[1]), int(g[2]), int(g[3]), int(g[4]), int(g[5]),
-                    int(g[6].ljust(6, "0")),
-                )  # fmt: skip
-            except ValueError:
-                continue
+        ts = logger_time(text, arrived.year)
         if ts is not None:
-            return ts.replace(tzinfo=UTC)
+            return ts
     return None
 
 
-#: Time zones differ from UTC by whole quarter hours (Nepal +05:45, Chatham +12:45).
-_QUARTER_S = 900
-#: Zones lie from UTC-12 to UTC+14.
-_ZONES_S = 14 * 3600
 #: A line used to learn the job's clock was printed at most this long before it arrived
 #: (the agent polls every interval; NCCL flushes each line) ...
 _FRESH_S = 120.0

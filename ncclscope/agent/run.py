@@ -356,13 +356,12 @@ class Agent:
         ref = self._reference
         if ref is None or not self.window.own_times or BOUND_METRIC in ref.got.rows:
             return False
-        calls = max((m.coll_calls for m in self.progress.members.values()), default=0)
-        return calls >= max(MIN_HISTORY, 2 * self._history_calls)
+        return self.progress.most_calls() >= max(MIN_HISTORY, 2 * self._history_calls)
 
     def _start_reference(self) -> None:
         self._last_analysis = time.monotonic()
         self._stall_due = False
-        self._history_calls = max((m.coll_calls for m in self.progress.members.values()), default=0)
+        self._history_calls = self.progress.most_calls()
         p = self.progress
         self._seen = _Seen(self.window.added, p.new_members, p.notable)
         if not self.config.detect_in_thread:

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
+from ncclscope.parsers.common import parse_zone, wall_time
+
 __all__ = [
     "ZONED_RE",
     "ZoneGuess",
@@ -31,6 +33,7 @@ __all__ = [
     "guess_zone",
     "local_stamp",
     "offset_votes",
+    "quarter_offset",
     "zoned_stamp",
 ]
 
@@ -55,7 +58,8 @@ _LEAD_CHARS = 48
 _LOCAL_CHARS = 160
 #: Lines apart within which a zoned stamp and a local one are taken as one moment.
 _NEAR_LINES = 8
-#: Zones differ from UTC by whole quarter hours, at most 14 hours (Kiribati).
+#: Zones differ from UTC by whole quarter hours (Nepal +05:45, Chatham +12:45), from
+#: UTC-12 to UTC+14 (Kiribati).
 _QUARTER_S = 900
 _ZONES_S = 14 * 3600
 #: A pair further than this from a quarter hour is two moments, not one (a collector
@@ -82,47 +86,47 @@ def zoned_stamp(text: str) -> tuple[datetime, int] | None:
     m = ZONED_RE.search(text, 0, _LEAD_CHARS + 40)
     if m is None or m.start() > _LEAD_CHARS:
         return None
-    wall = _wall(m["date"], m["time"], m["frac"])
+    wall = wall_time(m["date"], m["time"], m["frac"])
     if wall is None:
         return None
-    zone = m["zone"]
-    if zone != "Z":
-        minutes = int(zone[1:3]) * 60 + int(zone[-2:])
-        if minutes > 18 * 60:
-            return None
-        wall -= timedelta(minutes=minutes if zone[0] == "+" else -minutes)
-    return wall.replace(tzinfo=UTC), m.end()
+    try:
+        return wall.replace(tzinfo=parse_zone(m["zone"])).astimezone(UTC), m.end()
+    except (ValueError, OverflowError):  # past 18 hours, or a year moved out of range
+        return None
 
 
 def local_stamp(text: str, start: int = 0) -> datetime | None:
-    """The first stamp without a zone in ``text`` from ``start``, as printed (naive).
+    """The first stamp without a zone in ``text`` from ``start``, as printed
+    (``wall_time``).
 
     >>> local_stamp("[rank1]:[2025-03-14 09:00:09.456044] node-1:7:7 [2] NCCL INFO x")
-    datetime.datetime(2025, 3, 14, 9, 0, 9, 456044)
+    datetime.datetime(2025, 3, 14, 9, 0, 9, 456044, tzinfo=datetime.timezone.utc)
     """
     m = _LOCAL_RE.search(text, start, start + _LOCAL_CHARS)
-    return _wall(m["date"], m["time"], m["frac"]) if m is not None else None
+    return wall_time(m["date"], m["time"], m["frac"]) if m is not None else None
 
 
-def _wall(date: str, time: str, frac: str | None) -> datetime | None:
-    try:
-        return datetime(
-            int(date[0:4]), int(date[5:7]), int(date[8:10]),
-            int(time[0:2]), int(time[3:5]), int(time[6:8]),
-            int((frac or "0")[:6].ljust(6, "0")),
-        )  # fmt: skip
-    except ValueError:
+def quarter_offset(ahead_s: float, *, before_s: float, after_s: float) -> int | None:
+    """The zone offset (seconds) a clock ``ahead_s`` ahead of UTC shows: the nearest
+    quarter hour within the zones' range, where the rest is at most ``before_s`` behind
+    it and ``after_s`` beyond it (how far apart the two readings may be); else None.
+
+    >>> quarter_offset(32399.7, before_s=120, after_s=5)
+    32400
+    >>> quarter_offset(600, before_s=120, after_s=5) is None  # 10 minutes off any zone
+    True
+    """
+    guess = round(ahead_s / _QUARTER_S) * _QUARTER_S
+    if abs(guess) > _ZONES_S or not -before_s <= ahead_s - guess <= after_s:
         return None
+    return guess
 
 
 def _vote(local: datetime, utc: datetime) -> int | None:
-    """The offset (seconds) a local and a UTC stamp of one moment give; None when they
-    are not one moment, or no zone's."""
-    ahead = (local - utc.replace(tzinfo=None)).total_seconds()
-    guess = round(ahead / _QUARTER_S) * _QUARTER_S
-    if abs(guess) > _ZONES_S or abs(ahead - guess) > _SLACK_S:
-        return None
-    return guess
+    """The offset (seconds) a local stamp (as printed) and a UTC stamp of one moment give;
+    None when they are not one moment, or no zone's."""
+    ahead = (local - utc).total_seconds()
+    return quarter_offset(ahead, before_s=_SLACK_S, after_s=_SLACK_S)
 
 
 def offset_votes(lines: Sequence[str]) -> Counter[int]:
