@@ -433,7 +433,7 @@ def test_live_now_makes_a_long_stall_stop_evidence(
 ) -> None:
     """Seven ranks entered AllGather #30 and the log ends (no watchdog yet).  Post-mortem
     (no ``now``) or live 20 s later, that is a log that ends: ``info``.  Live, with the
-    wall clock past the job's own bound (``waits``: 30 s here) since the waiters' last
+    wall clock past the job's own bound (``waits``: 45 s here) since the waiters' last
     line, the stall is the evidence: a ``warning`` naming rank 6, and the countdown with
     it."""
     end = Context(run_analysis([str(STALLED)], workdir=tmp_path / "w0").analysis).last_ts

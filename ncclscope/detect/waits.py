@@ -37,8 +37,10 @@ __all__ = [
     "wait_bounds",
 ]
 
-#: A stall is named at ``warning`` after the waiters waited at least this long ...
-EARLY_STALL_S = 30.0
+#: A stall is named at ``warning`` after the waiters waited at least this long (the
+#: issue's 60 s less the agent's and the rules' delay, ~2 s measured, and a margin; above
+#: it, fewer of the pauses a job makes once, a first checkpoint, are named) ...
+EARLY_STALL_S = 45.0
 #: ... and this many of the communicator's median gaps between collectives ...
 EARLY_GAP_MULTIPLE = 5.0
 #: ... and this many times the longest wait its history shows.
