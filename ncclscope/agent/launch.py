@@ -158,6 +158,21 @@ SETTINGS: tuple[Setting, ...] = (
         "One file per rank, written only on a dump; it grows with the entries and their stacks.",
     ),
     Setting(
+        ("TORCH_NCCL_DEBUG_INFO_PIPE_FILE",),
+        "{out}/flight/debug_pipe_rank_",
+        "PyTorch 2.3+ makes a named pipe per rank (the prefix, the global rank, `.pipe`); "
+        "a byte written into it makes that rank dump its flight recorder at once, to the "
+        "file above. The agent asks every rank of its node this way when a collective "
+        "stalls, before NCCL's watchdog kills the job (NCCL process groups only; gloo has "
+        "no pipe). The control plane's worker server "
+        "(`TORCH_WORKER_SERVER_SOCKET`, read by `worker_main()`) is not set here: it must "
+        "be one path per process, and torchrun's workers share one environment.",
+        "One FIFO per rank in the folder; PyTorch's heartbeat thread already reads it at "
+        "each wake-up (every second with TORCH_NCCL_DUMP_ON_TIMEOUT=1). The folder's "
+        "filesystem must hold named pipes (NFS, Lustre and local disks do; a FUSE object "
+        "store may not): set the variable empty to turn it off.",
+    ),
+    Setting(
         ("PYTHONUNBUFFERED",),
         "1",
         "A Python job writing to a pipe buffers 8 KB of output: lines would arrive late "
