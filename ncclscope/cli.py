@@ -16,6 +16,8 @@ import click
 from ncclscope import __version__
 from ncclscope.analysis import new_workdir, run_analysis
 from ncclscope.detect.base import SEVERITIES, Severity, severity_at_least
+from ncclscope.export.exclude import FORMATS as EXCLUDE_FORMATS
+from ncclscope.export.exclude import exclude_verdict
 from ncclscope.export.json_report import to_json_dict
 from ncclscope.export.text_report import render_text
 from ncclscope.parsers.common import parse_zone
@@ -168,6 +170,16 @@ def cli(verbose: int) -> None:
     "embedded, works offline) with per-rank timeline, lateness heatmap, step phases, "
     "telemetry and the findings.",
 )
+@click.option(
+    "--exclude-list",
+    "exclude_list",
+    type=click.Choice(list(EXCLUDE_FORMATS)),
+    default=None,
+    help="Print, in place of the report, the nodes with evidence of a fault (dead, "
+    "frozen or slow, a network error there, GPU XID/ECC or a degraded PCIe link from "
+    "--telemetry), never one that only waited: slurm, a hostlist for --exclude; "
+    "kubectl, taint commands; json, each node with its reasons. Empty when none.",
+)
 def analyze(
     paths: tuple[str, ...],
     fmt: str,
@@ -178,6 +190,7 @@ def analyze(
     telemetry: tuple[Path, ...],
     log_tz: str | None,
     html_out: Path | None,
+    exclude_list: str | None,
 ) -> None:
     """Analyse NCCL_DEBUG=INFO logs: versions, ranks, communicators, collectives, errors.
 
@@ -193,6 +206,8 @@ def analyze(
       ncclscope analyze logs/ --fail-on critical   # exit 3 on a hang, in CI
       ncclscope analyze logs/ --telemetry tel/ --html report.html
       ncclscope analyze logs/ --log-tz America/New_York   # the job ran in New York time
+      ncclscope analyze logs/ --exclude-list slurm   # node-[03,07]: for sbatch --exclude
+      ncclscope analyze logs/ --telemetry tel/ --exclude-list kubectl > taint.sh   # review, run
 
     Exit status: 0 analysed (whatever was found), 1 an input could not be read,
     2 usage error, 3 a finding at or above --fail-on.
@@ -258,11 +273,14 @@ def analyze(
 
             size = write_html(diagnosis, html_out)
             click.echo(f"ncclscope: wrote {html_out} ({human_bytes(size)})", err=True)
-        if samples is not None and fmt == "text":
+        if exclude_list is not None:
+            # In place of the report, wherever it would go (stdout or -o).
+            text = EXCLUDE_FORMATS[exclude_list](exclude_verdict(diagnosis, samples=samples))
+        elif samples is not None and fmt == "text":
             from ncclscope.agent.telemetry import summary_lines
 
             text += "\n".join(summary_lines(samples))
-    if not analysis.paths and fmt == "text":
+    if not analysis.paths and (fmt == "text" or exclude_list is not None):
         text = ""  # nothing was read: the messages below say why, an empty report would not
     if output is not None:
         output.write_text(text, encoding="utf-8")
