@@ -21,6 +21,7 @@ from typing import BinaryIO
 import polars as pl
 
 from ncclscope.diagnose import Diagnosis, diagnose
+from ncclscope.evidence.read import split_evidence
 from ncclscope.model import Analysis, Built, Gap, Progress
 from ncclscope.model.attempts import HINTS as ATTEMPT_HINTS
 from ncclscope.model.attempts import Attempt, find_cuts, segment_starts
@@ -172,6 +173,7 @@ def _tables(
     coll_ts_source: str,
     telemetry: pl.DataFrame | None,
 ) -> Built:
+    inputs, evidence, manifest_names = split_evidence(inputs, problems)
     dumps = [(i.display, i.path, i.kind) for i in inputs if i.kind.startswith("flight_")]
     tool_inputs = [i for i in inputs if not i.kind.startswith("flight_") and i.kind != "log"]
     inputs = [inp for inp in inputs if inp.kind in LOG_KINDS]
@@ -221,7 +223,11 @@ def _tables(
     # The job as it stands is its last attempt; the earlier ones keep their findings.
     last, _rec, last_stats, _fw = builds[-1]
     account = _account(inputs, n_lines, records)
-    hosts = sorted(set(last.identity.members["host"].to_list()) | records.hosts)
+    hosts = sorted(
+        set(last.identity.members["host"].to_list())
+        | records.hosts
+        | set(evidence.hosts if evidence is not None else ())
+    )
     flight, dump_problems = read_flight(dumps, first_file_id=len(paths))
     flight = join_flight(flight, last.communicators, last.collectives)
     # nccl-tests output is a log too (its file_id is the log's); the others follow the dumps.
@@ -238,7 +244,10 @@ def _tables(
     )
     tools = join_inspector(tools, last.collectives)
     analysis = Analysis(
-        paths=paths + [display for display, _path, _kind in dumps] + [i.display for i in extra],
+        paths=paths
+        + [display for display, _path, _kind in dumps]
+        + [i.display for i in extra]
+        + manifest_names,
         inputs=account,
         notes=_notes(inputs, records, frameworks),
         problems=problems + dump_problems + tool_problems,
@@ -266,6 +275,7 @@ def _tables(
         sources=inputs,
         flight=flight,
         tools=tools,
+        evidence=evidence,
         telemetry=(
             validate(telemetry, TELEMETRY_SCHEMA, "telemetry")
             if telemetry is not None

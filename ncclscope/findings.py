@@ -42,7 +42,17 @@ Kind = Literal[
     "collective_cost",
 ]
 KINDS: tuple[Kind, ...] = get_args(Kind)
-HangClass = Literal["missing_rank", "mismatch", "dead_process", "nccl_error", "unknown"]
+HangClass = Literal[
+    "missing_rank",
+    "mismatch",
+    "dead_process",
+    "nccl_error",
+    "unknown",
+    # told by an evidence folder (``ncclscope.evidence``): the process's own state
+    "stuck_outside_nccl",
+    "stuck_in_nccl",
+    "frozen_node",
+]
 HANG_CLASSES: tuple[HangClass, ...] = get_args(HangClass)
 
 

@@ -19,10 +19,12 @@ from typing import BinaryIO
 import polars as pl
 
 from ncclscope.errors import InputError
+from ncclscope.evidence.manifest import MANIFEST_NAME, sniff_manifest
 from ncclscope.parsers.tools import sniff_tool
 from ncclscope.parsers.torch.flight import SNIFF_BYTES, sniff_dump
 
 __all__ = [
+    "EVIDENCE_KIND",
     "LOG_KINDS",
     "QUOTE_CHARS",
     "Input",
@@ -34,6 +36,8 @@ __all__ = [
 
 #: Input kinds scanned as logs (nccl-tests output holds NCCL's lines too).
 LOG_KINDS = ("log", "nccl_tests")
+#: An evidence folder's manifest (``evidence.manifest``): read, not scanned.
+EVIDENCE_KIND = "evidence_manifest"
 
 _CHUNK = 4 << 20
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -98,7 +102,8 @@ class Input:
     #: ``log`` (text to scan), or a PyTorch Flight Recorder dump found by its content:
     #: ``flight_pickle`` / ``flight_json`` (read by ``parsers.torch.flight``, not scanned),
     #: or an NCCL tool's output (``parsers.tools.TOOL_KINDS``): ``inspector``,
-    #: ``ras_text``, ``ras_json`` (read, not scanned) or ``nccl_tests`` (read and scanned)
+    #: ``ras_text``, ``ras_json`` (read, not scanned) or ``nccl_tests`` (read and scanned),
+    #: or an evidence folder's manifest (``EVIDENCE_KIND``)
     kind: str = "log"
 
 
@@ -200,8 +205,11 @@ def _walk(root: Path) -> Iterable[Path]:
                     head = fh.read(SNIFF_BYTES)
             except OSError:
                 continue
+            # An evidence folder's stacks are read through its manifest, by rank.
+            if Path(dirpath).name == "stacks" and (Path(dirpath).parent / MANIFEST_NAME).exists():
+                continue
             # Flight Recorder dumps are binary (pickle) or .json: known by content first.
-            if sniff_dump(head) is not None or sniff_tool(head) is not None:
+            if sniff_dump(head) is not None or sniff_tool(head) is not None or sniff_manifest(head):
                 yield candidate
                 continue
             suffixes = candidate.suffixes
@@ -287,7 +295,10 @@ def _finish(display: str, path: Path, notes: list[str]) -> Input:
     if kind is not None:
         return Input(display, path, size, tuple(notes), kind=kind)
     with path.open("rb") as fh:
-        tool = sniff_tool(fh.read(SNIFF_BYTES))
+        head = fh.read(SNIFF_BYTES)
+    if sniff_manifest(head):
+        return Input(display, path, size, tuple(notes), kind=EVIDENCE_KIND)
+    tool = sniff_tool(head)
     if tool is not None and tool != "nccl_tests":
         return Input(display, path, size, tuple(notes), kind=tool)
     partial = False

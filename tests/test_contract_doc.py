@@ -45,6 +45,7 @@ OPEN_MAPS = frozenset(
         "flight_recorder.dumps[].skipped_by_reason",
         "nccl_tools.files[].skipped_by_reason",
         "findings[].evidence.flight_recorder.last_enqueued",
+        "evidence.folders[].asks",
     }
 )
 #: Objects whose keys are documented one by one but appear only when their value is non-zero.

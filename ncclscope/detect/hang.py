@@ -44,6 +44,7 @@ from ncclscope.detect.culprits import (
     to_global,
     watchdog_summary,
 )
+from ncclscope.detect.evidence_findings import with_evidence
 from ncclscope.detect.flight_findings import with_flight
 from ncclscope.detect.ras_findings import with_ras
 from ncclscope.detect.stalls import (
@@ -101,7 +102,7 @@ class HangDetector:
             findings += self._from_torch(ctx)
         elif not stall_list and not findings:
             findings += _from_monitor(ctx)
-        return with_ras(ctx, with_flight(ctx, findings))
+        return with_evidence(ctx, with_ras(ctx, with_flight(ctx, findings)))
 
     def _mismatch(self, m: Mismatched, ctx: Context, stall_list: list[Stall]) -> Finding:
         culprit_rows = m.rows.filter(pl.col("who").is_in(m.culprits))

@@ -39,6 +39,7 @@ __all__ = [
     "Outcome",
     "What",
     "read_manifest",
+    "sniff_manifest",
     "write_manifest",
 ]
 
@@ -86,6 +87,9 @@ class Ask:
     pid: int | None = None
     rank: int | None = None
     size_bytes: int = 0
+    #: the process's state when asked (psutil: running, sleeping, stopped, disk-sleep,
+    #: zombie) or ``gone``; None where no process was asked
+    state: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -105,6 +109,7 @@ class Ask:
             pid=doc["pid"] if isinstance(doc.get("pid"), int) else None,
             rank=doc["rank"] if isinstance(doc.get("rank"), int) else None,
             size_bytes=doc["size_bytes"] if isinstance(doc.get("size_bytes"), int) else 0,
+            state=doc["state"] if isinstance(doc.get("state"), str) else None,
         )
 
 
@@ -131,6 +136,15 @@ class Manifest:
             "stall": self.stall,
             "asks": [a.to_json() for a in self.asks],
         }
+
+
+def sniff_manifest(head: bytes) -> bool:
+    """Is this the start of an evidence manifest?
+
+    >>> sniff_manifest(b'{"schema": "ncclscope.evidence/1", "host": "node-1"}')
+    True
+    """
+    return b'"ncclscope.evidence/1"' in head[:256] and head.lstrip()[:1] == b"{"
 
 
 def write_manifest(folder: Path, manifest: Manifest) -> Path:

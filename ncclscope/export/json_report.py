@@ -13,6 +13,7 @@ from typing import Any
 import polars as pl
 
 from ncclscope import __version__
+from ncclscope.detect.evidence_findings import evidence_summary
 from ncclscope.diagnose import Diagnosis
 from ncclscope.model import Analysis
 
@@ -51,6 +52,7 @@ def to_json_dict(diagnosis: Diagnosis) -> dict[str, Any]:
         "attempts": _attempts(diagnosis),
         "flight_recorder": flight_doc(analysis),
         "nccl_tools": _tools(analysis),
+        "evidence": evidence_summary(analysis.evidence),
     }
 
 

@@ -27,6 +27,7 @@ def render_text(diagnosis: Diagnosis, *, doc: dict[str, Any] | None = None) -> s
     _header(out, doc)
     _findings(out, doc)
     _job(out, doc)
+    _evidence(out, doc)
     _flight(out, doc)
     _tools(out, doc)
     _framework(out, doc)
@@ -50,6 +51,9 @@ def _header(out: list[str], doc: dict[str, Any]) -> None:
     dumps = doc["flight_recorder"]["dumps"]
     if dumps:
         head += f"; {len(dumps)} Flight Recorder dump{'s' if len(dumps) > 1 else ''}"
+    folders = doc["evidence"]["folders"]
+    if folders:
+        head += f"; {len(folders)} evidence folder{'s' if len(folders) > 1 else ''}"
     tools = [f for f in doc["nccl_tools"]["files"] if f["kind"] != "nccl_tests"]
     if tools:
         head += f"; {len(tools)} NCCL tool output{'s' if len(tools) > 1 else ''}"
@@ -316,6 +320,27 @@ def _gaps(out: list[str], doc: dict[str, Any]) -> None:
     for gap in doc["gaps"]:
         out.append(f"  - {gap['what']}")
         out.append(f"    add: {'; '.join(gap['settings'])}")
+    out.append("")
+
+
+def _evidence(out: list[str], doc: dict[str, Any]) -> None:
+    """What each process gave the agents at the stall (evidence folders)."""
+    ev = doc["evidence"]
+    if not ev["folders"]:
+        return
+    out.append("EVIDENCE (taken at the stall by the agents)")
+    for f in ev["folders"]:
+        asks = ", ".join(
+            f"{what} " + "/".join(f"{n} {outcome}" for outcome, n in sorted(by.items()))
+            for what, by in sorted(f["asks"].items())
+        )
+        done = "" if f["complete"] else " (incomplete)"
+        out.append(f"  {f['host']} at {f['written_utc']}{done}: {asks}")
+    for p in ev["processes"]:
+        who = f"rank {p['rank']}" if p["rank"] is not None else f"pid {p['pid']}"
+        where = f"{p['stack']} at {p['frame']}" if p["stack"] else "no stack"
+        why = f" ({'; '.join(p['why'])})" if p["why"] and not p["stack"] else ""
+        out.append(f"  {p['host']} {who}: {p['state'] or 'state unknown'}, {where}{why}")
     out.append("")
 
 

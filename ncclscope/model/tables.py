@@ -15,6 +15,7 @@ from pathlib import Path
 
 import polars as pl
 
+from ncclscope.evidence.read import Evidence
 from ncclscope.model.attempts import Attempt
 from ncclscope.model.collectives import CollSummary
 from ncclscope.model.flight import FlightTables
@@ -108,6 +109,9 @@ class Analysis:
     #: (and their join to the COLL lines), RAS reports, nccl-tests runs; empty without
     #: them.  nccl-tests output is also a log; the others' file_ids follow the dumps'.
     tools: ToolTables = field(default_factory=ToolTables)
+    #: evidence folders the agent wrote at a stall (``ncclscope.evidence.read``): each
+    #: node's processes' states, stacks and dumps; None without them
+    evidence: Evidence | None = None
 
 
 @dataclass
