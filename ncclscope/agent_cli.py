@@ -79,12 +79,47 @@ def _nvml(fake_gpus: int, per_switch: int = 1) -> Any:
     return NvmlCollector()
 
 
+def _collect_config(
+    collect_at: tuple[float, float | None] | None, out: Path | None
+) -> dict[str, Any]:
+    """AgentConfig's evidence fields from ``--collect-at`` and the folder."""
+    if collect_at is None or out is None:
+        return {"evidence_out": None}
+    share, seconds = collect_at
+    return {"evidence_out": out, "collect_at": share, "collect_at_s": seconds}
+
+
 def _announce(a: Agent) -> None:
     if a.nvml_message:
         click.echo(f"ncclscope agent: {a.nvml_message}", err=True)
     if a.bound is not None:
         host, port = a.bound
         click.echo(f"ncclscope agent: serving http://{host}:{port}/metrics", err=True)
+
+
+def _collect_at(
+    _ctx: click.Context, _param: click.Parameter, value: str
+) -> tuple[float, float | None] | None:
+    """``--collect-at``: (share of the timeout, seconds or None); None for ``off``."""
+    text = value.strip().lower()
+    if text in ("off", "never", "none"):
+        return None
+    share: float | None = None
+    seconds: float | None = None
+    try:
+        if text.endswith("%"):
+            share = float(text[:-1]) / 100
+        else:
+            seconds = float(text.removesuffix("s"))
+    except ValueError:
+        pass
+    if share is not None and 0 < share <= 1:
+        return share, None
+    if seconds is not None and seconds > 0:
+        return 0.5, seconds
+    raise click.BadParameter(
+        f"{value!r}: give a share of the collective timeout (50%), seconds (240) or off"
+    )
 
 
 def _agent_options(fn: _F) -> _F:
@@ -140,6 +175,17 @@ def _agent_options(fn: _F) -> _F:
             "--pid", "pids", multiple=True, type=int, help="A job process to watch (repeatable)."
         ),
         click.option("--match", help="Watch the processes whose command line contains this text."),
+        click.option(
+            "--collect-at",
+            default="50%",
+            show_default=True,
+            callback=_collect_at,
+            help="When a stalled collective has waited this long (a share of the collective "
+            "timeout such as 50%, or seconds such as 240), ask the node's PyTorch processes "
+            "for their Flight Recorder dumps and Python stacks (py-spy where they give "
+            "none) and NCCL's RAS for its report, once per stall, into OUT/evidence/ "
+            "(needs --out); 'off' asks nothing. Read them with analyze OUT/evidence.",
+        ),
         click.option(
             "--fake-gpus",
             type=click.IntRange(0, 64),
@@ -209,6 +255,7 @@ def agent(
     fake_gpus_per_switch: int,
     log_tz: str | None,
     fake_gpus: int,
+    collect_at: tuple[float, float | None] | None,
 ) -> None:
     """Run beside a training job: sample GPUs and the host, follow its logs, export.
 
@@ -243,6 +290,7 @@ def agent(
         match=match,
         from_start=from_start,
         sysfs_root=None if str(sysfs_root).lower() == "none" else sysfs_root,
+        **_collect_config(collect_at, out),
     )
     stop = _stop_on_signals()
     nvml = _nvml(fake_gpus, fake_gpus_per_switch)
@@ -254,6 +302,12 @@ def agent(
     )
     a.start()
     _announce(a)
+    if collect_at is not None and out is None and follow:
+        click.echo(
+            "ncclscope agent: no --out: no evidence (dumps, stacks, RAS) will be taken at a "
+            "stall; give --out DIR to keep it, or --collect-at off to silence this",
+            err=True,
+        )
     a.run(stop)
 
 
@@ -449,6 +503,7 @@ def run(
     pids: tuple[int, ...],
     match: str | None,
     fake_gpus: int,
+    collect_at: tuple[float, float | None] | None,
 ) -> None:
     """Run a training job with everything that makes it diagnosable, then analyse it.
 
@@ -465,7 +520,8 @@ def run(
 
     \b
     DIR holds: output.log (stdout and stderr, in arrival order), nccl/%h.%p.log,
-    flight/nccl_trace_rank_N (on a timeout), telemetry/part-*.parquet, run.json,
+    flight/nccl_trace_rank_N (on a timeout), telemetry/part-*.parquet,
+    evidence/ (dumps, stacks and RAS's report taken at a stall, --collect-at), run.json,
     report.html (--html).
 
     SIGINT and SIGTERM go to the job's process group; ncclscope waits for the job and
@@ -503,6 +559,7 @@ def run(
         pids=list(pids),
         match=match,
         from_start=True,
+        **_collect_config(collect_at, out),
     )
     agent_thread = None if no_agent else _start_agent(config, fake_gpus, stop)
     started = datetime.now(UTC)

@@ -123,6 +123,13 @@ CATALOG: tuple[Metric, ...] = (
     _m("job", "nccl_errors", "gauge", "", "NCCL WARN root causes in the followed logs, by kind and severity.", "kind", "severity"),
     _m("job", "findings", "gauge", "", "Current findings by kind and severity.", "kind", "severity"),
     _m("job", "collective_bus_bandwidth_bytes_per_second", "gauge", "bytes_per_second", "Median bus bandwidth NCCL Inspector measured over the window, per op and message size (size_bucket: the power of two, in bytes, at or below each rank's buffer; at most 40 buckets). Only while the agent follows Inspector output.", "op", "size_bucket"),
+    _m("job", "node_fault_info", "info", "", "A node the window's analysis finds evidence of a fault on (`analyze --exclude-list`'s verdict): a dead or frozen rank, a slow node, an IB/NCCL network or GPU error, an XID, ECC or a degraded PCIe link; one series per reason. Never a node that only waited.", "host", "reason"),
+    # --- evidence taken at a stall (--collect-at), from the last collection
+    _m("evidence", "evidence_collections_total", "counter", "", "Evidence folders this agent wrote: one per stall that passed --collect-at (a collective some members entered and others not, or the node's members all quiet)."),
+    _m("evidence", "evidence_asks", "gauge", "", "What the last collection asked (what: flight_dump, stack, ras, log_tail, telemetry) and how it ended (outcome: answered, no_answer, late, truncated, garbage, refused, unavailable, skipped, error); the manifest says why.", "what", "outcome"),
+    _m("evidence", "evidence_rank_info", "info", "", "Each local rank's process at the last collection: its state (running, sleeping, stopped, disk-sleep, zombie, gone), the kind of place its main thread's Python stack was in (in_collective, data_loader, checkpoint, lock, sleep, io, compute, unknown, none) and the frame that says so.", "rank", "pid", "state", "stack", "frame"),
+    _m("evidence", "ras_rank_problem_info", "info", "", "A rank NCCL's RAS reported at the last collection as dead, missing, unresponsive, mismatched or in error, on a communicator (RAS's hash), with its host as RAS names it (an address or a name).", "comm", "rank", "ras_host", "problem"),
+    _m("evidence", "flight_last_collective_seq", "gauge", "", "The collective_seq_id a local rank's Flight Recorder dump says it last enqueued, started or completed on a process group, at the last collection.", "rank", "pg", "state"),
 )  # fmt: skip
 
 
@@ -151,6 +158,16 @@ BOUNDED_LABELS: dict[str, str] = {
     "kind": "the detectors' and NCCL errors' kinds (a fixed set)",
     "severity": "three severities",
     "size_bucket": "power-of-two message sizes (at most 40)",
+    "what": "what a collection asks for (5)",
+    "outcome": "how an ask ended (9)",
+    "state": "a process's state (a few), a dump's three states",
+    "stack": "the kinds of place a stack can be in (9)",
+    "frame": "one frame per local rank, the last collection's",
+    "problem": "RAS's rank problems (5)",
+    "host": "the hosts whose logs the agent reads",
+    "reason": "the exclude list's reasons (a fixed set)",
+    "ras_host": "the host (address or name) RAS names a problem rank on: the job's nodes",
+    "pg": "the process groups of the node's ranks, fixed for the job",
 }
 
 #: Labels whose values would grow with the run (one series per collective, step, call or
@@ -214,6 +231,7 @@ _GROUPS = {
     "gpu": "GPUs (NVML)",
     "host": "Host and job processes (psutil)",
     "job": "The job, from its logs",
+    "evidence": "Evidence taken at a stall (absent until one passes --collect-at)",
 }
 
 

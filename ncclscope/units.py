@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-__all__ = ["DTYPE_BYTES", "DTYPE_NAMES", "TORCH_DTYPES", "human_bytes", "rank_ranges"]
+__all__ = [
+    "DTYPE_BYTES",
+    "DTYPE_NAMES",
+    "PCIE_LANE_GT_PER_S",
+    "TORCH_DTYPES",
+    "human_bytes",
+    "pcie_max_bytes_per_second",
+    "rank_ranges",
+]
 
 #: ``ncclDataType_t`` value -> element size in bytes (``src/nccl.h.in``).
 DTYPE_BYTES: dict[int, int] = {
@@ -96,3 +104,30 @@ def rank_ranges(ranks: list[int]) -> str:
         if r is not None:
             start = prev = r
     return ", ".join(parts)
+
+
+#: Raw signalling rate per lane, in gigatransfers (Gbit) per second, by PCIe generation.
+PCIE_LANE_GT_PER_S: dict[int, float] = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
+
+
+def pcie_max_bytes_per_second(gen: int | None, width: int | None) -> float | None:
+    """The PCIe link's theoretical payload bandwidth in one direction, in bytes per second.
+
+    ``GT/s per lane x 1e9 x lanes x encoding / 8``, where the encoding efficiency is
+    8b/10b (0.8) for generations 1-2 and 128b/130b for generation 3 and later. Packet
+    (TLP/DLLP) overhead is not taken off, so real transfers peak lower. Generation 6 is
+    counted the same way for comparability, although it actually uses FLIT encoding.
+
+    Returns ``None`` for an unknown generation or a missing value.
+
+    >>> round(pcie_max_bytes_per_second(4, 16) / 1e9, 3)  # 16 GT/s x 16 x 128/130 / 8, GB/s
+    31.508
+    >>> pcie_max_bytes_per_second(1, 1)  # 2.5 GT/s x 8/10 / 8
+    250000000.0
+    >>> pcie_max_bytes_per_second(7, 16) is None
+    True
+    """
+    if gen is None or width is None or gen not in PCIE_LANE_GT_PER_S:
+        return None
+    encoding = 8 / 10 if gen <= 2 else 128 / 130
+    return PCIE_LANE_GT_PER_S[gen] * 1e9 * width * encoding / 8

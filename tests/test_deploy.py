@@ -252,12 +252,19 @@ def test_the_job_is_one_agent_per_pod_sharing_the_logs() -> None:
     log_dir = str(Path(debug_file).parent)
     assert Path(follow).parent == Path(log_dir)
     assert Path(debug_file.replace("%h", "train-llm-0").replace("%p", "123")).match(follow)
-    mounts = {c["name"]: {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    mounts = {c["name"]: {(m["name"], m["mountPath"]) for m in c["volumeMounts"]}
               for c in (agent, trainer)}  # fmt: skip
     volumes = {v["name"]: v for v in pod["volumes"]}
     shared = [n for n in volumes
-              if mounts["ncclscope"].get(n) == log_dir == mounts["trainer"].get(n)]  # fmt: skip
+              if all((n, log_dir) in mounts[c] for c in ("ncclscope", "trainer"))]  # fmt: skip
     assert shared == ["logs"]
+    # Evidence at a stall goes to the job's claim too, in a writable folder of the pod's
+    # own (the logs stay read-only to the agent), and outlives the pod.
+    out = args[args.index("--out") + 1]
+    (evidence,) = [m for m in agent["volumeMounts"] if m["mountPath"] == out]
+    assert evidence["name"] == "logs"
+    assert not evidence.get("readOnly")
+    assert evidence["subPathExpr"] == "$(POD_NAME)-ncclscope"
     # The logs outlive the pod: a claim of the job's (a size limit), each pod in its own
     # folder of it, the same for both containers.
     claim = volumes["logs"]["persistentVolumeClaim"]["claimName"]
@@ -315,9 +322,10 @@ def test_the_image_installs_the_agent_pinned_and_without_plotly() -> None:
     installed = _requirements(run.split("constraints.txt", 1)[1].split("&&", 1)[0].split())
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
     wanted = _requirements(pyproject["project"]["dependencies"])
-    assert set(installed) == (set(wanted) - {"plotly"}) | {"polars-runtime-32"}
+    evidence = _requirements(pyproject["project"]["optional-dependencies"]["evidence"])
+    assert set(installed) == (set(wanted) - {"plotly"}) | {"polars-runtime-32"} | set(evidence)
     pins = _requirements((DEPLOY / "constraints.txt").read_text().splitlines())
-    for name, spec in wanted.items():
+    for name, spec in {**wanted, **evidence}.items():
         assert pins[name].startswith("=="), name
         floor = spec.removeprefix(">=")
         assert Version(pins[name][2:]) >= Version(floor), (name, pins[name], spec)
@@ -861,6 +869,7 @@ def test_the_slurm_config_merges_into_a_site_config(tmp_path: Path) -> None:
     groups = yaml.safe_load(RULES.read_text())["groups"]
     assert {g["name"]: g.get("interval") for g in groups} == {
         "ncclscope-job": "1s", "ncclscope-job-trends": "15s", "ncclscope-node": "15s",
+        "ncclscope-evidence": "15s",
     }  # fmt: skip
 
 

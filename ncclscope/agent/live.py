@@ -43,6 +43,7 @@ from ncclscope.detect.straggler import lateness
 from ncclscope.detect.timeout import countdown
 from ncclscope.detect.waits import BOUND_METRIC, wait_bounds
 from ncclscope.diagnose import Diagnosis, diagnose
+from ncclscope.export.exclude import host_verdicts
 from ncclscope.model.collectives import P2P_OPS
 from ncclscope.parsers.nccl.patterns import HEADER_RE, PREFIX_TS_RE
 
@@ -160,6 +161,10 @@ class LiveWindow:
     def files(self) -> int:
         """Files with lines in the window."""
         return len(self._files)
+
+    def file_paths(self) -> list[str]:
+        """The followed files with lines in the window, as the follower named them."""
+        return list(self._files)
 
     @property
     def lines(self) -> int:
@@ -504,6 +509,13 @@ def diagnosis_rows(diagnosis: Diagnosis) -> dict[str, list[tuple[tuple[str, ...]
     for f in diagnosis.findings:
         counts[(f.kind, f.severity)] = counts.get((f.kind, f.severity), 0) + 1
     rows["ncclscope_findings"] = [(k, float(n)) for k, n in sorted(counts.items())]
+    drain: list[tuple[tuple[str, ...], float]] = [
+        ((host, reason), 1.0)
+        for host, reasons in sorted(host_verdicts(diagnosis).items())
+        for reason in reasons
+    ]
+    if drain:
+        rows["ncclscope_node_fault_info"] = drain
     rows.update(_bus_bandwidth(analysis))
     unparsed = analysis.inputs["unparsed"].sum()
     rows["ncclscope_log_window_lines_unparsed"] = [((), float(unparsed))]

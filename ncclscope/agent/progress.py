@@ -341,6 +341,11 @@ class LiveProgress:
         unknown, and where the times are arrivals: NCCL printed none)."""
         return ts - timedelta(seconds=self.offset_s) if self.offset_s and self._own else ts
 
+    def last_seen(self) -> datetime | None:
+        """When a member last logged a collective (the agent's clock); None before any."""
+        seen = [m.seen for m in self.members.values() if m.seen is not None]
+        return max(seen) if seen else None
+
     def silent(self, now: datetime, for_s: float) -> bool:
         """Has a member logged no collective for ``for_s`` seconds of the agent's clock?
         Until one has, every collective some members entered and others not is one a

@@ -86,6 +86,8 @@ class Reference:
     kept: Analysis | bytes
     #: peak resident memory of the process that ran it; None when run in the agent
     max_rss_bytes: int | None = None
+    #: (host, rank, pid) of every rank the logs place: whose process evidence asks for
+    host_ranks: list[tuple[str, int, int]] = field(default_factory=list)
     #: CPU seconds of that process, its start included; 0 when run in the agent
     cpu_s: float = 0.0
     _read: list[Analysis] = field(default_factory=list, compare=False, repr=False)
@@ -132,6 +134,11 @@ def reference(
             (str(h), int(p))
             for h, p in zip(ranks["host"], ranks["pid"], strict=True)
             if h is not None and p is not None
+        ],
+        host_ranks=[
+            (str(h), int(r), int(p))
+            for h, r, p in zip(ranks["host"], ranks["rank"], ranks["pid"], strict=True)
+            if h is not None and r is not None and p is not None
         ],
         rows=diagnosis_rows(diagnosis),
         timeout_s=timeout_of(diagnosis),

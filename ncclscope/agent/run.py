@@ -38,6 +38,7 @@ from ncclscope.agent.telemetry import TelemetryWriter
 from ncclscope.agent.topology import collector_topology, link_rows
 from ncclscope.detect.timeout import countdown
 from ncclscope.detect.waits import BOUND_METRIC, MIN_HISTORY
+from ncclscope.evidence.collect import CollectConfig, EvidenceCollector
 from ncclscope.hosts import short_host
 
 __all__ = ["Agent", "AgentConfig", "LineSource", "gpu_rows", "host_rows"]
@@ -85,6 +86,14 @@ class AgentConfig:
     #: (``agent.reference``): the agent's memory stays that of its live state (the
     #: CLI's choice); off, in the agent (tests, replays driven by hand)
     isolate_analysis: bool = False
+    #: where evidence folders go at a stall (``ncclscope.evidence``); None: none taken
+    evidence_out: Path | None = None
+    #: when to take them: a stall's age as a fraction of the collective timeout
+    #: (``0.5``), or seconds (``collect_at_s``) where given
+    collect_at: float = 0.5
+    collect_at_s: float | None = None
+    #: the most one ask (a dump, a stack, RAS) may take
+    ask_timeout_s: float = 5.0
 
 
 def gpu_rows(
@@ -271,6 +280,22 @@ class Agent:
         )
         #: the job's rows as exported: the node's summary per communicator added
         self._rollup = NodeRollup()
+        self.collector: EvidenceCollector | None = None
+        if config.evidence_out is not None:
+            self.collector = EvidenceCollector(
+                CollectConfig(
+                    out=config.evidence_out,
+                    host=short_host(self.hostname),
+                    ask_timeout_s=config.ask_timeout_s,
+                    pids=list(config.pids),
+                    match=config.match,
+                ),
+                wall=wall,
+            )
+        #: the last collection exported (its rows are computed once per collection), and
+        #: when the node's members last logged a collective as it was
+        self._evidence_rows: tuple[int, dict[str, Rows]] = (0, {})
+        self._evidence_seen: datetime | None = None
 
     # -- collectors ---------------------------------------------------------------------
 
@@ -448,6 +473,90 @@ class Agent:
                 self._stalls_analysed |= stalled
                 self._stall_due = True
         self.board.set("job", self._rollup({**got.rows, **rows, **counted}, now.timestamp()))
+        if self.collector is not None and silent:
+            self._maybe_collect(now, pending)
+
+    def collect_threshold_s(self) -> float | None:
+        """A stall's age at which evidence is taken (``--collect-at``)."""
+        ref = self._reference
+        if self.config.collect_at_s is not None:
+            return self.config.collect_at_s
+        return ref.got.timeout_s * self.config.collect_at if ref is not None else None
+
+    def _maybe_collect(self, now: datetime, pending: Any) -> None:
+        """Start a collection once per stall past the threshold: a collective some
+        members of this node entered and others not, or, on the node whose members all
+        went quiet with nothing pending (the culprit's node: a rank stuck in Python, or
+        frozen), that silence."""
+        collector, ref = self.collector, self._reference
+        threshold = self.collect_threshold_s()
+        if collector is None or ref is None or threshold is None or collector.running():
+            return
+        stall: dict[str, Any] | None = None
+        key: tuple[str, int] | None = None
+        if pending is not None:
+            for r in pending.iter_rows(named=True):
+                age = r["age_s"]
+                if age is None or age < threshold:
+                    continue
+                key = (str(r["comm_key"]), int(r["seq"]))
+                since = r["since"]
+                stall = {
+                    "comm": key[0],
+                    "seq": key[1],
+                    "op": r["op"],
+                    "waited_s": round(float(age), 3),
+                    "timeout_s": r["timeout_s"],
+                    "entered_ranks": list(r["entered_ranks"]),
+                    "culprit_ranks": list(r["culprit_ranks"]),
+                    "culprit_hosts": list(r["culprit_hosts"]),
+                    "since_utc": since.astimezone(UTC).isoformat() if since is not None else None,
+                }
+                break
+        if key is None:
+            last = self.progress.last_seen()
+            if last is None or self.progress.most_calls() < MIN_HISTORY:
+                return
+            quiet = (now - last).total_seconds()
+            if quiet < threshold:
+                return
+            key = ("quiet", int(last.timestamp()))
+            stall = {
+                "comm": None,
+                "quiet_s": round(quiet, 3),
+                "timeout_s": ref.got.timeout_s,
+                "since_utc": last.astimezone(UTC).isoformat(),
+            }
+        if stall is None or collector.asked(key):
+            return
+        stall["threshold_s"] = threshold
+        host = short_host(self.hostname)
+        collector.maybe_collect(
+            key,
+            stall,
+            tails=self.window.file_paths(),
+            telemetry_dir=self.config.out,
+            expected=[(r, p) for h, r, p in ref.got.host_ranks if h == host],
+            wait=not self.config.detect_in_thread,
+        )
+
+    def _publish_evidence(self, collector: EvidenceCollector) -> None:
+        """The last collection's rows, once each; gone (but the count) once the node's
+        members log a collective again: the stall they describe is over."""
+        last = collector.last
+        if last is None:
+            return
+        seen = self.progress.last_seen()
+        if self._evidence_rows[0] != id(last):
+            rows: dict[str, Rows] = dict(collector.rows)
+            self._evidence_rows = (id(last), rows)
+            self._evidence_seen = seen
+            self.board.set("evidence", rows)
+        elif self._evidence_seen != seen and self._evidence_rows[1]:
+            total = "ncclscope_evidence_collections_total"
+            kept = {total: collector.rows[total]} if total in collector.rows else {}
+            self._evidence_rows = (id(last), {})
+            self.board.set("evidence", kept)
 
     def _learn_pids(self, rank_pids: list[tuple[str, int]]) -> None:
         """Without --pid or --match, watch the processes the logs name on this host."""
@@ -486,6 +595,8 @@ class Agent:
             self.board.set("clock", clock)
             self.health.timed("logs", self._follow)
             self.health.timed("progress", self._detect)
+        if self.collector is not None:
+            self._publish_evidence(self.collector)
         self.board.set("health", self.health.rows())
         if self.server is not None:
             # Published here, once a tick, not at each 503: a board that changed at

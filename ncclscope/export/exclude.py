@@ -342,7 +342,7 @@ def _pcie_links(tel: pl.DataFrame) -> _Facts:
     the highest generation and the widest width it ever showed are compared (each at
     its best, possibly at different times: an overestimate, never a false alarm)."""
     # Here, not at the top: ``analyze`` imports this module, and only telemetry needs it.
-    from ncclscope.agent.nvml import pcie_max_bytes_per_second
+    from ncclscope.units import pcie_max_bytes_per_second
 
     best = []
     for metric, name in (

@@ -676,6 +676,107 @@ RULE_GROUPS: tuple[RuleGroup, ...] = (
         " minutes: evaluated every 15 s).",
         interval="15s",
     ),
+    RuleGroup(
+        "ncclscope-evidence",
+        (
+            Rule(
+                "NcclscopeRankStuckOutsideNccl",
+                "max by (job, instance, rank, pid, stack, frame) (\n"
+                "  ncclscope_evidence_rank_info"
+                '{stack=~"data_loader|checkpoint|lock|sleep|io|compute"}\n'
+                ")\n"
+                "  and on (job) (count by (job) "
+                '(ncclscope_evidence_rank_info{stack="in_collective"}) > 0)',
+                alert=True,
+                labels=(("severity", "warning"),),
+                comment=(
+                    "The agents' evidence at a stall (--collect-at): a rank whose Python stack"
+                    " is not in a collective while another rank's of the job is. As analyze"
+                    " judges a folder (evidence.read.judge): the rank's own stack, not a"
+                    " headcount. The rows go when the node's ranks log collectives again."
+                ),
+                annotations=(
+                    (
+                        "summary",
+                        "rank {{ $labels.rank }} on {{ $labels.instance }} is stuck outside NCCL",
+                    ),
+                    (
+                        "description",
+                        "At the stall the others wait in a collective, and rank {{ $labels.rank }}"
+                        " (pid {{ $labels.pid }}) is in {{ $labels.stack }}: {{ $labels.frame }}."
+                        " A CPU-side hang: look at that process (its stack is in the agent's"
+                        " evidence folder) before the NCCL timeout kills the job.",
+                    ),
+                ),
+            ),
+            Rule(
+                "NcclscopeRankProcessFrozenOrGone",
+                'ncclscope_evidence_rank_info{state=~"gone|stopped|disk-sleep|zombie"}',
+                alert=True,
+                labels=(("severity", "critical"),),
+                comment=(
+                    "At a stall, a local rank's process was gone (died), stopped (SIGSTOP, a"
+                    " debugger) or in uninterruptible sleep (a driver or file system that does"
+                    " not return): the job will not move again."
+                ),
+                annotations=(
+                    (
+                        "summary",
+                        "rank {{ $labels.rank }} on {{ $labels.instance }}: "
+                        "process {{ $labels.state }}",
+                    ),
+                    (
+                        "description",
+                        "The agent found rank {{ $labels.rank }}'s process (pid {{ $labels.pid }})"
+                        " {{ $labels.state }} while a collective waited for it. Drain or restart"
+                        " the node; the job will hit its NCCL timeout.",
+                    ),
+                ),
+            ),
+            Rule(
+                "NcclscopeRasRankProblem",
+                'ncclscope_ras_rank_problem_info{problem=~"dead|missing|unresponsive"}',
+                alert=True,
+                labels=(("severity", "critical"),),
+                comment="NCCL's RAS, asked at the stall, reports a rank it cannot reach.",
+                annotations=(
+                    (
+                        "summary",
+                        "NCCL RAS: rank {{ $labels.rank }} on {{ $labels.ras_host }} "
+                        "{{ $labels.problem }}",
+                    ),
+                    (
+                        "description",
+                        "NCCL's RAS reports communicator {{ $labels.comm }}'s rank"
+                        " {{ $labels.rank }} on {{ $labels.ras_host }} as {{ $labels.problem }}:"
+                        " look at that node first.",
+                    ),
+                ),
+            ),
+            Rule(
+                "NcclscopeNodeToDrain",
+                "max by (job, host, reason) (ncclscope_node_fault_info)",
+                alert=True,
+                labels=(("severity", "warning"),),
+                comment=(
+                    "analyze --exclude-list's verdict, live: a node with evidence of a fault,"
+                    " one alert per reason."
+                ),
+                annotations=(
+                    ("summary", "drain {{ $labels.host }}: {{ $labels.reason }}"),
+                    (
+                        "description",
+                        "The agents' analysis finds evidence of a fault on {{ $labels.host }}"
+                        " ({{ $labels.reason }}): take it out of the next job's nodes"
+                        " (ncclscope analyze --exclude-list slurm|kubectl|json on the logs).",
+                    ),
+                ),
+            ),
+        ),
+        "What the agents' evidence at a stall shows (absent until a stall passes --collect-at),"
+        " and the nodes their analyses would drain.",
+        interval="15s",
+    ),
 )
 
 
