@@ -59,13 +59,24 @@ def stuck_in_python() -> None:
     lock.acquire()  # blocks for ever, with the GIL released (stacks can be taken)
 
 
+def wait_like_nccl(store: object, timeout_s: float) -> None:
+    """Where NCCL would leave a rank waiting for a dead peer: on the store, for as long."""
+    store.set_timeout(timedelta(seconds=timeout_s))  # type: ignore[attr-defined]
+    store.wait(["ncclscope-bench-never-set"])  # type: ignore[attr-defined]
+
+
 def run_rank(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
     rank, world = args.rank, args.world_size
+    # The store lives in the launcher (as torchrun's agent holds it): any rank may die.
+    store = dist.TCPStore(
+        "127.0.0.1", int(os.environ["MASTER_PORT"]), world, is_master=False,
+        timeout=timedelta(seconds=args.timeout_s),
+    )  # fmt: skip
     dist.init_process_group(
-        "gloo", rank=rank, world_size=world, timeout=timedelta(seconds=args.timeout_s)
+        "gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=args.timeout_s)
     )
     # Every rank must create a group; only the faulty rank ever uses it.
     side = dist.new_group(ranks=list(range(world)))
@@ -88,7 +99,14 @@ def run_rank(args: argparse.Namespace) -> None:
                 dist.all_reduce(t, group=side)
             else:
                 os._exit(3)
-        dist.all_reduce(t)
+        try:
+            dist.all_reduce(t)
+        except RuntimeError:
+            if args.fault != "dead":
+                raise
+            say(event="peer_lost", rank=rank, step=step)
+            wait_like_nccl(store, args.timeout_s)
+            raise
         t.fill_(1.0)
         say(event="step", rank=rank, step=step)
         step += 1
@@ -97,9 +115,13 @@ def run_rank(args: argparse.Namespace) -> None:
 
 
 def launch(args: argparse.Namespace) -> int:
-    with socket.socket() as s:  # a free port for the TCPStore
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    import torch.distributed as dist
+
+    store = dist.TCPStore(
+        "127.0.0.1", 0, args.world_size + 1, is_master=True,
+        timeout=timedelta(seconds=args.timeout_s), wait_for_workers=False,
+    )  # fmt: skip
+    port = store.port
     procs = []
     for rank in range(args.world_size):
         env = dict(os.environ)
@@ -116,7 +138,7 @@ def launch(args: argparse.Namespace) -> int:
             env["TORCH_WORKER_SERVER_SOCKET"] = str(Path(args.socket_dir) / f"rank{rank}.sock")
         cmd = [sys.executable, __file__, "--rank", str(rank), *sys.argv[1:]]
         procs.append(subprocess.Popen(cmd, env=env))
-    say(event="launched", pids=[p.pid for p in procs])
+    say(event="launched", pids=[p.pid for p in procs], launcher=os.getpid())
     try:
         return max(p.wait() for p in procs)
     finally:
