@@ -820,6 +820,40 @@ def test_elastic_summary_with_no_other_failures_under_pdsh() -> None:
     assert pdsh.parsed == len(lines)
 
 
+def test_a_summary_whose_head_line_was_lost_is_read_from_its_frame() -> None:
+    """The ``ChildFailedError:`` line damaged or cut: the ``====`` rule and the title
+    under it still open the summary, and cost nothing more than the lost line."""
+    lines = [
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:",
+        "======================================================",
+        "/opt/app/train.py FAILED",
+        "------------------------------------------------------",
+        "Failures:",
+        "  <NO_OTHER_FAILURES>",
+        "------------------------------------------------------",
+        "Root Cause (first observed failure):",
+        "[0]:",
+        "  time      : 2025-01-04_19:20:21",
+        "  host      : 10.1.0.4",
+        "  rank      : 3 (local_rank: 3)",
+        "  exitcode  : -9 (pid: 5521)",
+        "  error_file: <N/A>",
+        "  traceback : Signal 9 (SIGKILL) received by PID 5521",
+        "======================================================",
+    ]
+    whole = parse(lines)
+    headless = parse(["", *lines[1:]])
+    assert headless.parsed == whole.parsed - 1
+    assert rows(headless.failures, *FAILURE_COLS) == rows(whole.failures, *FAILURE_COLS)
+    # through the framework reader, which delivers the rule above the title
+    from ncclscope.parsers.torch.lines import PRECEDED
+
+    assert pl.Series(lines[2:3]).str.contains(PRECEDED).to_list() == [True]
+    # a stray "x FAILED" with no rule above it opens nothing
+    stray = parse(["make: test FAILED", "  rank      : 3 (local_rank: 3)"])
+    assert stray.parsed == 1  # the field alone (an implicit summary), not the title
+
+
 def test_old_elastic_summary_format() -> None:
     # torch 1.9/1.10: Root Cause first, "Other Failures:", "msg:" instead of "traceback :"
     lines = [

@@ -115,6 +115,8 @@ _PARSERS = {
     "torch": (torch.CANDIDATES, torch.BLOCK_STARTS, torch.BLOCK_LINES),
     "ds": (ds.CANDIDATES, ds.BLOCK_STARTS, ds.BLOCK_LINES),
 }
+#: Per parser, lines delivered with the line before them too (``torch.PRECEDED``).
+_PRECEDED = {"torch": torch.PRECEDED}
 
 
 def _wanted(text_store: Path) -> pl.DataFrame:
@@ -122,6 +124,7 @@ def _wanted(text_store: Path) -> pl.DataFrame:
     column per parser saying whether it needs the line.  No text: a few bytes a line."""
     text = pl.col("text")
     flags = [f"{name}_{what}" for name in _PARSERS for what in ("cand", "start")]
+    flags += [f"{name}_prev" for name in _PRECEDED]
     marks = (
         pl.scan_parquet(text_store)
         .filter(pl.col("kind") == LINE_KIND["other"])
@@ -133,6 +136,7 @@ def _wanted(text_store: Path) -> pl.DataFrame:
                 for name, (cand, start, _n) in _PARSERS.items()
                 for what, pattern in (("cand", cand), ("start", start))
             ),
+            *(text.str.contains(p).alias(f"{name}_prev") for name, p in _PRECEDED.items()),
         )
         .filter(pl.any_horizontal(flags))
         .collect(engine="streaming")
@@ -144,10 +148,13 @@ def _wanted(text_store: Path) -> pl.DataFrame:
     # start and the lines after it.
     wanted = []
     for name, (_cand, _start, block) in _PARSERS.items():
-        spans = marks.filter(pl.col(f"{name}_cand") | pl.col(f"{name}_start")).select(
+        own = pl.col(f"{name}_cand") | pl.col(f"{name}_start")
+        back = pl.col(f"{name}_prev") if name in _PRECEDED else pl.lit(value=False)
+        spans = marks.filter(own | back).select(
             "file_id",
             pl.int_ranges(
-                "i", pl.col("i") + pl.when(pl.col(f"{name}_start")).then(block).otherwise(1) + 1
+                pl.when(back & (pl.col("i") > 0)).then(pl.col("i") - 1).otherwise("i"),
+                pl.col("i") + pl.when(pl.col(f"{name}_start")).then(block).otherwise(1) + 1,
             ).alias("i"),
         )
         wanted.append(

@@ -85,6 +85,7 @@ __all__ = [
     "BLOCK_LINES",
     "BLOCK_STARTS",
     "CANDIDATES",
+    "PRECEDED",
     "CudaOom",
     "TorchResult",
     "logger_time",
@@ -245,6 +246,8 @@ _FAMILIES: tuple[_Family, ...] = (
         _on_summary,
     ),
     _Family("summary_none", r"<NO_OTHER_FAILURES>", (_NO_OTHER,), _on_summary),
+    # a summary's title: opens one whose head line was lost, under its ==== rule
+    _Family("summary_title", r"\S FAILED\s*$", (" FAILED",), _on_summary),
     _Family(
         "summary_rank",
         r"rank *: \d+ \(local_rank: \d+\)",
@@ -283,6 +286,10 @@ CANDIDATES: str = "|".join(
     [f"(?:{f.trigger})" for f in _FAMILIES]
     + [f"(?:{t})" for t in (*_VERSION_TRIGGERS, *_WRAP_TRIGGERS)]
 )
+
+#: Regex (same syntax) for lines delivered with the line before them: a summary's title,
+#: whose ``====`` rule above is part of the summary (``frameworks`` reads it).
+PRECEDED: str = r"^\s{0,40}\S{1,500} FAILED\s*$"
 
 #: Regex (same syntax) for lines that open a multi-line block: the ChildFailedError
 #: summary (its head and its two section headers) and a desync report's header line.

@@ -156,6 +156,8 @@ _SUM_TIME_RE = re.compile(r"(?P<date>\d{4}-\d{2}-\d{2})_(?P<time>\d{2}:\d{2}:\d{
 _SUM_SIGNAL_RE = re.compile(r"Signal \d{1,3} \((?P<sig>SIG[A-Z0-9]{1,10})\)", re.ASCII)
 _SUM_RULE_RE = re.compile(r"\s{0,8}(?:={5,}|-{5,}|\*{5,})\s*$")
 _SUM_TITLE_RE = re.compile(r"\s{0,40}\S{1,500} FAILED\s*$")
+#: The ``====`` rule a summary's title sits under (its frame's top).
+_SUM_TOP_RULE_RE = re.compile(r"\s{0,8}={5,}\s*$")
 _NO_OTHER = "<NO_OTHER_FAILURES>"
 
 #: A torch version printed by an environment dump: ``PyTorch version: 2.1.0+cu121``

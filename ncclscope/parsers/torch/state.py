@@ -27,6 +27,7 @@ from ncclscope.parsers.torch.patterns import (
     _SUM_SIGNAL_RE,
     _SUM_TIME_RE,
     _SUM_TITLE_RE,
+    _SUM_TOP_RULE_RE,
     _VERSION_RES,
 )
 from ncclscope.parsers.torch.prefixes import (
@@ -476,6 +477,16 @@ class _Parser:
             )
         )
 
+    def _titled(self, i: int, text: str) -> bool:
+        """Is line ``i`` a summary's title (``train.py FAILED``) right under its ``====``
+        rule (the line before it in the file, delivered with it)?"""
+        if i == 0 or not _SUM_TITLE_RE.match(text):
+            return False
+        if self.items[i - 1][0] + 1 != self.items[i][0]:
+            return False
+        _ctx, prev = self.stripped(i - 1)
+        return _SUM_TOP_RULE_RE.match(prev) is not None
+
     def summary_line(self, i: int, ctx: _Ctx, text: str, *, implicit: bool) -> _Outcome:
         """Read one line of a ChildFailedError summary.
 
@@ -489,6 +500,12 @@ class _Parser:
         section = _SUM_SECTION_RE.match(text)
         fld = _SUM_FIELD_RE.match(text) if section is None else None
         if not self.summary_active:
+            if implicit and section is None and fld is None and self._titled(i, text):
+                # ``====`` / ``train.py FAILED``: the summary's own frame, its head line
+                # lost (cut, damaged): the frame opens it, the rule above included.
+                self.parsed.add(i - 1)
+                self.summary_active = True
+                return _Outcome.PARSED
             if not (implicit and (section is not None or fld is not None)):
                 return _Outcome.NONE
             self.summary_active = True
