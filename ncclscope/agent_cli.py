@@ -178,6 +178,7 @@ def _agent_options(fn: _F) -> _F:
         click.option(
             "--collect-at",
             default="50%",
+            metavar="SHARE|SECONDS|off",
             show_default=True,
             callback=_collect_at,
             help="When a stalled collective has waited this long (a share of the collective "

@@ -197,6 +197,8 @@ def analyze(
     PATH may be a file, a directory (every log inside, recursively), a glob
     ('logs/*.log', quoted), a .gz file, or - for standard input. One file per rank
     (NCCL_DEBUG_FILE=%h.%p, torchrun --log-dir) or one combined file both work.
+    Flight Recorder dumps, NCCL tools' output and the agent's evidence folders
+    (--collect-at) are known by their content and read beside the logs.
 
     \b
     Examples:
@@ -206,6 +208,7 @@ def analyze(
       ncclscope analyze logs/ --fail-on critical   # exit 3 on a hang, in CI
       ncclscope analyze logs/ --telemetry tel/ --html report.html
       ncclscope analyze logs/ --log-tz America/New_York   # the job ran in New York time
+      ncclscope analyze logs/ runs/42/evidence/   # with what the agent took at a stall
       ncclscope analyze logs/ --exclude-list slurm   # node-[03,07]: for sbatch --exclude
       ncclscope analyze logs/ --telemetry tel/ --exclude-list kubectl > taint.sh   # review, run
 
