@@ -10,6 +10,7 @@ is a hook the hang detector calls on its findings, not a detector of its own.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import polars as pl
@@ -23,20 +24,59 @@ __all__ = ["with_ras"]
 _STOPPED = ("dead", "missing", "unresponsive")
 
 
-def _members(ctx: Context) -> dict[tuple[str, int], int]:
+@dataclass(frozen=True)
+class _RankMap:
+    """How the logs map what RAS names to a job (global) rank: a communicator's rank by
+    its hash, else the process by its pid and GPU (RAS prints the node as an address,
+    the logs a host name, so the pid is the key; one that several hosts' logs hold, or
+    that drives several ranks without a GPU to tell them apart, maps to none)."""
+
+    by_comm: dict[tuple[str, int], int] = field(default_factory=dict)
+    by_pid: dict[int, set[int]] = field(default_factory=dict)
+    by_pid_gpu: dict[tuple[int, str], set[int]] = field(default_factory=dict)
+
+    def rank(self, r: dict[str, Any]) -> int | None:
+        if r["comm_hash"] is not None and r["comm_rank"] is not None:
+            g = self.by_comm.get((r["comm_hash"], r["comm_rank"]))
+            if g is not None:
+                return g
+        pid = r["pid"]
+        if pid is None:
+            return None
+        found = self.by_pid_gpu.get((pid, r["gpu"])) if r["gpu"] else None
+        found = found or self.by_pid.get(pid, set())
+        return next(iter(found)) if len(found) == 1 else None
+
+
+def _members(ctx: Context) -> _RankMap:
     members = ctx.analysis.identity.members
     if members.is_empty():
-        return {}
+        return _RankMap()
+    known = members.filter(pl.col("rank").is_not_null())
     rows = (
-        members.filter(pl.col("comm_id").is_not_null() & pl.col("rank").is_not_null())
+        known.filter(pl.col("comm_id").is_not_null())
         .select(normalise_hash(pl.col("comm_id")).alias("h"), "comm_rank", "rank")
         .unique()
     )
-    return {(h, int(cr)): int(r) for h, cr, r in rows.iter_rows() if cr is not None}
+    out = _RankMap({(h, int(cr)): int(r) for h, cr, r in rows.iter_rows() if cr is not None})
+    hosts: dict[int, set[str]] = {}
+    for host, pid, dev, rank in known.select("host", "pid", "cuda_dev", "rank").iter_rows():
+        if pid is None:
+            continue
+        hosts.setdefault(pid, set()).add(host)
+        out.by_pid.setdefault(pid, set()).add(rank)
+        if dev is not None:
+            out.by_pid_gpu.setdefault((pid, str(dev)), set()).add(rank)
+    for pid, on in hosts.items():
+        if len(on) > 1:  # the same pid on two hosts: the pid alone says nothing
+            out.by_pid.pop(pid, None)
+            for key in [k for k in out.by_pid_gpu if k[0] == pid]:
+                out.by_pid_gpu.pop(key)
+    return out
 
 
-def _row_json(r: dict[str, Any], ranks: dict[tuple[str, int], int]) -> dict[str, Any]:
-    g = ranks.get((r["comm_hash"], r["comm_rank"])) if r["comm_hash"] is not None else None
+def _row_json(r: dict[str, Any], ranks: _RankMap) -> dict[str, Any]:
+    g = ranks.rank(r)
     return {
         "communicator": r["comm_hash"],
         "comm_rank": r["comm_rank"],
@@ -100,18 +140,7 @@ def _hang(
         if dead
         else f"{len(stopped)} rank(s) or process(es) not answering"
     )
-    in_comms = sorted(
-        {
-            f"rank {s['comm_rank']} of {s['communicator']}"
-            for s in stopped
-            if s["comm_rank"] is not None
-        }
-    )
-    who = (
-        f"rank {ranks_text(named)}"
-        if named
-        else ", ".join(["process " + ", ".join(pids)] * bool(pids) + in_comms)
-    )
+    who = _who(stopped, named, pids)
     out.append(
         Finding(
             kind="hang",
@@ -126,6 +155,38 @@ def _hang(
             hang_class="dead_process" if dead else "missing_rank",
         )
     )
+
+
+def _one(s: dict[str, Any]) -> str:
+    """A stopped rank or process as the report names it, with its host::
+
+    rank 6 (comm rank 6 of 3c9e0b2d4e6f5a10, process 60417 on 10.20.0.12)
+    """
+    where = [f"comm rank {s['comm_rank']} of {s['communicator']}"] * (s["comm_rank"] is not None)
+    if s["pid"] is not None:
+        where.append(f"process {s['pid']} on {s['host'] or 'an unknown node'}")
+    elif s["host"]:
+        where.append(f"on {s['host']}")
+    if s["rank"] is not None:
+        return f"rank {s['rank']} ({', '.join(where)})" if where else f"rank {s['rank']}"
+    return ", ".join(where) or "a process the report could not name"
+
+
+def _who(stopped: list[dict[str, Any]], named: list[int], pids: list[str]) -> str:
+    """Each stopped rank or process once, a job rank first where the logs map it; a
+    process that a communicator row names again is not repeated."""
+    in_comms = {(s["pid"], s["host"]) for s in stopped if s["comm_rank"] is not None}
+    seen: list[str] = []
+    for s in sorted(stopped, key=lambda s: (s["rank"] is None, s["rank"] or 0)):
+        if s["comm_rank"] is None and s["rank"] is None and (s["pid"], s["host"]) in in_comms:
+            continue
+        text = _one(s)
+        if text not in seen:
+            seen.append(text)
+    if not seen:
+        return f"rank {ranks_text(named)}" if named else "process " + ", ".join(pids)
+    more = f" and {len(seen) - 8} more" if len(seen) > 8 else ""
+    return "; ".join(seen[:8]) + more
 
 
 def _mismatch(out: list[Finding], head: dict[str, Any], mism: list[dict[str, Any]]) -> None:

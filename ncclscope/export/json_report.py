@@ -70,6 +70,14 @@ def _records(frame: pl.DataFrame, drop: tuple[str, ...] = ("file_id",)) -> list[
     return [{k: _clean(r[k]) for k in cols} for r in frame.iter_rows(named=True)]
 
 
+def _cuda_text(code: int | None) -> str | None:
+    """A CUDA version code as RAS prints it (``cudaRuntimeGetVersion``: major*1000 +
+    minor*10) as ``A.B``: ``12060`` -> ``"12.6"``; None for none or a non-positive code."""
+    if code is None or code <= 0:
+        return None
+    return f"{code // 1000}.{code % 1000 // 10}"
+
+
 def _tools(analysis: Analysis) -> dict[str, Any]:
     """What came from NCCL's own tools among the inputs (not from the logs): Inspector
     records, nccl-tests runs, RAS reports; per file, what was read and skipped."""
@@ -126,6 +134,9 @@ def _tools(analysis: Analysis) -> dict[str, Any]:
             {
                 "path": paths.get(fid),
                 **{k: _clean(v) for k, v in r.items() if k != "file_id"},
+                "cuda_version": t.ras_compiled_cuda.get(fid),
+                "cuda_runtime": _cuda_text(r["cuda_runtime_version"]),
+                "cuda_driver": _cuda_text(r["cuda_driver_version"]),
                 "comms": _records(t.ras_comms.filter(pl.col("file_id") == fid)),
                 "ranks": _records(t.ras_ranks.filter(pl.col("file_id") == fid)),
             }

@@ -61,6 +61,9 @@ class ToolTables:
     notes: dict[str, list[str]] = field(default_factory=dict)
     #: Why no Inspector record joined a COLL line (``INSPECTOR_UNJOINED``), else None.
     inspector_unjoined: str | None = None
+    #: Per RAS report's file_id, the CUDA its NCCL was compiled with (``NCCL version 2.26.2
+    #: compiled with CUDA 12.6`` -> ``12.6``; text reports only).
+    ras_compiled_cuda: dict[int, str] = field(default_factory=dict)
 
 
 def _with_id(frame: pl.DataFrame, fid: int) -> pl.DataFrame:
@@ -78,6 +81,7 @@ def read_tools(
     problems: list[Problem] = []
     versions: set[str] = set()
     notes: dict[str, list[str]] = {}
+    compiled_cuda: dict[int, str] = {}
 
     def add(name: str, frame: pl.DataFrame, fid: int) -> None:
         parts.setdefault(name, []).append(_with_id(frame, fid))
@@ -114,6 +118,8 @@ def read_tools(
             add("ras_comms", ras.comms, fid)
             add("ras_ranks", ras.ranks, fid)
             reasons = ras.skipped
+            if ras.cuda_version:
+                compiled_cuda[fid] = ras.cuda_version
             if ras.notes:
                 notes[display] = list(ras.notes)
             n = ras.comms.height
@@ -123,7 +129,12 @@ def read_tools(
             skipped[display] = kept
     frames: dict[str, Any] = {name: pl.concat(part) for name, part in parts.items()}
     tables = ToolTables(
-        files=files, inspector_versions=sorted(versions), skipped=skipped, notes=notes, **frames
+        files=files,
+        inspector_versions=sorted(versions),
+        skipped=skipped,
+        notes=notes,
+        ras_compiled_cuda=compiled_cuda,
+        **frames,
     )
     return tables, problems
 

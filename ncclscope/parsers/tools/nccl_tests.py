@@ -30,9 +30,15 @@ Variants read (see ``fixtures/nccl-tests/README.md``): ``cputime`` for ``time`` 
 logger prefixes (:mod:`.prefix`); headers whose ``#`` was eaten by Markdown; rows cut
 into pieces by NCCL's own lines written into the same stdout buffer (stitched back);
 several runs in one file; one build without MPI started as several processes (one run
-per process); a table pasted without its column header (columns from the row width);
-the ``-J`` JSON file of 2.17+.  A line that fits nothing is counted by reason and
-skipped; it never costs the rows around it.
+per process); a table pasted without its column header (columns from the row width),
+from its units line on or as bare rows; rows whose op name was printed empty under a
+``redop`` column (``1024  256  float      -1  33.10 ...``: hypercube, the 2.10-era
+tests without a reduction); another process's launcher tag spliced into a row by
+interleaved output (``... -1 [1,1]<stdout>:  33.10 ...``: cut out); test-failure lines
+after the rows (``node-a: Test NCCL failure ...``); the ``-J`` JSON file of 2.17+.  A
+line that fits nothing is counted by reason and skipped (a size or count that is NaN,
+a fraction or past int64, a root past int32: ``table row with a number its column
+cannot hold``); it never costs the rows around it.
 """
 
 from __future__ import annotations
@@ -63,6 +69,16 @@ _AVG = re.compile(r"Avg bus bandwidth\s*:\s*([-+]?(?:nan|inf|[0-9.]+(?:[eE][-+]?
 _COMMAND = re.compile(r"\b(\w+?)_perf(?:_mpi)?\b")
 #: A NCCL log line glued to the end of a row fragment (both streams on one line).
 _GLUED = re.compile(r"(?:\[\d{1,5}\]\s*)?[\w.-]+:\d+:\d+ \[\d+\] NCCL (?:INFO|WARN|TRACE)")
+#: Another process's launcher tag spliced into a row by interleaved output (``[1,1]<stdout>:``,
+#: torchrun's ``[default1]:``, Intel MPI's ``[1]``, ``srun --label``'s ``1:``): no value of a
+#: row looks like one, so it is cut out and the row read around it.
+_SPLICED = re.compile(
+    r"\[\d+,\d+\]<std(?:out|err)>:|\[[A-Za-z]+\d+\]:|\[\d{1,5}\](?=\s)|(?<=\s)\d{1,5}:(?=\s)"
+    r"|\([^()]{0,80}?\b(?:pid|rank)=[^()]{0,60}\)"
+)
+#: Past the columns' types (size and count are int64 in the table): damaged digits.
+_INT64 = 2**63
+_DAMAGED = "table row with a number its column cannot hold (NaN, a fraction, too large)"
 _TIME_COLUMNS = ("time", "cputime")
 _WRONG_COLUMNS = ("#wrong", "error")
 #: Datatype and reduction names nccl-tests (and rccl-tests) print.
@@ -228,7 +244,7 @@ def parse_nccl_tests(text: str, display: str) -> NcclTestsRead:
         return run.carry() if keep else _Run(test=None)
 
     for k, raw in enumerate(text.splitlines(), start=1):
-        line = strip_prefix(raw.strip("\ufeff\x00")).strip()
+        line = strip_prefix(raw.strip("\ufeff\x00").lstrip()).strip()
         if not line:
             continue
         glued = _GLUED.search(line)
@@ -279,11 +295,15 @@ def parse_nccl_tests(text: str, display: str) -> NcclTestsRead:
             continue
         if "NCCL INFO" in line or "NCCL WARN" in line:
             continue
-        if not line[:1].isdigit():
+        if line[:1].isdigit():
+            line = _SPLICED.sub(" ", line)
+        else:
             if m := _COMMAND.search(line):
                 command_test = m.group(1)
                 if run.test is None and not run.started():
                     run.test = command_test
+            elif run.layout is not None and _damaged_row(line.split()):
+                out.skipped[_DAMAGED] += 1
             continue
         tokens = line.split()
         if run.layout is None:
@@ -291,9 +311,10 @@ def parse_nccl_tests(text: str, display: str) -> NcclTestsRead:
             if run.layout is None:
                 continue
             notes_guessed = True
+        tokens = _empty_redop(tokens, run.layout)
         if pending is not None and not _starts_row(tokens) and all(map(_is_value, tokens)):
             first, before = pending
-            tokens = before + tokens
+            tokens = _empty_redop(before + tokens, run.layout)
             if len(tokens) < run.layout.ncol - run.layout.timestamp:
                 pending = (first, tokens)
                 continue
@@ -307,7 +328,9 @@ def parse_nccl_tests(text: str, display: str) -> NcclTestsRead:
                 continue
         row = _row(tokens, run.layout)
         if row is None:
-            out.skipped["table row that does not fit its header"] += 1
+            lay = run.layout
+            fits = len(tokens) in (lay.ncol - lay.timestamp, lay.ncol + lay.timestamp)
+            out.skipped[_DAMAGED if fits else "table row that does not fit its header"] += 1
             continue
         run.rows.append((k, *row))
     if pending is not None:
@@ -323,7 +346,7 @@ def _half_or_cut(out: NcclTestsRead, run: _Run, pending: tuple[int, list[str]]) 
     """A short row followed by no continuation: a row that prints only its first half,
     or one cut and never completed."""
     k, tokens = pending
-    row = _row(tokens, run.layout) if run.layout is not None else None
+    row = _row(_empty_redop(tokens, run.layout), run.layout) if run.layout is not None else None
     if row is None:
         out.skipped["table row cut and never completed"] += 1
     else:
@@ -349,6 +372,38 @@ def _processes(run: _Run) -> list[_Run]:
         parts[min(seen[key], n - 1)].rows.append(row)
         seen[key] += 1
     return [part for part in parts if part.rows or part.avgs or part.devices]
+
+
+def _damaged_row(tokens: list[str]) -> bool:
+    """Whether ``tokens`` are a row whose size is not a number (``-nan 256 float ...``):
+    a line damaged in the row's place, not another program's."""
+    return (
+        len(tokens) >= 8
+        and tokens[1].lstrip("-").isdigit()
+        and tokens[2].lower() in _TYPES
+        and sum(map(_is_value, tokens[3:])) >= 5
+    )
+
+
+def _empty_redop(tokens: list[str], lay: _Layout) -> list[str]:
+    """``tokens`` with the reduction put back where a test printed an empty op name
+    under a ``redop`` column (``TimeTest(..., "", -1)``: hypercube, and every test
+    without a reduction in the 2.10 era), so the row is one token short and its root
+    sits where the op should be::
+
+        1024   256  float      -1   33.10  0.03  0.06  0   32.80  0.03  0.06  0
+    """
+    op, root = lay.fixed.get("redop"), lay.fixed.get("root")
+    width = lay.ncol - (1 if lay.timestamp else 0)
+    if (
+        op is None
+        or root != op + 1
+        or len(tokens) not in (width - 1, width + (1 if lay.timestamp else 0) - 1)
+        or not _starts_row(tokens)
+        or not tokens[op].lstrip("-").isdigit()
+    ):
+        return tokens
+    return [*tokens[:op], "", *tokens[op:]]
 
 
 def _starts_row(tokens: list[str]) -> bool:
@@ -380,7 +435,7 @@ def _row(tokens: list[str], lay: _Layout) -> tuple[object, ...] | None:
     try:
         size, count = int(tokens[lay.fixed["size"]]), int(tokens[lay.fixed["count"]])
         dtype = tokens[lay.fixed["type"]] if "type" in lay.fixed else None
-        redop = tokens[lay.fixed["redop"]] if "redop" in lay.fixed else None
+        redop = (tokens[lay.fixed["redop"]] or None) if "redop" in lay.fixed else None
         root = int(tokens[lay.fixed["root"]]) if "root" in lay.fixed else None
         values = [
             _num(tokens[half[name]]) if name in half else None
@@ -389,7 +444,9 @@ def _row(tokens: list[str], lay: _Layout) -> tuple[object, ...] | None:
         ]
     except (ValueError, KeyError, IndexError):
         return None
-    if size < 0 or count < 0 or (dtype is not None and not dtype[:1].isalpha()):
+    if not (0 <= size < _INT64 and 0 <= count < _INT64):
+        return None
+    if dtype is not None and not dtype[:1].isalpha():
         return None
     if root is not None and not -(2**31) <= root < 2**31:
         return None

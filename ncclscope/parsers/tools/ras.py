@@ -47,7 +47,12 @@ Also read: launcher prefixes on every line, several reports polled into one file
 last is read, with a note), the JSON after ``nc``'s ``OK`` ack, ``Rank N reported
 <error> --`` and the ``N ranks have ...``/``N ranks reported ...`` line that says what
 the Rank lines under it share, the writer's placeholders for an unknown process (null),
-``ncclras``'s own connection failure (an input problem, not a report).
+``ncclras``'s own connection failure (an input problem, not a report), 2.24/2.25's
+``The missing ranks: 6,9`` under ``#0-0 (hash) INCOMPLETE`` (a missing row per rank;
+2.26+ print a ``Rank N -- ...`` line each), the CUDA NCCL was compiled with
+(:attr:`RasRead.cuda_version`).  A count or id that is NaN, a fraction or past int32
+is counted as ``number its column cannot hold`` (JSON: the entry not understood),
+never raised.
 """
 
 from __future__ import annotations
@@ -66,7 +71,7 @@ from ncclscope.schema import RAS_COMMS_SCHEMA, RAS_RANKS_SCHEMA, RAS_REPORTS_SCH
 
 __all__ = ["RasRead", "parse_ras_json", "parse_ras_text"]
 
-_VERSION = re.compile(r"^NCCL version (\S+) compiled with CUDA")
+_VERSION = re.compile(r"^NCCL version (\S+) compiled with CUDA(?: (\d+\.\d+))?")
 _CUDA = re.compile(r"CUDA runtime version (-?\d+), driver version (-?\d+)")
 _NUMS = re.compile(r"^\s*\d+(?:\s+\d+){2,4}\s*$")
 _GROUP = re.compile(
@@ -84,6 +89,9 @@ _GROUP_OF_RANKS = re.compile(
     r"^(\d+) ranks (have launched up to operation \d+|have not launched any operations"
     r"|have status [A-Z]+|reported .+)$"
 )
+#: 2.24/2.25 under ``#0-0 (hash) INCOMPLETE``: ``The missing ranks: 6,9`` (2.26+ print a
+#: ``Rank N -- ...`` line each instead).
+_MISSING_RANKS = re.compile(r"^The missing ranks?:\s*(\d+(?:\s*,\s*\d+)*)\s*,?$")
 _MISSING_PROCS = re.compile(r"Missing communicator data from (\d+) job process")
 _DEAD_PROCS = re.compile(r"(\d+) job process(?:es)? (?:are|is) considered dead")
 _TIMEOUTS = re.compile(r"Encountered (\d+) communication timeout")
@@ -97,6 +105,8 @@ _KNOWN_PROSE = (
     "[could not", "The outlier", "Node ", "Please make sure", "Will try to continue",
 )  # fmt: skip
 _INT32 = 2**31
+#: A count or id past its column (int32) or written as NaN or a fraction.
+_DAMAGED = "number its column cannot hold"
 _STATUS_ORDER = ("NOCOMM", "INIT", "RUNNING", "FINALIZE", "ABORT")
 _IN_PROGRESS = 7  # ncclInProgress: not an error
 
@@ -112,10 +122,20 @@ class RasRead:
     skipped: Counter[str] = field(default_factory=Counter)
     notes: list[str] = field(default_factory=list)
     problem: str | None = None
+    #: ``compiled with CUDA 12.6`` of the text header (the JSON does not say it).
+    cuda_version: str | None = None
 
 
 def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    """An int32 of the JSON, else None (a float, NaN, ``true``, or past the column)."""
+    if isinstance(value, int) and not isinstance(value, bool) and -_INT32 <= value < _INT32:
+        return value
+    return None
+
+
+def _fits(*values: int) -> bool:
+    """Whether every value fits the report's int32 columns."""
+    return all(-_INT32 <= v < _INT32 for v in values)
 
 
 def _hash(value: Any) -> str | None:
@@ -161,10 +181,14 @@ def parse_ras_text(text: str, display: str) -> RasRead:
             failed = failed or stripped
             continue
         if (m := _VERSION.match(stripped)) and "nccl_version" not in head:
-            head["nccl_version"] = m.group(1)
+            head["nccl_version"], out.cuda_version = m.group(1), m.group(2)
             continue
         if m := _CUDA.match(stripped):
-            head["cuda_runtime"], head["cuda_driver"] = int(m.group(1)), int(m.group(2))
+            runtime, driver = int(m.group(1)), int(m.group(2))
+            if _fits(runtime, driver):
+                head["cuda_runtime"], head["cuda_driver"] = runtime, driver
+            else:
+                out.skipped[_DAMAGED] += 1
             continue
         if stripped in ("Job summary", "Errors", "Warnings") or stripped.startswith(
             "Communicators..."
@@ -177,14 +201,23 @@ def parse_ras_text(text: str, display: str) -> RasRead:
                 continue
             if summary_next and _NUMS.match(stripped):
                 nums = [int(x) for x in stripped.split()]
-                if len(nums) == 5:
+                if not _fits(*nums):
+                    out.skipped[_DAMAGED] += 1
+                elif len(nums) == 5:
                     head["nodes"], head["processes"], head["gpus"] = nums[0], nums[3], nums[4]
                 elif len(nums) == 3:
                     head["nodes"], head["processes"], head["gpus"] = nums
                 summary_next = False
+            elif summary_next:
+                out.skipped["job summary row not understood"] += 1
+                summary_next = False
             continue
         if section == "Communicators":
-            if m := _GROUP.match(line):
+            if (m := _GROUP.match(line)) and not _fits(
+                *(int(x) for x in m.groups()[:6] if x.isdigit())
+            ):
+                out.skipped[_DAMAGED] += 1
+            elif m:
                 g = m.groups()
                 comms.append(
                     (0, int(g[0]), None, int(g[1]), int(g[4]), int(g[2]), g[6], g[7], None)
@@ -195,16 +228,33 @@ def parse_ras_text(text: str, display: str) -> RasRead:
         if m := _COMM_HEAD.match(stripped):
             comm, comm_state, op, shared = _hash(m.group(3)), m.group(4), None, None
             continue
-        if m := _MISSING_PROCS.search(stripped):
+        if (m := _MISSING_PROCS.search(stripped)) and not _fits(int(m.group(1))):
+            out.skipped[_DAMAGED] += 1
+            continue
+        if m:
             head["missing"] = int(m.group(1))
             comm_state, comm, shared = "missing", None, None
             continue
-        if m := _DEAD_PROCS.search(stripped):
+        if (m := _DEAD_PROCS.search(stripped)) and not _fits(int(m.group(1))):
+            out.skipped[_DAMAGED] += 1
+            continue
+        if m:
             head["dead"] = int(m.group(1))
             comm_state, comm, shared = "dead", None, None
             continue
         if m := _TIMEOUTS.search(stripped):
-            head["timeouts"] = int(m.group(1))
+            if _fits(int(m.group(1))):
+                head["timeouts"] = int(m.group(1))
+            else:
+                out.skipped[_DAMAGED] += 1
+            continue
+        if m := _MISSING_RANKS.match(stripped):
+            listed = [int(x) for x in m.group(1).split(",")]
+            if not _fits(*listed):
+                out.skipped[_DAMAGED] += 1
+                continue
+            state = _rank_state(comm_state, None, op)
+            ranks.extend((0, comm, rank, None, None, None, *state) for rank in listed)
             continue
         if stripped in ("INCOMPLETE", "DEAD", "TIMEOUT"):
             continue
