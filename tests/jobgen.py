@@ -1121,7 +1121,8 @@ def _shift_text(text: str, seconds: float, pid_shift: int) -> str:
         return f"{d:%Y-%m-%d}{m.group(0)[10]}{d:%H:%M:%S}"
 
     def glog(m: re.Match[str]) -> str:
-        d = datetime(2025, int(m.group(1)), int(m.group(2)), *map(int, m.group(3).split(":")))
+        hh, mm, ss = (int(x) for x in m.group(3).split(":"))
+        d = datetime(2025, int(m.group(1)), int(m.group(2)), hh, mm, ss)
         d += timedelta(seconds=seconds)
         return f"{d:%m%d %H:%M:%S}"
 
@@ -1164,28 +1165,76 @@ def kept_uids(files: Files) -> set[int]:
     return {ln.uid for lines in files.values() for ln in lines}
 
 
+#: How long a log must go on past a stall, with no collective progressing, before its
+#: timestamps alone say the job stopped rather than that the log was copied mid-run
+#: ("minutes": five of them; a training step is seconds).
+NO_PROGRESS_S = 300.0
+
+
+def _stall_kept(job: Job, lines: list[Line], kept: set[int]) -> bool:
+    """A hang that ends the log (no watchdog): the culprit is nameable when the cut kept
+    the init lines (they map each process to its rank), every rank's last collective (the
+    waiters' is the stuck one: they entered it; the culprit's is the one before: it never
+    did) and a line at least ``NO_PROGRESS_S`` after the waiters entered it."""
+    culprits = set(job.truth["culprit_ranks"])
+    init = {ln.uid for ln in lines if ln.tag in ("init", "banner")}
+    last: dict[int, Line] = {}
+    for ln in lines:
+        if ln.tag == "coll" and ln.rank is not None:
+            if ln.rank not in last or ln.t >= last[ln.rank].t:
+                last[ln.rank] = ln
+    waiters = [ln for r, ln in last.items() if r not in culprits]
+    if not waiters or not culprits <= set(last):
+        return False
+    entered = max(ln.t for ln in waiters)
+    later = [ln.t for ln in lines if ln.uid in kept and ln.t >= entered + NO_PROGRESS_S]
+    return init <= kept and {ln.uid for ln in last.values()} <= kept and bool(later)
+
+
 def evidence_kept(job: Job, cut: Files) -> bool:
     """Whether ``cut`` (surgery on ``job.files``) kept what names the culprit: every
-    waiting rank's watchdog line and a line that gives the group's size (and, with
-    several process groups, the init lines that say who is in which); half of a slow
-    rank's (node's) timed collectives and the init lines; everything, for intermittent
-    stragglers and leaks (their window or trend may be what was cut)."""
+    waiting rank's watchdog line (of the ranks any of whose lines were kept, the culprit
+    among them) and a line that gives the group's size (and, with
+    several process groups, the init lines that say who is in which); for a hang that
+    ends the log (``stall_time``), the stall and minutes of log after it
+    (``_stall_kept``); half of a slow rank's (node's) timed collectives and the init
+    lines; everything, for intermittent stragglers and leaks (their window or trend may
+    be what was cut).  A hang with no such evidence (``evidence`` empty: the log ends
+    with the others waiting, untimed or soon after) never owes its culprit."""
     kept = kept_uids(cut)
     lines = [ln for lines in job.files.values() for ln in lines]
     truth = job.truth
+    evidence = truth.get("evidence", [])
     culprits = set(truth["culprit_ranks"])
+    if not culprits:
+        return False  # nothing to name
     init = {ln.uid for ln in lines if ln.tag in ("init", "banner")}
-    if "watchdog" in truth.get("evidence", []) or truth["kind"] == "restart_hang":
-        wd = {ln.uid for ln in lines if ln.tag == "watchdog"}
+    # A rank of which the cut kept no line at all (its file lost) contradicts nothing; a
+    # rank whose lines were partly cut may have lost what would: the init lines and
+    # watchdog lines required are those of the ranks still present, the culprit among them.
+    present = {ln.rank for ln in lines if ln.uid in kept and ln.rank is not None}
+    init_present = {ln.uid for ln in lines if ln.uid in init and ln.rank in present}
+    if "watchdog" in evidence or truth["kind"] == "restart_hang":
+        wd = {ln.uid for ln in lines if ln.tag == "watchdog" and ln.rank in present}
         size = {ln.uid for ln in lines if ln.tag in ("coll", "init")}
-        need_init = "init" in truth.get("evidence", [])
-        return wd <= kept and bool(size & kept) and (not need_init or init <= kept)
+        need_init = "init" in evidence
+        return (
+            culprits <= present
+            and bool(wd)
+            and wd <= kept
+            and bool(size & kept)
+            and (not need_init or init_present <= kept)
+        )
+    if "stall_time" in evidence:
+        return _stall_kept(job, lines, kept)
     if truth["kind"] in ("slow_rank", "slow_node"):
         mine = {ln.uid for ln in lines if ln.tag == "coll" and ln.rank in culprits}
-        return len(mine & kept) >= 0.5 * len(mine) and init <= kept
+        return len(mine & kept) >= 0.5 * len(mine) and init_present <= kept
     if truth["kind"] in ("intermittent_rank", "intermittent_node", "memory_leak"):
         return kept == {ln.uid for ln in lines}
-    return False
+    if truth["kind"] == "hang":
+        return False  # no evidence that it stopped: allowed, not owed
+    raise ValueError(f"evidence_kept: no rule for {truth['kind']} ({evidence})")
 
 
 # --------------------------------------------------------------------------- judging
