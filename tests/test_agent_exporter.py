@@ -313,8 +313,13 @@ def test_window_shares_max_lines_among_files(tmp_path: Path) -> None:
         window.add([(f"rank{r}.log", f"x {k} opCount {k:x}", t) for r in range(4)])
     outs = window.write(tmp_path / "out")
     window.close()
-    sizes = [len(p.read_text().splitlines()) for p in outs]
-    assert all(10 <= n <= 10 + 4 for n in sizes)
+    # One output per file, each the newest quarter of the lines (up to a segment over),
+    # the file's own, in order.
+    assert sorted(p.name.split(".log.")[0] for p in outs) == [f"rank{r}" for r in range(4)]
+    for p in outs:
+        written = p.read_text().splitlines()
+        assert 10 <= len(written) <= 10 + 4, (p.name, len(written))
+        assert written == [f"x {k} opCount {k:x}" for k in range(100 - len(written), 100)]
 
 
 def test_bulk_stamping_matches_stamp_line_by_line(tmp_path: Path) -> None:

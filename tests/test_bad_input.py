@@ -13,6 +13,7 @@ it in ``tmp_path``, runs the real CLI (``analyze PATH --format json``) and check
 
 from __future__ import annotations
 
+import errno
 import gzip
 import io
 import json
@@ -493,11 +494,14 @@ def test_truncated_gzip_inside_gzip(tmp_path: Path) -> None:
     run = run_cli([path])
     assert run.code in (0, 1)
     assert run.doc is not None
-    said = [n for i in run.doc["inputs"] for n in i["notes"]]
-    said += [p["reason"] for p in run.doc["problems"]]
-    assert said
+    # What is said about the file is said of it (its input's notes, its problem) and
+    # says that it is cut, not merely that its last line has no newline.
+    said = [n for i in run.doc["inputs"] if i["path"] == str(path) for n in i["notes"]]
+    said += [p["reason"] for p in run.doc["problems"] if p["path"] == str(path)]
+    assert any(re.search(r"truncat|end of file|\bcut\b", s, re.IGNORECASE) for s in said), said
     if run.code == 1:
         assert str(path) in run.stderr
+        assert [p["path"] for p in run.doc["problems"]] == [str(path)]
 
 
 def test_stdin_plain_same_as_file(tmp_path: Path) -> None:
@@ -694,17 +698,27 @@ def test_usage_error_without_paths() -> None:
     assert "Traceback" not in result.output
 
 
-def test_unreadable_file(tmp_path: Path) -> None:
-    if os.geteuid() == 0:
-        pytest.skip("root reads every file")
+def test_unreadable_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file that is listed but cannot be opened (mode 0 for anyone but root, who runs
+    CI): opening it fails as it does for a user without the permission, whoever runs
+    the test; the message names the file and why."""
     path = write_sample(tmp_path / "secret.log")
-    path.chmod(0)
-    try:
-        run = run_cli([path])
-    finally:
-        path.chmod(0o644)
+    opened = Path.open
+    tried: list[str] = []
+
+    def refuse(self: Path, *args: Any, **kwargs: Any) -> Any:
+        if self == path:
+            tried.append(str(self))
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+        return opened(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", refuse)
+    run = run_cli([path])
+    monkeypatch.undo()
+    assert tried, "the file was never opened"
     assert run.code == 1
     assert str(path) in run.stderr
+    assert os.strerror(errno.EACCES) in run.stderr
 
 
 def test_fifo_is_not_a_regular_file(tmp_path: Path) -> None:

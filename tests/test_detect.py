@@ -19,6 +19,7 @@ from ncclscope.cli import cli
 from ncclscope.detect import Context
 from ncclscope.detect.base import ranks_text, severity_at_least
 from ncclscope.detect.timeout import countdown
+from ncclscope.findings import Finding
 from ncclscope.synth import (
     DeadProcess,
     ExtraCollective,
@@ -245,8 +246,26 @@ def test_fail_on(tmp_path: Path) -> None:
     assert "rank 2 never joined" in text
 
 
-def test_findings_order_and_ranks_text() -> None:
+def test_findings_order_and_ranks_text(tmp_path: Path) -> None:
     assert ranks_text([7, 1, 2, 3, 5]) == "1-3, 5, 7"
+    # Most severe first, then most costly (no cost last among equals).
+    made = [
+        Finding("config", "info", "a", cost_gpu_s=5.0),
+        Finding("straggler", "warning", "b", cost_gpu_s=1.0),
+        Finding("hang", "critical", "c"),
+        Finding("straggler", "warning", "d", cost_gpu_s=9.0),
+        Finding("hang", "critical", "e", cost_gpu_s=2.0),
+    ]
+    assert [f.message for f in sorted(made, key=Finding.order)] == ["e", "c", "d", "b", "a"]
+    # A job's findings come out in that order, not the order the detectors ran in
+    # (config's, info, run first).
+    spec = SynthSpec(ranks=4, hosts=1, steps=2, seed=1, framework="torch", faults=(StopRank(2, 5),))
+    a = _analyse(tmp_path, spec)
+    got = [(f.kind, f.severity, f.cost_gpu_s) for f in a.findings]
+    assert got[0][:2] == ("hang", "critical"), got
+    assert {s for _k, s, _c in got} >= {"critical", "info"}, got
+    keys = [Finding.order(f) for f in a.findings]
+    assert keys == sorted(keys), got
 
 
 def test_detectors_read_the_collectives_a_bounded_number_of_times(tmp_path: Path) -> None:

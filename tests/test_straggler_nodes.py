@@ -289,17 +289,20 @@ def test_lone_late_rank_in_a_merged_log_is_not_its_host(
     """One merged log (a launcher's), the late rank on a host of two whose clock is
     behind the others' (its times say it is early) or ahead (they say it is late): the
     host's median line comes after the others' (its late rank's), its first does not;
-    the host is not a slow node."""
+    the host is not a slow node: the rank is named, on its own, measured against its
+    host's other rank.  (Late enough to be named for every seed: at 5% seeds 2 and 3
+    name no one, and a check over no findings passes whatever the detector does.)"""
     job = jobgen.generate(
         jobgen.JobSpec(
-            kind="slow_rank", hosts=(4, 4, 2), offsets_ms=offsets_ms, slowdown=0.05,
+            kind="slow_rank", hosts=(4, 4, 2), offsets_ms=offsets_ms, slowdown=0.08,
             culprit_rank=8, layout="combined", seed=seed,
         )
     )  # fmt: skip
     logs = jobgen.write_files(job.files, tmp_path / "logs")
     a = run_analysis([str(logs)], workdir=tmp_path / "work")
     found = [f for f in _stragglers(a) if severity_at_least(f.severity, "warning")]
-    assert all(f.ranks == [8] for f in found), [f.message for f in found]
+    got = [(f.ranks, f.hosts, f.evidence["cause"], f.evidence["compared_with"]) for f in found]
+    assert got == [([8], job.truth["culprit_hosts"], "slow", "host")], [f.message for f in found]
 
 
 def _host_file(files: jobgen.Files, host: str) -> str:

@@ -103,15 +103,29 @@ def test_nccl_tests_damaged_reads_the_same_rows(path: Path) -> None:
     assert _rows("\n".join(f"{line}\n{log}" for line in text.splitlines())) == base
 
 
+#: Fixtures whose rows are stitched from pieces with other lines between them.
+STITCHED = {"intelmpi_interleaved_rows_2_13.txt"}
+
+
 @pytest.mark.parametrize("path", NT, ids=lambda p: p.name)
 def test_nccl_tests_cut_anywhere_keeps_the_whole_rows_before(path: Path) -> None:
     lines = path.read_text().splitlines()
-    full = _rows("\n".join(lines))
-    for k in range(len(lines)):
+    read = parse_nccl_tests("\n".join(lines), "x").rows
+    full = read.drop("line_no").rows()
+    starts = read["line_no"].to_list()
+    # The line a row is whole by: its own (1-based), or for a stitched one at the latest
+    # the line before the next row starts (the end of the file for the last).
+    ends = starts if path.name not in STITCHED else [n - 1 for n in starts[1:]] + [len(lines)]
+    assert len(full) >= 2, path.name
+    for k in range(len(lines) + 1):
         part = _rows("\n".join(lines[:k]))
-        assert len(part) <= len(full)
-        # A row stitched from pieces can only be whole once its last piece is in.
+        # A row stitched from pieces can only be whole once its last piece is in ...
         assert all(row in full for row in part), (path.name, k)
+        # ... and every row whose lines are all in is read: the cut loses no more.
+        done = [row for row, end in zip(full, ends, strict=True) if end <= k]
+        assert part[: len(done)] == done, (path.name, k)
+        if path.name not in STITCHED:
+            assert part == done, (path.name, k)
 
 
 def test_a_bad_line_in_the_table_costs_only_itself() -> None:
@@ -195,9 +209,26 @@ def test_ras_damaged_reads_the_same(path: Path) -> None:
         assert sniff_tool(prefixed.encode()[:8192]) == "ras_text", prefix
         assert _ras(parse_ras_text(prefixed, "x")) == base, prefix
     lines = text.splitlines()
-    for k in range(len(lines)):
+    whole = parse_ras_text(text, "x").ranks
+    # The last line naming each rank read (its process and node, or its rank): by then
+    # it is read, however the file is cut after.
+    by: dict[tuple[object, ...], int] = {}
+    for r in whole.iter_rows(named=True):
+        names = [f"process {r['pid']} on node {r['host']}"] if r["pid"] is not None else []
+        names += [f"Rank {r['comm_rank']} "] if r["comm_rank"] is not None else []
+        at = [n for n, line in enumerate(lines, 1) if any(w.lower() in line.lower() for w in names)]
+        assert at, (path.name, r)
+        by[_rank_key(r)] = max(at)
+    for k in range(len(lines) + 1):
         part = parse_ras_text("\n".join(lines[:k]), "x")  # never raises
-        assert part.ranks.height <= len(base[2])
+        assert part.ranks.height <= whole.height
+        read = {_rank_key(r) for r in part.ranks.iter_rows(named=True)}
+        assert read <= set(by), (path.name, k)
+        assert {key for key, n in by.items() if n <= k} <= read, (path.name, k)
+
+
+def _rank_key(r: dict[str, object]) -> tuple[object, ...]:
+    return (r["comm_hash"], r["comm_rank"], r["pid"], r["host"])
 
 
 def test_ras_polled_file_reads_the_last_report() -> None:
