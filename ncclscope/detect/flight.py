@@ -8,7 +8,12 @@ readings, each computed once per context:
   enqueued while others did (PyTorch's own analyzer, ``fr_trace``, reads the same:
   "missing ranks").  Its waiters are the members that enqueued it; the culprits are the
   members whose dump ends before it.  ``in_flight``: waiters whose entry there was not
-  retired when they dumped (still inside it).
+  retired when they dumped (still inside it).  Members come from ``pg_config``: one
+  whose whole ring is in its dump and holds no call of a group stands at 0 there (it
+  never entered the group's first collective); where every member that dumped entered
+  the last one and some wait inside it, the one member with no dump at all is the
+  culprit (dead, or stuck where even its watchdog could not dump); several, or one
+  whose dump does not reach back, name nobody.
 * ``flight_mismatches``: per process group, the first collective whose members
   enqueued different calls (op, element count, dtype); the culprits are the minority
   against a strict majority (with none, nobody is named: ``fr_trace`` takes whichever
@@ -25,7 +30,7 @@ so who is behind in the sequence is the evidence that holds for every backend; N
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 import polars as pl
@@ -70,6 +75,14 @@ class FlightStop:
     #: every member enqueued it, but the culprits' GPUs never started it while the
     #: waiters' did (NCCL's states, with ``TORCH_NCCL_ENABLE_TIMING`` or a start event)
     never_started: bool = False
+    #: members with no dump at all (dead, or stuck where not even the watchdog answered):
+    #: the culprit where it is the only member unaccounted for
+    no_dump: list[int] = field(default_factory=list)
+    #: members neither in ``last`` nor known to have no dump (a ring that wrapped, a
+    #: file unread) besides ``no_dump``: where the culprit may be, though not named
+    unaccounted: list[int] = field(default_factory=list)
+    #: why the dumps name nobody although a member is unaccounted for, else None
+    withheld: str | None = None
 
 
 @dataclass(frozen=True)
@@ -122,9 +135,72 @@ def _last_enqueued(ctx: Context) -> pl.DataFrame:
         .agg(pl.col("collective_seq_id").max().alias("last_enqueued"))
     )
     both = pl.concat([from_status, from_entries], how="vertical_relaxed")
+    seen = {(str(p), int(r)) for p, r in both.select("pg_name", "rank").iter_rows()}
+    complete = _complete_rings(ctx)
+    # A member whose whole ring is in its dump and holds no call of the group never
+    # enqueued one: it stands at 0 (its pg_status row, if any, has no name to join on).
+    silent = [
+        (pg, r, 0)
+        for pg, members in _members(ctx).items()
+        for r in members
+        if r in complete and (pg, r) not in seen
+    ]
+    if silent:
+        both = pl.concat(
+            [both, pl.DataFrame(silent, schema=both.schema, orient="row")], how="vertical_relaxed"
+        )
     return (
         both.group_by("pg_name", "rank").agg(pl.col("last_enqueued").max()).sort("pg_name", "rank")
     )
+
+
+def _members(ctx: Context) -> dict[str, list[int]]:
+    """Per process group, its members' global ranks where the dumps' ``pg_config`` lists
+    them and every dump that lists the group agrees (an empty list, as PyTorch 2.13 on
+    gloo writes, says nothing).  The default group, unlisted, holds at least every rank
+    from 0 to the highest that dumped."""
+    groups = ctx.analysis.flight.groups.filter(
+        pl.col("pg_name").is_not_null() & (pl.col("pg_ranks").list.len() > 0)
+    )
+    out: dict[str, list[int]] = {}
+    for (pg,), g in groups.partition_by("pg_name", as_dict=True).items():
+        lists = {tuple(sorted(int(r) for r in ranks)) for ranks in g["pg_ranks"].to_list()}
+        if len(lists) == 1:
+            out[str(pg)] = list(lists.pop())
+    dumped = ctx.analysis.flight.dumps["rank"].drop_nulls()
+    e = ctx.analysis.flight.entries
+    default = e.filter(pl.col("pg_desc") == "default_pg")["pg_name"].drop_nulls().unique()
+    if len(dumped) and len(default) == 1 and str(default[0]) not in out:
+        out[str(default[0])] = list(range(int(dumped.max()) + 1))  # type: ignore[arg-type]
+    return out
+
+
+def _complete_rings(ctx: Context) -> set[int]:
+    """Ranks whose dump holds every call its process recorded: read whole (no entry
+    skipped), the ring never wrapped (its first entry is record 0, or it has none) and no
+    ``pg_status`` row it cannot name counts a collective.  Only there does a missing
+    entry mean a call never made."""
+    f = ctx.analysis.flight
+    one = _one_dump_per_rank(ctx)
+    dumps = f.dumps.join(one, on=["rank", "file_id"], how="semi").filter(
+        pl.col("problem").is_null() & (pl.col("skipped").fill_null(0) == 0)
+    )
+    wrapped = set(
+        f.entries.group_by("file_id")
+        .agg(pl.col("record_id").min())
+        .filter(pl.col("record_id").is_null() | (pl.col("record_id") > 0))["file_id"]
+        .to_list()
+    )
+    unnamed = set(
+        f.pg_status.filter(pl.col("pg_name").is_null() & (pl.col("last_enqueued") > 0))[
+            "file_id"
+        ].to_list()
+    )
+    return {
+        int(r)
+        for r, fid in zip(dumps["rank"], dumps["file_id"], strict=True)
+        if fid not in wrapped and fid not in unnamed
+    }
 
 
 def pg_desc(ctx: Context, pg: str) -> str | None:
@@ -173,23 +249,36 @@ def _stops(ctx: Context) -> list[FlightStop]:
         return []
     last = _last_enqueued(ctx).filter(pl.col("last_enqueued") >= 0)
     colls = _collectives(ctx)
+    members = _members(ctx)
+    dumps = ctx.analysis.flight.dumps
+    dumped = {int(r) for r in dumps["rank"].drop_nulls()}
+    # A dump unread, or whose rank is unknown, may be any missing member's.
+    unread = bool(dumps.filter(pl.col("problem").is_not_null() | pl.col("rank").is_null()).height)
     out: list[FlightStop] = []
     for (pg,), g in last.partition_by("pg_name", as_dict=True, maintain_order=True).items():
         per = {int(r): int(s) for r, s in zip(g["rank"], g["last_enqueued"], strict=True)}
-        if len(per) < 2:
+        if len(per) < 2 and len(members.get(str(pg), [])) < 2:
             continue  # one dump: nothing to compare it with
         lo, hi = min(per.values()), max(per.values())
         never_started = False
+        no_dump: list[int] = []
+        withheld: str | None = None
+        unaccounted: list[int] = []
         if lo == hi:
-            # Every member enqueued the last one: a stop shows in the states, if anywhere.
+            # Every member that dumped enqueued the last one: a stop shows in the states,
+            # or in a member with no dump.
             seq = hi
             there = colls.filter((pl.col("pg_name") == pg) & (pl.col("collective_seq_id") == seq))
-            states = dict(zip(there["rank"].to_list(), there["state"].to_list(), strict=True))
-            waiting = sorted(r for r, s in states.items() if s == "started")
-            culprits = sorted(r for r, s in states.items() if s == "scheduled")
-            if not waiting or not culprits or "completed" in states.values():
-                continue
-            never_started = True
+            lag = _not_started(colls, there)
+            if lag is not None:
+                waiting, culprits = lag
+                never_started = True
+            else:
+                missing = _unaccounted(members.get(str(pg)), per, there, dumped, unread=unread)
+                if missing is None:
+                    continue
+                waiting, culprits, no_dump, withheld = missing
+                unaccounted = sorted(set(members.get(str(pg), [])) - set(per))
         else:
             seq = lo + 1
             culprits = sorted(r for r, s in per.items() if s == lo)
@@ -221,10 +310,73 @@ def _stops(ctx: Context) -> list[FlightStop]:
                 file_ids=[int(f) for f in files],
                 entered_ts=there["created_ts"].min(),  # type: ignore[arg-type]
                 never_started=never_started,
+                no_dump=no_dump,
+                unaccounted=unaccounted,
+                withheld=withheld,
             )
         )
     # The group that stopped first comes first: the others may wait on its members.
     return sorted(out, key=lambda s: (s.entered_ts is None, s.entered_ts or datetime.min))
+
+
+def _not_started(colls: pl.DataFrame, there: pl.DataFrame) -> tuple[list[int], list[int]] | None:
+    """(waiting, culprits) where every member enqueued the collective ``there`` holds,
+    some started it and the others' GPUs had not, every collective they enqueued before
+    it done (their stream busy elsewhere); None where nothing says so.  A member with an
+    earlier collective still running is only behind by a completion (the watchdog has
+    yet to see it, or its GPU is a little behind)."""
+    states = dict(zip(there["rank"].to_list(), there["state"].to_list(), strict=True))
+    waiting = sorted(r for r, s in states.items() if s == "started")
+    culprits = sorted(r for r, s in states.items() if s == "scheduled")
+    if not waiting or not culprits or "completed" in states.values():
+        return None
+    mine = there.filter(pl.col("rank").is_in(culprits)).select("rank", "file_id", "record_id")
+    before = (
+        colls.join(mine, on=["rank", "file_id"], suffix="_there")
+        .filter(pl.col("record_id") < pl.col("record_id_there"))
+        .filter(~pl.col("completed").fill_null(False))
+    )
+    if not before.is_empty():
+        return None
+    return waiting, culprits
+
+
+def _unaccounted(
+    members: list[int] | None,
+    per: dict[int, int],
+    there: pl.DataFrame,
+    dumped: set[int],
+    *,
+    unread: bool,
+) -> tuple[list[int], list[int], list[int], str | None] | None:
+    """(waiting, culprits, no_dump, withheld) where the members that dumped all entered
+    the group's last collective, some still inside it, and members are unaccounted for:
+    the one member with no dump is the culprit (it died, or hung where its watchdog
+    could not dump).  Several, or a member whose dump does not reach back, name nobody:
+    any of them may be the one.  None where every member is accounted for or nobody
+    waits.  ``unread``: a dump could not be read or has no rank (it may be theirs)."""
+    if members is None:
+        return None
+    unaccounted = sorted(set(members) - set(per))
+    waiting = sorted(
+        int(r)
+        for r, done in zip(there["rank"], there["completed"], strict=True)
+        if done is False and int(r) in per
+    )
+    if not unaccounted or not waiting:
+        return None
+    no_dump = [r for r in unaccounted if r not in dumped]
+    if len(no_dump) == 1 and unaccounted == no_dump and not unread:
+        return waiting, no_dump, no_dump, None
+    reason = (
+        f"{len(no_dump)} members left no dump: any of them may be the one"
+        if len(no_dump) > 1
+        else "a dump could not be read, or its rank is unknown: it may be theirs"
+        if unread
+        else "a member's dump does not hold its whole history (its ring wrapped, or "
+        "entries were skipped)"
+    )
+    return waiting, [], no_dump, reason
 
 
 def flight_mismatches(ctx: Context) -> list[FlightMismatch]:

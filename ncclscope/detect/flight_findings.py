@@ -4,8 +4,12 @@ The hang detector hands its findings to ``with_flight``: a stop or a mismatch th
 show is told once.  Where the logs already tell it (the same communicator, or the one
 hang of the job), the dumps' reading joins that finding as evidence, and names the
 culprit where the logs could not (who never enqueued the collective is direct
-evidence); elsewhere it is a finding of its own.  ``wait_findings`` gives the straggler
-detector the ranks the dumps' enqueue times show late.
+evidence); elsewhere it is a finding of its own.  A member that left no dump while
+its group waits is named as likely dead or stuck; where several members are
+unaccounted for, nobody is.  A stop whose missing ranks wait inside another group's
+collective follows from that one, whichever its waiters entered first.
+``wait_findings`` gives the straggler detector the ranks the dumps' enqueue times show
+late.
 
 Severity follows the stop's evidence as for the logs: the job's own lines (a watchdog,
 a launcher's failure summary) make it critical; dumps alone make it a warning (PyTorch
@@ -63,7 +67,9 @@ def _stop_json(ctx: Context, s: FlightStop) -> dict[str, Any]:
         "collective_seq_id": s.seq,
         "op": s.op,
         "waiting_ranks": s.waiting,
-        "never_enqueued": [] if s.never_started else s.culprits,
+        # a member with no dump: whether it enqueued the collective is not known
+        "never_enqueued": [] if s.never_started or s.no_dump else s.culprits,
+        "no_dump": s.no_dump,
         "never_started": s.culprits if s.never_started else [],
         "last_enqueued": {str(r): n for r, n in sorted(s.last.items())},
         "in_flight_at_dump": s.in_flight,
@@ -136,8 +142,24 @@ def _stop_finding(ctx: Context, s: FlightStop) -> Finding:
     op = s.op or "the collective"
     where = f"{op} #{s.seq} of {_label(s.pg_name, s.pg_desc)}"
     evidence: dict[str, Any] = {"flight_recorder": _stop_json(ctx, s), "stop_evidence": kinds}
-    if severity == "info":
-        behind = "its GPU had not started it" if s.never_started else "had not"
+    if s.withheld is not None:
+        gone = f"; rank {ranks_text(s.no_dump)} left no dump" if s.no_dump else ""
+        msg = (
+            f"rank {ranks_text(s.waiting)} waited in {where}, and not every member is "
+            f"accounted for{gone}: {s.withheld} (Flight Recorder)"
+        )
+        evidence.update(
+            {"culprit_basis": "withheld", "culprit_bases": ["withheld"], "withheld": s.withheld}
+        )
+        ranks: list[int] = []
+    elif severity == "info":
+        behind = (
+            "its GPU had not started it"
+            if s.never_started
+            else "left no dump"
+            if s.no_dump
+            else "had not"
+        )
         msg = (
             f"the Flight Recorder dumps stop apart, but the logs show no stop: "
             f"{len(s.waiting)} rank(s) had entered {where} and rank "
@@ -148,19 +170,25 @@ def _stop_finding(ctx: Context, s: FlightStop) -> Finding:
             {"waited_for": s.culprits, "culprit_basis": "withheld", "culprit_bases": ["withheld"]}
         )
         evidence["withheld"] = "the logs show no stop"
-        ranks: list[int] = []
+        ranks = []
     elif s.never_started:
         msg = (
             f"rank {ranks_text(s.culprits)} enqueued {where} but its GPU never started it, "
             f"while rank {ranks_text(s.waiting)} started it and waited (Flight Recorder "
             "states): its stream was still busy before it"
         )
+    elif s.no_dump:
+        msg = (
+            f"rank {ranks_text(s.culprits)} left no Flight Recorder dump while rank "
+            f"{ranks_text(s.waiting)} waited in {where}: likely dead, or stuck where even "
+            "its watchdog could not dump"
+        )
     else:
         msg = (
             f"rank {ranks_text(s.culprits)} never enqueued {where}, which rank "
             f"{ranks_text(s.waiting)} entered and waited in (Flight Recorder)"
         )
-    if severity != "info":
+    if severity != "info" and s.withheld is None:
         evidence.update({"culprit_basis": _SOURCE, "culprit_bases": [_SOURCE]})
         ranks = s.culprits
     return Finding(
@@ -236,6 +264,29 @@ def _same_event(ctx: Context, f: Finding, pg: str, kind: str, n_events: int) -> 
     return n_events == 1
 
 
+def _stuck_in(s: FlightStop, other: FlightStop) -> bool:
+    """Whether ``s`` follows from ``other``: its missing ranks are ``other``'s, some of
+    them waiting inside ``other``'s collective (they could not enter ``s``'s)."""
+    mine = set(s.culprits) | set(s.no_dump)
+    return bool(mine & set(other.waiting)) and mine <= (
+        set(other.culprits) | set(other.unaccounted) | set(other.waiting)
+    )
+
+
+def _roots_first(stops: list[FlightStop]) -> list[FlightStop]:
+    """The stops (in ``flight_stops``'s order, by when their waiters entered) with those
+    that follow from another last: a group whose members stopped in another group's
+    collective first is its consequence, whichever its members entered first."""
+    follows = [
+        any(j != i and _stuck_in(s, o) for j, o in enumerate(stops)) for i, s in enumerate(stops)
+    ]
+    if all(follows):
+        return stops  # each waits on another: the clock decides
+    return [s for s, f in zip(stops, follows, strict=True) if not f] + [
+        s for s, f in zip(stops, follows, strict=True) if f
+    ]
+
+
 def with_flight(ctx: Context, findings: list[Finding]) -> list[Finding]:
     """``findings`` (the logs' hangs and mismatches) with what the dumps show joined in."""
     apart = apart_runs(ctx)
@@ -267,13 +318,17 @@ def with_flight(ctx: Context, findings: list[Finding]) -> list[Finding]:
     first_mismatch = {m.pg_name: m.seq for m in mismatches}
     # A group whose members called different collectives falls out of step there: what
     # stops after it follows from the mismatch.
-    stops = [s for s in flight_stops(ctx) if first_mismatch.get(s.pg_name, s.seq + 1) > s.seq]
+    stops = _roots_first(
+        [s for s in flight_stops(ctx) if first_mismatch.get(s.pg_name, s.seq + 1) > s.seq]
+    )
     # The group that stopped first is the story (``flight_stops`` orders them by when
     # their waiters entered): a later stop whose missing ranks were all stuck in it
     # (its culprits or its waiters) follows from it.
     root: FlightStop | None = None
     for s in stops:
-        if root is not None and set(s.culprits) <= set(root.culprits) | set(root.waiting):
+        if root is not None and (
+            set(s.culprits) <= set(root.culprits) | set(root.waiting) or _stuck_in(s, root)
+        ):
             out.append(_follows(ctx, s, root))
             continue
         root = root or s
