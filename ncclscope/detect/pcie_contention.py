@@ -29,19 +29,25 @@ computes from NVML or sysfs), whichever link it is.
 Policy: with offload on (DeepSpeed config dump or ZeRO init lines), a step is contended
 when its GPU's own link or an uplink above it ran at >= ``SATURATED`` and the phase took
 >= ``MIN_INFLATION`` x the healthy one; a rank is contended when ``MIN_SHARE`` of its
-measured steps (and at least ``MIN_STEPS``) were.  Mild contention, below that bar:
-saturated links and phases >= ``MILD_INFLATION`` x a healthy baseline measured on
-unsaturated phases, on ``MILD_SHARE`` of a rank's steps (and ``MIN_STEPS``): an ``info``
-finding with its GPU-seconds.  One finding per host, with its GPUs, the link that
-saturated (the GPU's own, or the shared uplink and the GPUs behind it), the inflation,
-the GPU-seconds lost (per contended step, the longest excess among the host's ranks, times the world
-size: everyone waits) and the host's memory pressure: available memory under
-``_LOW_MEMORY`` of the total, or swapping in or out (the swap counters' rates), not swap
-merely in use.
+measured steps (and at least ``MIN_STEPS``) were, and its host's saturated phases took
+>= ``MIN_INFLATION`` x the healthy one by the median over the steps (noise that lifts a
+third of a mild host's steps over the bar does not make it a warning).  Mild contention,
+below that bar, is judged on the steady shift rather than step by step: links saturated
+on ``MILD_SHARE`` of a rank's steps (and ``MIN_STEPS``), and the host's saturated phases
+(per step, the median over its ranks; then the median over the steps) >=
+``MILD_INFLATION`` x the healthy ones and ``MILD_Z`` robust standard errors beyond the
+steps' noise (so a small shift over many steps counts, one that noise could make does
+not); with a baseline measured on unsaturated phases: an ``info`` finding with its
+GPU-seconds.  One finding per host, with its GPUs, the link that saturated (the GPU's
+own, or the shared uplink and the GPUs behind it), the inflation, the GPU-seconds lost
+(per contended step, the longest excess among the host's ranks, times the world size:
+everyone waits) and the host's memory pressure: available memory under ``_LOW_MEMORY``
+of the total, or swapping in or out (the swap counters' rates), not swap merely in use.
 """
 
 from __future__ import annotations
 
+import math
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -56,6 +62,7 @@ from ncclscope.detect.base import (
     register,
 )
 from ncclscope.detect.context import Context
+from ncclscope.detect.lateness import MIN_SLOWDOWN
 from ncclscope.model.timeline import normalise_bus_id
 
 __all__ = [
@@ -80,10 +87,20 @@ MIN_INFLATION = 1.25
 #: A rank is contended when this share of its measured steps (and this many) were.
 MIN_SHARE = 0.3
 MIN_STEPS = 2
-#: Mild contention: saturated links and phases this much longer than healthy ones ...
-MILD_INFLATION = 1.07
-#: ... on this share of a rank's measured steps (most of them: steady, not noise).
+#: Mild contention: links saturated on this share of a rank's measured steps (most of
+#: them: steady, not a burst) ...
 MILD_SHARE = 0.5
+#: ... and those phases, by the median over the steps, this much longer than healthy
+#: ones: the project's minimum effect (``lateness.MIN_SLOWDOWN``, as for stragglers),
+#: and ``MILD_Z`` robust standard errors beyond the noise.  A steady shift is judged on
+#: the median of many steps, so it needs no bar that each noisy step must clear.
+MILD_INFLATION = 1.0 + MIN_SLOWDOWN
+#: One one-sided test per host, on phases already marked by an independent signal (the
+#: link saturated on most steps): three standard errors, where ``lateness.MIN_Z`` (4)
+#: guards a search over every member of every communicator.
+MILD_Z = 3.0
+#: Standard error of a median, in standard deviations times 1/sqrt(n) (normal noise).
+_SE_MEDIAN = 1.253
 #: Raw signalling rate per lane (GT/s) by PCIe generation (``agent.nvml.PCIE_LANE_GT_PER_S``).
 _LANE_GT_PER_S = {1.0: 2.5, 2.0: 5.0, 3.0: 8.0, 4.0: 16.0, 5.0: 32.0, 6.0: 64.0}
 #: Samples a phase needs to have its link load measured.
@@ -404,24 +421,33 @@ class PcieContentionDetector:
         saturated = _saturated()
         marked = metric.with_columns(
             (saturated & (pl.col("inflation") >= MIN_INFLATION)).alias("hit"),
-            (saturated & (pl.col("inflation") >= MILD_INFLATION)).alias("mild"),
+            saturated.alias("mild"),
         )
         per_rank = marked.group_by("rank").agg(
+            pl.col("host").first(),
             pl.col("hit").sum().alias("hits"),
-            pl.col("mild").sum().alias("milds"),
+            pl.col("mild").sum().alias("saturated"),
             pl.len().alias("measured"),
         )
-        contended = per_rank.filter(
-            (pl.col("hits") >= MIN_STEPS) & (pl.col("hits") >= MIN_SHARE * pl.col("measured"))
+        hit = (pl.col("hits") >= MIN_STEPS) & (pl.col("hits") >= MIN_SHARE * pl.col("measured"))
+        # steady: the link saturated on most of the rank's steps, however long they took
+        steady = (pl.col("saturated") >= MIN_STEPS) & (
+            pl.col("saturated") >= MILD_SHARE * pl.col("measured")
+        )
+        candidates = per_rank.filter(hit | steady)
+        effects = _host_effects(marked, candidates["rank"])
+        strong = effects.filter(pl.col("effect") >= MIN_INFLATION)["host"]
+        contended = candidates.filter(hit & pl.col("host").is_in(strong.implode()))["rank"]
+        # mild: the host's steady ranks, their saturated phases longer than the healthy
+        # ones by the minimum effect and beyond the noise (``_host_effects``)
+        mild_hosts = effects.filter((pl.col("effect") >= MILD_INFLATION) & (pl.col("z") >= MILD_Z))[
+            "host"
+        ]
+        warned = candidates.filter(pl.col("rank").is_in(contended.implode()))["host"]
+        mild = candidates.filter(
+            ~pl.col("host").is_in(warned.implode()) & pl.col("host").is_in(mild_hosts.implode())
         )["rank"]
-        # mild: steady (most steps), against a baseline measured on unsaturated phases
-        has_baseline = marked.filter(~saturated).height >= MIN_STEPS
-        mild = per_rank.filter(
-            ~pl.col("rank").is_in(contended.implode())
-            & (pl.col("milds") >= MIN_STEPS)
-            & (pl.col("milds") >= MILD_SHARE * pl.col("measured"))
-        )["rank"]
-        if not has_baseline:
+        if marked.filter(~saturated).height < MIN_STEPS:  # no healthy baseline measured
             mild = mild.clear()
         world = ctx.analysis.identity.world_size or metric["rank"].n_unique()
         step_s = self._step_s(ctx)
@@ -566,6 +592,51 @@ class PcieContentionDetector:
             lines=lines,
             cost_gpu_s=round(cost, 3),
         )
+
+
+def _host_effects(marked: pl.DataFrame, ranks: pl.Series) -> pl.DataFrame:
+    """Per host, how much longer its candidate ranks' saturated optimizer phases took
+    than the healthy ones, and how far beyond the noise.
+
+    Per step, the median inflation of the host's candidate ranks whose link saturated
+    (the step's own noise, shared by a host's ranks, stays in it); ``effect`` is the
+    median of those over the steps.  The healthy side is the same per host and step over
+    the unsaturated phases.  ``z``: the effect's excess over 1 in robust standard errors
+    of the difference of the two medians (1.253 x sigma x sqrt(1/n + 1/m), sigma from
+    both sides' deviations, 1.4826 x their MAD), so that a small steady shift over many
+    steps stands out of noise that single steps would not.
+    """
+    schema = {"host": pl.String, "effect": pl.Float64, "z": pl.Float64}
+    per_step = ["host", "step"]
+    hot = (
+        marked.filter(pl.col("mild") & pl.col("rank").is_in(ranks.implode()))
+        .group_by(per_step)
+        .agg(pl.col("inflation").median())
+    )
+    cold = marked.filter(~pl.col("mild")).group_by(per_step).agg(pl.col("inflation").median())
+    if hot.is_empty():
+        return pl.DataFrame(schema=schema)
+    healthy = cold["inflation"]
+    rows = []
+    for (host,), part in hot.group_by("host", maintain_order=True):
+        x = part["inflation"]
+        effect = _median(x)
+        # one spread for both sides (each centred on its own median): more steps to
+        # measure the noise by than either side has alone
+        residuals = pl.concat([x - effect, healthy - _median(healthy)])
+        n_h = max(len(healthy), 1)
+        se = _SE_MEDIAN * _spread(residuals) * math.sqrt(1.0 / len(x) + 1.0 / n_h)
+        excess = effect - 1.0
+        z = excess / se if se > 0 else (math.inf if excess > 0 else 0.0)
+        rows.append((str(host), effect, z))
+    return pl.DataFrame(rows, schema=schema, orient="row")
+
+
+def _spread(values: pl.Series) -> float:
+    """Robust standard deviation: 1.4826 x the median absolute deviation."""
+    if values.is_empty():
+        return 0.0
+    return 1.4826 * _median((values - _median(values)).abs())
 
 
 def _gen_text(link: dict[str, Any]) -> str:
