@@ -58,6 +58,19 @@ class InspectorJob:
     seed: int = 0
     comm_hash: str = "7a3e5c0f1b2d4968"
     hosts: tuple[str, ...] = field(default=())
+    #: The straggler is slow only over this stretch of the run (shares of the
+    #: collectives, start and end); ``None``: all along.
+    window: tuple[float, float] | None = None
+    #: Every rank of this host (its index) computes ``1 + slowdown`` times longer.
+    slow_host: int | None = None
+    #: One collective at which one random rank is delayed by this many compute times.
+    outlier: float = 0.0
+    #: Sub-communicators of this many consecutive ranks (0: none): each step is an
+    #: AllReduce on every sub-communicator, then the world's call.
+    sub_size: int = 0
+    #: This rank computes ``1 + slowdown`` times longer before its sub-communicator's
+    #: calls only (its group leaves them late, so the world sees the whole group late).
+    sub_straggler: int | None = None
 
     def host(self, rank: int) -> str:
         k = rank // self.ranks_per_host
@@ -65,6 +78,20 @@ class InspectorJob:
 
     def pid(self, rank: int) -> int:
         return 20000 + 97 * rank
+
+    def sub_hash(self, rank: int) -> str:
+        """The hash of ``rank``'s sub-communicator."""
+        return f"c0de{rank // max(1, self.sub_size):012x}"
+
+    def slow(self, rank: int, i: int) -> bool:
+        """``rank`` computes slowly before collective ``i``."""
+        if self.slow_host is not None and rank // self.ranks_per_host == self.slow_host:
+            return True
+        if rank != self.straggler:
+            return False
+        if self.window is None:
+            return True
+        return self.window[0] * self.collectives <= i < self.window[1] * self.collectives
 
 
 def _bus_factor(op: str, n: int) -> float:
@@ -76,7 +103,10 @@ def _bus_factor(op: str, n: int) -> float:
 
 def simulate(job: InspectorJob) -> list[dict[str, object]]:
     """The records of ``job``, one dict per (rank, collective) written, in file order."""
+    if job.sub_size:
+        return _simulate_sub(job)
     rng = random.Random(job.seed)
+    outlier_at = rng.randrange(job.collectives) if job.outlier else -1
     n = job.nranks
     out: list[dict[str, object]] = []
     sns: dict[str, int] = {}
@@ -87,45 +117,113 @@ def simulate(job: InspectorJob) -> list[dict[str, object]]:
         arrival = []
         for r in range(n):
             c = job.compute_s * max(0.05, 1 + job.jitter * rng.gauss(0, 1))
-            if r == job.straggler:
+            if job.slow(r, i):
                 c += job.compute_s * job.slowdown
             arrival.append(c)
         if rng.random() < job.spike_rate:
             arrival[rng.randrange(n)] += job.compute_s * job.spike
+        if i == outlier_at:
+            arrival[rng.randrange(n)] += job.compute_s * job.outlier
         last = max(arrival)
-        total = size * n if op in ("AllGather", "ReduceScatter") else size
-        algbw_time = total / job.bus_bw_bytes_per_s / _bus_factor(op, n) * (n - 1) / n
+        transfer_s = _transfer_s(job, op, size, n)
         for r in range(n):
             if rng.random() < job.drop:
                 continue
-            transfer = algbw_time * max(0.5, 1 + job.exec_noise * rng.gauss(0, 1))
+            transfer = transfer_s * max(0.5, 1 + job.exec_noise * rng.gauss(0, 1))
             exec_s = (last - arrival[r]) + transfer + abs(rng.gauss(0, 5e-6))
-            exec_us = max(1, round(exec_s * 1e6))
-            algbw = size * (n if op != "AllReduce" else 1) / (exec_us / 1e6) / 1e9
-            out.append(
-                {
-                    "rank": r,
-                    "header": {"id": job.comm_hash, "rank": r, "n_ranks": n,
-                               "nnodes": -(-n // job.ranks_per_host)},
-                    "metadata": {
-                        "inspector_output_format_version": "v4.0",
-                        "git_rev": "synthetic",
-                        "rec_mechanism": "nccl_profiler_interface",
-                        "dump_timestamp_us": 1764000000000000,
-                        "hostname": job.host(r),
-                        "pid": job.pid(r),
-                    },
-                    "coll_perf": {
-                        "coll": op,
-                        "coll_sn": sn,
-                        "coll_msg_size_bytes": size,
-                        "coll_exec_time_us": exec_us,
-                        "coll_timing_source": "kernel_gpu",
-                        "coll_algobw_gbs": round(algbw, 6),
-                        "coll_busbw_gbs": round(algbw * _bus_factor(op, n), 6),
-                    },
-                }
-            )  # fmt: skip
+            out.append(_record(job, r, job.comm_hash, r, n, op, sn, size, exec_s))
+    return out
+
+
+def _transfer_s(job: InspectorJob, op: str, size: int, n: int) -> float:
+    total = size * n if op in ("AllGather", "ReduceScatter") else size
+    return total / job.bus_bw_bytes_per_s / _bus_factor(op, n) * (n - 1) / n
+
+
+def _record(
+    job: InspectorJob,
+    r: int,
+    comm: str,
+    comm_rank: int,
+    n: int,
+    op: str,
+    sn: int,
+    size: int,
+    exec_s: float,
+) -> dict[str, object]:
+    exec_us = max(1, round(exec_s * 1e6))
+    algbw = size * (n if op != "AllReduce" else 1) / (exec_us / 1e6) / 1e9
+    return {
+        "rank": r,
+        "header": {"id": comm, "rank": comm_rank, "n_ranks": n,
+                   "nnodes": -(-n // job.ranks_per_host)},
+        "metadata": {
+            "inspector_output_format_version": "v4.0",
+            "git_rev": "synthetic",
+            "rec_mechanism": "nccl_profiler_interface",
+            "dump_timestamp_us": 1764000000000000,
+            "hostname": job.host(r),
+            "pid": job.pid(r),
+        },
+        "coll_perf": {
+            "coll": op,
+            "coll_sn": sn,
+            "coll_msg_size_bytes": size,
+            "coll_exec_time_us": exec_us,
+            "coll_timing_source": "kernel_gpu",
+            "coll_algobw_gbs": round(algbw, 6),
+            "coll_busbw_gbs": round(algbw * _bus_factor(op, n), 6),
+        },
+    }  # fmt: skip
+
+
+def _simulate_sub(job: InspectorJob) -> list[dict[str, object]]:
+    """With sub-communicators: each rank keeps its own clock.  Per step, each group of
+    ``sub_size`` ranks computes and runs an AllReduce among itself (leaving together, at
+    its last member's arrival plus the transfer), then every rank computes and runs the
+    world's call.  ``sub_straggler`` is slow in the first compute only."""
+    rng = random.Random(job.seed)
+    n, k = job.nranks, job.sub_size
+    clock = [0.0] * n
+    out: list[dict[str, object]] = []
+    sns: dict[str, int] = {}
+    sub_size = 1 << 20
+
+    def jittered() -> float:
+        return job.compute_s * max(0.05, 1 + job.jitter * rng.gauss(0, 1))
+
+    def run(
+        members: list[int], arrival: dict[int, float], comm: str, op: str, sn: int, size: int
+    ) -> None:
+        last = max(arrival[r] for r in members)
+        transfer_s = _transfer_s(job, op, size, len(members))
+        end = last + transfer_s
+        for r in members:
+            clock[r] = end
+            if rng.random() < job.drop:
+                continue
+            transfer = transfer_s * max(0.5, 1 + job.exec_noise * rng.gauss(0, 1))
+            exec_s = (last - arrival[r]) + transfer + abs(rng.gauss(0, 5e-6))
+            out.append(_record(job, r, comm, members.index(r), len(members), op, sn, size, exec_s))
+
+    outlier_at = rng.randrange(job.collectives) if job.outlier else -1
+    for i in range(job.collectives):
+        arrival = {r: clock[r] + jittered() for r in range(n)}
+        if i == outlier_at:
+            arrival[rng.randrange(n)] += job.compute_s * job.outlier
+        if job.sub_straggler is not None:
+            arrival[job.sub_straggler] += job.compute_s * job.slowdown
+        if rng.random() < job.spike_rate:
+            arrival[rng.randrange(n)] += job.compute_s * job.spike
+        for g in range(0, n, k):
+            run(list(range(g, min(n, g + k))), arrival, job.sub_hash(g), "AllReduce", i, sub_size)
+        op, size, _ = _PROGRAM[i % len(_PROGRAM)]
+        sn = sns.get(op, 0)
+        sns[op] = sn + 1
+        arrival = {r: clock[r] + jittered() for r in range(n)}
+        if rng.random() < job.spike_rate:
+            arrival[rng.randrange(n)] += job.compute_s * job.spike
+        run(list(range(n)), arrival, job.comm_hash, op, sn, size)
     return out
 
 
@@ -151,6 +249,13 @@ def coll_log(job: InspectorJob) -> str:
             f"{r % job.ranks_per_host} nvmlDev {r % job.ranks_per_host} busId 18000 "
             f"commId 0x{job.comm_hash} - Init COMPLETE"
         )
+        if job.sub_size:
+            k = job.sub_size
+            lines.append(
+                head + f"comm 0x66{r:02x}b0c0ffee rank {r % k} nranks {k} cudaDev "
+                f"{r % job.ranks_per_host} nvmlDev {r % job.ranks_per_host} busId 18000 "
+                f"commId 0x{job.sub_hash(r)} - Init COMPLETE"
+            )
     for i in range(job.collectives):
         op, size, _ = _PROGRAM[i % len(_PROGRAM)]
         count = size // 4
