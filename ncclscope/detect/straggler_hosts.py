@@ -10,11 +10,14 @@ seconds), so a constant shift is either a clock or a constant delay.  What does 
 the clocks decides: in a log merged as lines were written (one launcher reading every
 worker's pipe) a late host's lines come *after* the others', a host whose clock is ahead
 only prints later times on lines that sit among theirs (``order_after``); a lateness
-that comes and goes is not a clock.  Where nothing tells (separate files, a constant
-shift) the finding says both and what to check (``chronyc tracking``), as ``info``
-within what NTP drifts.  Two hosts mirror each other (one's spell is the other's rest of
-the run): the spell whose lateness grows with the compute gap is the slow one; where
-none does, neither is blamed (``cause`` ``slow_unattributed``, ``info``).
+that comes and goes, that grows with the compute before each collective, or that differs
+between collective kinds or communicators (spanning the same hosts) is not a clock,
+which shifts every stamp of the host alike (``_kind_spreads``).  Where nothing tells
+(separate files, a shift the same at every kind) the finding says both and what to
+check (``chronyc tracking``), as ``info`` within what NTP drifts.  Two hosts mirror
+each other (one's spell is the other's rest of the run): the spell whose lateness
+grows with the compute gap is the slow one; where none does, neither is blamed
+(``cause`` ``slow_unattributed``, ``info``).
 
 Part of the straggler detector's policy (``detect/straggler.py``): ``host_findings``.
 """
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import dataclass
 from typing import Any
 
 import polars as pl
@@ -99,6 +103,7 @@ def _host_instances(ctx: Context) -> pl.DataFrame:
         pl.col("file_id").min().alias("f0"),
         pl.col("file_id").max().alias("f1"),
         pl.col("ts").min().alias("ts_first"),
+        pl.col("op").first(),
         pl.len().alias("k"),
     )
     inst = ["comm_key", "seq"]
@@ -165,25 +170,26 @@ def _others_median(sorted_col: str, value: str, inst: list[str]) -> pl.Expr:
     return pl.when(others >= 1).then(a + (b - a) * 0.5)
 
 
-def _cause(order_after: float | None, spell: bool, grows: bool) -> str:
+def _cause(order_after: float | None, spell: bool, grows: bool, kinds: bool = False) -> str:
     """What a host's lateness is, from the signals that do not read its clock.
 
     ``order_after``: the share of instances whose lines (in a stream merged as they were
     written) show the host after the others.  A real delay puts its lines after the
     others'; a clock offset only changes the times printed on them.  ``spell``: the
     lateness held for part of the run; ``grows``: it is larger after a longer compute
-    phase.  A clock offset does neither.
+    phase; ``kinds``: it differs between collective kinds or communicators.  A clock
+    offset does none of these: it shifts every stamp of the host alike.
 
     >>> _cause(0.98, False, False), _cause(0.5, False, False), _cause(None, False, True)
     ('slow', 'clock', 'slow')
-    >>> _cause(None, False, False)
-    'clock_or_constant_delay'
+    >>> _cause(None, False, False), _cause(None, False, False, True)
+    ('clock_or_constant_delay', 'slow')
     """
     if order_after is not None and order_after >= _ORDER_SLOW:
         return "slow"
     if order_after is not None and order_after <= _ORDER_CLOCK:
         return "clock"
-    if spell or grows:
+    if spell or grows or kinds:
         return "slow"
     return "clock_or_constant_delay"
 
@@ -204,14 +210,19 @@ def host_findings(metric: pl.DataFrame, ctx: Context) -> list[Finding]:
     comms = gaps.sort("members", descending=True).iter_rows(named=True)
     out: list[Finding] = []
     done: set[str] = set()
+    spans = per.group_by("comm_key").agg(
+        pl.col("host").unique().sort().str.join("\n").alias("span")
+    )
     for c in comms:
         sub = per.filter(pl.col("comm_key") == c["comm_key"])
         if sub.is_empty():
             continue
+        effect = max(MIN_SLOWDOWN * float(c["gap_s"] or 0.0), MIN_EXCESS_S)
+        spread = _kind_spreads(per, spans, str(c["comm_key"]), effect)
         for (host,), g in sub.group_by(["host"], maintain_order=True):
             if host in done or g.height < MIN_INSTANCES:
                 continue
-            f = _host_finding(ctx, c, str(host), g, metric)
+            f = _host_finding(ctx, c, str(host), g, metric, spread.get(str(host)))
             if f is not None:
                 out.append(f)
                 done.add(str(host))
@@ -258,6 +269,7 @@ def _host_finding(
     host: str,
     g: pl.DataFrame,
     metric: pl.DataFrame,
+    kinds: KindSpread | None = None,
 ) -> Finding | None:
     xs: list[float] = g["delta_s"].to_list()
     times = g["at"]
@@ -278,7 +290,7 @@ def _host_finding(
     merged = g.filter(pl.col("merged"))
     behind = _clock_behind(merged, shift, effect)
     grows = _grows_with_gap(g, effect)
-    if not whole and not spell and not behind and grows is None:
+    if not whole and not spell and not behind and grows is None and kinds is None:
         return None
     order_after: float | None = None
     first_after = 0.0
@@ -292,7 +304,7 @@ def _host_finding(
             after = (sel["pos"] > sel["ref_pos"]).sum()
             order_after = int(after) / sel.height
             first_after = int((sel["pos_first"] > sel["ref_pos"]).sum()) / sel.height
-    cause = _cause(order_after, spell, grows is not None)
+    cause = _cause(order_after, spell, grows is not None, kinds is not None)
     if behind and not whole and not spell:
         return _behind_finding(ctx, comm, host, g, metric, shift, order_after or 0.0)
     if not whole and not spell and cause != "slow":
@@ -304,7 +316,16 @@ def _host_finding(
         # the order said "slow", its times carry its clock: the order says it, by
         # the host's first line coming after the others' too.
         (by_order and first_after < _ORDER_SLOW)
-        or (not by_order and not _together(g, w if spell else None, shift, grows, gap))
+        or (
+            not by_order
+            and not _together(
+                g,
+                w if spell else None,
+                shift if kinds is None else max(shift, kinds.spread_s),
+                grows,
+                gap,
+            )
+        )
     ):
         return None
     members = metric.filter((pl.col("comm_key") == comm["comm_key"]) & (pl.col("host") == host))
@@ -318,6 +339,9 @@ def _host_finding(
         # The growth with the gap is the node's own slowdown, whatever its clock:
         # its lateness at a typical collective, and the rest of the shift is the clock.
         excess = grows[2] * gap
+    elif kinds is not None and cause == "slow":
+        # What no clock enters: the latest kind's lateness over the earliest's.
+        excess = kinds.spread_s
     else:
         excess = shift
     slowdown = excess / gap if gap else None
@@ -343,6 +367,13 @@ def _host_finding(
         evidence["lateness_after_short_gaps_s"] = round(grows[1], 6)
         if not spell:
             evidence["clock_offset_estimate_s"] = round(shift - excess, 6)
+    if kinds is not None:
+        evidence["lateness_by_kind"] = [
+            {"communicator": k, "op": op, "median_lateness_s": round(m, 6), "instances": n}
+            for k, op, m, n in kinds.groups
+        ]
+        evidence["kind_spread_s"] = round(kinds.spread_s, 6)
+        evidence["kind_spread_z"] = round(kinds.z, 1)
     if spell and w is not None:
         evidence["window_excess_s"] = round(w.excess_s, 6)
         evidence["window_z"] = round(w.z, 1)
@@ -362,6 +393,104 @@ def _host_finding(
         evidence=evidence,
         lines=[LineRef(int(first["file_id"]), int(first["line_no"]))] if first else [],
         cost_gpu_s=evidence.get("window_cost_gpu_s") if cause == "slow" else None,
+    )
+
+
+@dataclass(frozen=True)
+class KindSpread:
+    """A host's lateness by collective kind (and communicator): ``groups`` as
+    (communicator, op, median lateness, instances), the spread between the latest and
+    the earliest group's medians and its z (their difference over the root of the sum
+    of their squared robust standard errors)."""
+
+    groups: list[tuple[str, str, float, int]]
+    spread_s: float
+    z: float
+
+
+def _kind_spreads(
+    per: pl.DataFrame, spans: pl.DataFrame, comm_key: str, effect: float
+) -> dict[str, KindSpread]:
+    """The host, if any, whose lateness differs between collective kinds (op x
+    communicator) by ``effect`` and ``MIN_Z`` robust standard errors, over the
+    communicators spanning exactly the hosts ``comm_key`` spans (each host is measured
+    against the same others in all of them; a host's own communicators have none).
+
+    A clock offset shifts every stamp of a host alike, at every kind; a slow GPU loses
+    more before the collectives that follow more compute (a backward layer, not the
+    gradient norm).  Hosts are measured against each other, so the slow host's kinds
+    move the others' lateness too (the mirror image with two hosts, half of it with
+    three); the host with the largest spread is the slow one, and of two mirror
+    images the one late at the kinds that follow its longest compute (its own gap from
+    the previous collective: a slow GPU loses most where it computes most; its mirror is
+    early there), then the one stamped later."""
+    span = spans.filter(pl.col("comm_key") == comm_key)["span"]
+    if span.is_empty():
+        return {}
+    keys = spans.filter(pl.col("span") == span[0])["comm_key"]
+    rows = per.filter(pl.col("comm_key").is_in(keys.implode()) & pl.col("op").is_not_null())
+    d = pl.col("delta_s")
+    stats = (
+        rows.group_by("host", "comm_key", "op")
+        .agg(
+            pl.len().alias("n"),
+            d.median().alias("m"),
+            ((d - d.median()).abs().median() * 1.4826).alias("mad"),
+            pl.col("own_gap_s").median().alias("gap"),
+        )
+        .filter(pl.col("n") >= _MIN_GROUP)
+        .sort("host", "m", "comm_key", "op")
+    )
+    shifts = dict(rows.group_by("host").agg(d.median()).iter_rows())
+    found: dict[str, KindSpread] = {}
+    follows: dict[str, float] = {}
+    for (host,), g in stats.group_by(["host"], maintain_order=True):
+        if g.height < 2:
+            continue
+        timed = g.filter(pl.col("gap").is_not_null()).sort("gap")
+        if timed.height >= 2:
+            follows[str(host)] = float(timed["m"][-1]) - float(timed["m"][0])
+        lo, hi = g.row(0, named=True), g.row(-1, named=True)
+        se = [1.253 * max(float(r["mad"]), 1e-6) / math.sqrt(int(r["n"])) for r in (lo, hi)]
+        diff = float(hi["m"]) - float(lo["m"])
+        z = diff / math.hypot(*se)
+        if diff >= effect and z >= MIN_Z:
+            groups = [
+                (str(r["comm_key"]), str(r["op"]), float(r["m"]), int(r["n"]))
+                for r in g.iter_rows(named=True)
+            ]
+            found[str(host)] = KindSpread(groups, diff, z)
+    if not found:
+        return {}
+
+    def rank(h: str) -> tuple[float, float, float]:
+        # Of mirror images, the slow host is late at the kinds that follow the longest
+        # compute (its own time from the previous collective, its clock cancelled); its
+        # mirror is early at them.
+        return round(found[h].spread_s, 6), follows.get(h, 0.0), shifts.get(h) or 0.0
+
+    # By the spread itself, not its z (which the noise of a few instances decides once
+    # every host's stands): to the microsecond, so that mirror images tie.
+    top = max(found, key=rank)
+    return {top: found[top]}
+
+
+def _kind_text(k: dict[str, Any], many: bool) -> str:
+    return f"{k['op']} on communicator {k['communicator']}" if many else str(k["op"])
+
+
+def _kinds_why(ev: dict[str, Any]) -> str:
+    """Why a host whose lateness differs between collective kinds is slow."""
+    by = ev["lateness_by_kind"]
+    hi = max(by, key=lambda k: k["median_lateness_s"])
+    lo = min(by, key=lambda k: k["median_lateness_s"])
+    many = len({k["communicator"] for k in by}) > 1
+    return (
+        f"its lateness differs between collective kinds: "
+        f"{duration_text(hi['median_lateness_s'])} at {_kind_text(hi, many)}, "
+        f"{duration_text(lo['median_lateness_s'])} at {_kind_text(lo, many)}, where a "
+        f"clock offset shifts every stamp of the host alike; its clock may add to or take "
+        f"from what its times show, but {duration_text(ev['kind_spread_s'])} of it is the node's"
     )
 
 
@@ -509,6 +638,8 @@ def _host_verdict(
             )
         elif ev.get("intermittent"):
             why = "its lateness comes and goes, which a clock offset does not"
+        elif "lateness_after_long_gaps_s" not in ev and "lateness_by_kind" in ev:
+            why = _kinds_why(ev)
         else:
             why = (
                 f"its lateness grows with the compute before the collective: "

@@ -121,6 +121,12 @@ class SlowHost:
     for everyone as a one-off delay does: every later collective starts that much later,
     so a window of slowness is paid for in the job's time, and a lateness proportional to
     the compute time changes with the phase.
+
+    ``by_phase``: the compute before each collective is that of its phase of the step
+    (a backward layer about twice a forward one, the gradient norm's little), so the
+    slow node's lateness differs between collective kinds as a slow GPU's does; off
+    (the default), every slot's compute is the same outside the phased model and the
+    slowness is a constant delay, which separate files cannot tell from a clock offset.
     """
 
     host: str
@@ -128,6 +134,7 @@ class SlowHost:
     slowdown: float = 0.0
     from_instance: int = 0
     to_instance: int | None = None
+    by_phase: bool = False
 
 
 @dataclass(frozen=True)

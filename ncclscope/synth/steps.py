@@ -5,11 +5,16 @@ from __future__ import annotations
 import math
 
 from ncclscope.synth.eras import _ASYNC_EVENT
-from ncclscope.synth.faults import _OTHER_OP, IbError, Mismatch, _other_dtype
+from ncclscope.synth.faults import _OTHER_OP, IbError, Mismatch, SlowHost, _other_dtype
 from ncclscope.synth.nccl_lines import _JobLines
 from ncclscope.synth.options import _BF16, _FLUSH_CHARS, _FP32, _JITTER_S, _OP_SUM
 from ncclscope.synth.parts import _N_NICS, _Call, _IbInfo, _Rank, _subsec_226, _WarnPlan
 from ncclscope.synth.truth import BenignWarnRecord
+
+#: A slow node's compute before a collective, as a share of the slot's, by the
+#: collective's phase (``SlowHost(by_phase=True)``): a backward layer costs about twice a
+#: forward one; the gradient norm's all-reduce follows little compute.
+_PHASE_COMPUTE = {"fwd": 1.0, "bwd": 2.0, "reduce": 2.0, "norm": 0.1, "optim_ag": 1.0}
 
 
 class _JobSteps(_JobLines):
@@ -102,7 +107,9 @@ class _JobSteps(_JobLines):
         for i, (f, ranks) in enumerate(self.spells):
             if wseq < f.from_instance or (f.to_instance is not None and wseq >= f.to_instance):
                 continue
-            d = f.lateness_s + f.slowdown * compute
+            by_phase = isinstance(f, SlowHost) and f.by_phase
+            scale = _PHASE_COMPUTE.get(call.phase, 1.0) if by_phase else 1.0
+            d = f.lateness_s + f.slowdown * compute * scale
             seen = self.spell_seen[i]
             if not seen:
                 seen += [base, base, d]
