@@ -40,9 +40,11 @@ def _need_py_spy() -> None:
         pytest.skip("py-spy is not installed (pip install py-spy)")
 
 
-@pytest.fixture
-def stuck_rank(tmp_path: Path) -> Iterator[int]:
-    env = dict(os.environ, RANK="6", LOCAL_RANK="2", WORLD_SIZE="8")
+def stuck_rank_process(tmp_path: Path, rank: int, world: int) -> Iterator[int]:
+    """A training process's stand-in: ``RANK`` in its environment, its main thread stuck
+    on a lock in ``tmp_path/train.py`` (a file, so py-spy can read its source line);
+    yields its pid once it is stuck, and kills it after."""
+    env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank % 4), WORLD_SIZE=str(world))
     script = tmp_path / "train.py"
     script.write_text(_STUCK, encoding="utf-8")
     proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE)
@@ -52,6 +54,11 @@ def stuck_rank(tmp_path: Path) -> Iterator[int]:
     proc.kill()
     proc.wait()
     proc.stdout.close()
+
+
+@pytest.fixture
+def stuck_rank(tmp_path: Path) -> Iterator[int]:
+    yield from stuck_rank_process(tmp_path, rank=6, world=8)
 
 
 def _agent(tmp_path: Path, pid: int, **config: object) -> tuple[Agent, _Clock]:

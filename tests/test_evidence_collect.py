@@ -4,7 +4,6 @@ speaks NCCL's protocol)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -12,34 +11,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from test_evidence_agent import stuck_rank_process
 
 from ncclscope.evidence.collect import CollectConfig, EvidenceCollector
 from ncclscope.evidence.manifest import read_manifest
 from ncclscope.synth.ras_server import RasJob, RasServer
 
-_STUCK = """
-import threading
-def hold():
-    lock = threading.Lock()
-    lock.acquire()
-    print("ready", flush=True)
-    lock.acquire()
-hold()
-"""
-
 
 @pytest.fixture
 def rank_process(tmp_path: Path) -> Iterator[int]:
-    script = tmp_path / "train.py"
-    script.write_text(_STUCK, encoding="utf-8")
-    env = dict(os.environ, RANK="1", LOCAL_RANK="1", WORLD_SIZE="2")
-    proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE)
-    assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == b"ready"
-    yield proc.pid
-    proc.kill()
-    proc.wait()
-    proc.stdout.close()
+    yield from stuck_rank_process(tmp_path, rank=1, world=2)
 
 
 def _fake_py_spy(tmp_path: Path, release: Path) -> str:

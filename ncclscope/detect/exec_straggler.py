@@ -458,11 +458,7 @@ class ExecStragglerDetector:
         out = []
         run = kept.filter(pl.col("scope") == "run").select("comm_hash", "comm_rank")
         for r in flagged(metric).join(run, on=["comm_hash", "comm_rank"]).iter_rows(named=True):
-            rank = ranks.get((r["comm_hash"], r["comm_rank"]))
-            who = (
-                f"rank {rank}" if rank is not None else f"rank {r['comm_rank']} of the communicator"
-            )
-            where = f" on {r['host']}" + (f" (pid {r['pid']})" if r["pid"] is not None else "")
+            rank, who, where = _who(r, ranks)
             out.append(
                 Finding(
                     kind="straggler",
@@ -502,10 +498,16 @@ class ExecStragglerDetector:
         return out
 
 
-def _window_finding(r: dict[str, Any], ranks: dict[tuple[str, int], int]) -> Finding:
+def _who(r: dict[str, Any], ranks: dict[tuple[str, int], int]) -> tuple[int | None, str, str]:
+    """A flagged member's job rank (where the logs map it), and its name and place."""
     rank = ranks.get((r["comm_hash"], r["comm_rank"]))
     who = f"rank {rank}" if rank is not None else f"rank {r['comm_rank']} of the communicator"
     where = f" on {r['host']}" + (f" (pid {r['pid']})" if r["pid"] is not None else "")
+    return rank, who, where
+
+
+def _window_finding(r: dict[str, Any], ranks: dict[tuple[str, int], int]) -> Finding:
+    rank, who, where = _who(r, ranks)
     share = r["excess_s"] / r["median_exec_s"] if r["median_exec_s"] else 0.0
     return Finding(
         kind="straggler",
