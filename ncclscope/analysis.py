@@ -563,6 +563,15 @@ def _ranks_without_logs(view: Analysis) -> list[int] | None:
     members = ident.members.filter(pl.col("comm_key") == (ident.world_key or ""))
     if members["comm_rank"].null_count():
         return None  # a member no line names the rank of: it may be any missing rank
+    # A process whose NCCL lines name no rank (its init lines cut away, its calls on
+    # communicators matched by order) is some rank's too: it may be any missing one.
+    unnamed = (
+        ident.members.group_by("host", "pid")
+        .agg(pl.col("rank").is_not_null().any().alias("named"))
+        .filter(~pl.col("named"))
+    )
+    if len(unnamed):
+        return None
     seen = set(members["comm_rank"].to_list()) | set(ident.ranks["rank"].to_list())
     fw = view.frameworks
     for table, column in (

@@ -186,6 +186,23 @@ class Context:
         wide = per.filter((pl.col("hosts") >= 2) | ((pl.col("hosts") == 0) & most))
         return {int(f) for f in wide["file_id"].to_list()}
 
+    @cached_property
+    def ranks_named_per_file(self) -> dict[int, frozenset[int]]:
+        """Per input file: the global ranks its lines name (NCCL members whose rank is
+        known, PyTorch's ``[rankN]:`` prefixes)."""
+        a = self.analysis
+        fw = a.frameworks
+        parts = [
+            a.identity.members.select("file_id", "rank"),
+            *(
+                t.select("file_id", pl.col("global_rank").alias("rank"))
+                for t in (fw.timeouts, fw.torch_events)
+            ),
+        ]
+        rows = pl.concat([p.cast({"file_id": pl.UInt32, "rank": pl.Int32}) for p in parts])
+        per = rows.drop_nulls().group_by("file_id").agg(pl.col("rank").unique())
+        return {int(f): frozenset(int(r) for r in rs) for f, rs in per.iter_rows()}
+
     def _combined_files(self, host: str) -> set[int]:
         """Files holding the lines of two or more ranks of ``host``."""
         a = self.analysis

@@ -35,6 +35,7 @@ __all__ = [
     "ended_at_stall",
     "judge_group",
     "judge_stall",
+    "limited_by",
     "reported_ranks",
     "to_global",
     "watchdog_summary",
@@ -137,9 +138,20 @@ def judge_stall(ctx: Context, stall: Stall) -> Verdict:
     itself was waiting elsewhere; a first death or a desync report that names someone
     else contradicts the picture: then nobody is named."""
     a = ctx.analysis
+    evidence: dict[str, Any] = {}
+    unmapped = _comm_ranks_only(ctx, stall)
+    if unmapped:
+        # A rank of a sub-communicator whose init lines were cut: its number there is
+        # not its rank in the job, which no kept line gives.
+        evidence["culprit_comm_ranks"] = unmapped
+        return _withhold(
+            f"communicator rank {ranks_text(unmapped)} of {stall.comm_key} is the one behind, "
+            "but its rank in the job is not in the logs (the init lines that map it were "
+            "cut)",
+            evidence,
+        )
     if stall.ahead:
         return Verdict(list(stall.culprits), ["mismatch"], "mismatch", "called one more")
-    evidence: dict[str, Any] = {}
     spread = stall.others_last
     if spread is not None and spread[1] - spread[0] > _MAX_WAITER_SPREAD:
         return _withhold(
@@ -175,6 +187,8 @@ def judge_stall(ctx: Context, stall: Stall) -> Verdict:
             # Several ranks whose logs end at the stall: a stuck rank's own file, or one
             # cut there, look alike; with ranks missing, the stuck one may be among them.
             evidence["log_ends_at_stall"] = weak
+            limits = limited_by(ctx, weak, at, files)
+            evidence["limited_by"] = limits
             return _withhold(
                 f"rank {ranks_text(weak)} did not report, but no log of theirs goes on past "
                 "the stall: a stuck rank's file and one cut there look alike"
@@ -182,16 +196,19 @@ def judge_stall(ctx: Context, stall: Stall) -> Verdict:
                     f", and rank {ranks_text(sorted(ctx.ranks_without_logs))} left no line"
                     if ctx.ranks_without_logs
                     else ""
-                ),
+                )
+                + _limits_text(limits),
                 evidence,
             )
         if early:
             evidence["log_ends_early"] = early
+            limits = limited_by(ctx, early, at, files)
+            evidence["limited_by"] = limits
             return _withhold(
                 f"rank {ranks_text(early)}, behind on this communicator, has no line as late "
                 "as the others' watchdog reports, and its collectives stop well before "
                 "theirs: its log ends early (cut, or absent), so its report and its later "
-                "collectives may only have been lost",
+                "collectives may only have been lost" + _limits_text(limits),
                 evidence,
             )
         if unseen and not set(unseen) <= died:
@@ -252,6 +269,24 @@ def judge_stall(ctx: Context, stall: Stall) -> Verdict:
     return Verdict(
         sorted(cands), basis, hang_class, why, evidence=evidence, lines=lines, confident=confident
     )
+
+
+def _comm_ranks_only(ctx: Context, stall: Stall) -> list[int]:
+    """The culprits of ``stall`` known only by their rank in a communicator smaller than
+    the world (their global rank unknown: the init lines were cut): that number names
+    nobody in the job.  In a world-sized communicator the two numbers are one."""
+    rows = stall.culprit_rows
+    if "rank" not in rows.columns or "comm_rank" not in rows.columns:
+        return []
+    unknown = rows.filter(pl.col("rank").is_null() & pl.col("comm_rank").is_not_null())
+    if unknown.is_empty():
+        return []
+    members = ctx.analysis.identity.members
+    size = members.filter(pl.col("comm_key") == stall.comm_key)["nranks"].max()
+    world = ctx.analysis.world_size or ctx.analysis.identity.world_size
+    if isinstance(size, int) and world is not None and size >= world:
+        return []
+    return sorted(int(r) for r in unknown["comm_rank"].to_list())
 
 
 def ended_at_stall(ctx: Context, rank: int) -> bool:
@@ -318,7 +353,18 @@ def judge_group(ctx: Context, g: PgTimeout, reported: set[int]) -> Verdict:
             lines=lines,
         )
     if silent is None:
-        return _nccl_error_or(ctx, evidence, "the group's members are not in the logs")
+        # No kept line gives the group's size: the reports' files lost their NCCL and
+        # init lines (cut at the head), or never had them.
+        _at, files = report_extent(ctx, g.rows)
+        limits = [
+            {"path": ctx.analysis.paths[f], "why": "no kept line gives the group's size"}
+            for f in sorted(files)
+            if 0 <= f < len(ctx.analysis.paths)
+        ]
+        evidence["limited_by"] = limits
+        return _nccl_error_or(
+            ctx, evidence, "the group's members are not in the logs" + _limits_text(limits)
+        )
     if not silent:
         entered = [r for r in g.reporters if g.enqueued.get(r, -1) >= g.seq]
         if g.members is not None and set(entered) >= set(g.members):
@@ -333,18 +379,22 @@ def judge_group(ctx: Context, g: PgTimeout, reported: set[int]) -> Verdict:
             return v
         return _nccl_error_or(ctx, evidence, "every member reported a timeout")
     if not g.intact:
+        at, files = report_extent(ctx, g.rows)
+        limits = limited_by(ctx, [], at, files, int(g.rows["file_id"][0]))
+        evidence["limited_by"] = limits
         return _nccl_error_or(
             ctx,
             evidence,
             "the kept lines begin or end inside the watchdog reports, so the ranks without "
-            "one may only have lost it",
+            "one may only have lost it" + _limits_text(limits),
         )
     if len(silent) > 1:
-        return _nccl_error_or(
-            ctx,
-            evidence,
-            f"rank {ranks_text(silent)} did not report; the logs do not say which stopped",
-        )
+        at, files = report_extent(ctx, g.rows)
+        limits = limited_by(ctx, to_global(g, silent) if not g.global_ranks else silent, at, files)
+        reason = f"rank {ranks_text(silent)} did not report; the logs do not say which stopped"
+        if limits:
+            evidence["limited_by"] = limits
+        return _nccl_error_or(ctx, evidence, reason + _limits_text(limits))
     culprits = silent if g.global_ranks else to_global(g, silent)
     if not culprits:
         evidence["culprit_pg_ranks"] = silent
@@ -376,11 +426,13 @@ def judge_group(ctx: Context, g: PgTimeout, reported: set[int]) -> Verdict:
             )
     if unseen:
         evidence["log_ends_early"] = unseen
+        limits = limited_by(ctx, unseen, at, files)
+        evidence["limited_by"] = limits
         return _nccl_error_or(
             ctx,
             evidence,
             f"rank {ranks_text(unseen)} did not report, but its log ends before the reports "
-            "(or is absent): its report may only have been lost",
+            "(or is absent): its report may only have been lost" + _limits_text(limits),
         )
     return Verdict(
         culprits,
@@ -398,7 +450,8 @@ def _own_stream(
 ) -> tuple[int, str, int] | None:
     """The one NCCL process whose lines are ``rank``'s, as (file_id, host, pid): its
     file's only process, where its lines name it; else, by elimination, the only
-    process of the only file that holds NCCL lines and no report and ends before them."""
+    process of the only file that holds NCCL lines and no report and ends before them
+    (or carries no time)."""
     stats = ctx.analysis.stats
     if stats.is_empty():
         return None
@@ -410,7 +463,9 @@ def _own_stream(
             int(f)
             for f in procs["file_id"].unique().to_list()
             if int(f) not in reporter_files
-            and (at is None or (int(f) in ends and ends[int(f)] < at))
+            # a file without a time (NCCL < 2.26 stamps nothing) may end anywhere:
+            # its collectives (``_calls_at_stall``) say whether it reached the stall
+            and (at is None or int(f) not in ends or ends[int(f)] < at)
         }
     if len(own) != 1:
         return None
@@ -422,23 +477,90 @@ def _own_stream(
 
 
 def _calls_at_stall(ctx: Context, proc: tuple[int, str, int], size: int | None) -> bool:
-    """Did the process log as many collectives on the group's communicator (its size)
-    as the others typically did, less the stuck one and what waiting ranks enqueue
-    ahead?  A log cut short has logged far fewer."""
+    """Did the process's collectives on the group's communicator (its size) go on as far
+    as the others' typically did, less the stuck one and what waiting ranks enqueue
+    ahead?  Where opCount counts (it changes from call to call), its last opCount says
+    how far each went whatever a cut at the head took away; where it does not (2.27+
+    single node), the number of calls logged does, and a log cut short logged fewer."""
     stats = ctx.analysis.stats
     if size is None or "nranks" not in stats.columns:
         return False
-    comm = stats.filter(pl.col("nranks") == size)
+    comm = stats.filter((pl.col("nranks") == size) & (pl.col("coll_calls") > 0))
     is_mine = (
         (pl.col("file_id") == proc[0]) & (pl.col("host") == proc[1]) & (pl.col("pid") == proc[2])
     )
-    mine = comm.filter(is_mine)["coll_calls"].max()
+    several = comm.filter(pl.col("calls") > 1)
+    counts = len(several) > 1 and bool(
+        several.select((pl.col("opcount_min") != pl.col("opcount_max")).all())[0, 0]
+    )
+    column = "coll_opcount_max" if counts else "coll_calls"
+    mine = comm.filter(is_mine)[column].max()
     # The others' typical count: a cut at one time splits hosts whose clocks differ at
     # different collectives, so the highest is one off.
-    others = comm.filter(~is_mine)["coll_calls"].median()
+    others = comm.filter(~is_mine)[column].median()
     if not isinstance(mine, int) or not isinstance(others, int | float):
         return False
     return others - mine <= 1 + _MAX_WAITER_SPREAD
+
+
+def limited_by(
+    ctx: Context,
+    ranks: list[int],
+    at: datetime | None,
+    reporter_files: set[int],
+    cut_inside: int | None = None,
+) -> list[dict[str, Any]]:
+    """The inputs that kept a culprit from being named, each with why: a file holding
+    the lines of a rank that did not report and that ends before the reports (or holds
+    no time after them), a rank with no file at all, or the file whose kept lines begin
+    or end inside the block of reports (``cut_inside``)."""
+    paths = ctx.analysis.paths
+    ends = ctx.file_ends
+
+    def path(f: int) -> str:
+        return paths[f] if 0 <= f < len(paths) else f"#{f}"
+
+    out: list[dict[str, Any]] = []
+    if cut_inside is not None:
+        out.append(
+            {"path": path(cut_inside), "why": "its kept lines begin or end inside the reports"}
+        )
+    for rank in ranks:
+        files = sorted(f for f in ctx.files_of(rank) if f not in reporter_files)
+        if not files and not ctx.files_of(rank):
+            out.append(
+                {
+                    "rank": rank,
+                    "path": None,
+                    "why": "no input is known to hold its lines (its init lines were cut, "
+                    "or its files are absent)",
+                }
+            )
+        for f in files:
+            end = ends.get(f)
+            why = (
+                f"ends at {end:%H:%M:%S}, before the reports"
+                if end is not None and at is not None and end < at
+                else "holds no time as late as the reports"
+            )
+            out.append({"rank": rank, "path": path(f), "why": why})
+    return out
+
+
+def _limits_text(limits: list[dict[str, Any]]) -> str:
+    """``; limited by job.log (its kept lines begin ...), rank 3's node-1.log (...)``."""
+    if not limits:
+        return ""
+    parts = []
+    for item in limits[:4]:
+        who = f"rank {item['rank']}: " if "rank" in item else ""
+        if item["path"] is None:
+            parts.append(f"{who}{item['why']}")
+            continue
+        name = str(item["path"]).rsplit("/", 1)[-1]
+        parts.append(f"{who}{name} ({item['why']})")
+    more = f" and {len(limits) - 4} more" if len(limits) > 4 else ""
+    return "; limited by " + ", ".join(parts) + more
 
 
 def _nccl_error_or(ctx: Context, evidence: dict[str, Any], reason: str) -> Verdict:

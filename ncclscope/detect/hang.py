@@ -198,9 +198,15 @@ class HangDetector:
                     "COMPLETE): it left before that collective"
                 )
         else:
+            unmapped = v.evidence.get("culprit_comm_ranks")
+            who = (
+                f"communicator rank {ranks_text(unmapped)}"
+                if isinstance(unmapped, list)
+                else f"rank {ranks_text(stall.culprits)}"
+            )
             msg = (
                 f"the job stopped at {op} #{stall.seq}: {len(stall.waiting)} rank(s) entered "
-                f"it; rank {ranks_text(stall.culprits)} had not, but {v.withheld}"
+                f"it; {who} had not, but {v.withheld}"
             )
         # Severity follows the evidence: the job's own lines say it stopped, or only
         # its timestamps do; a culprit the evidence cannot settle lowers it too.

@@ -224,6 +224,7 @@ class TimeoutDetector:
                         "inside_collective",
                         "log_ends_early",
                         "log_ends_at_stall",
+                        "limited_by",
                     )
                     if k in v.evidence
                 }

@@ -69,6 +69,8 @@ _WATCHDOG_EVENTS = (
     "desync_lagging",
     "work_status",
 )
+#: torch_events kinds printed with a rank's watchdog report, around its timeout line.
+_REPORT_PARTS = ("work_status", "process_abort", "watchdog_terminated")
 #: Signals that are a consequence of the hang, not its cause: the watchdog aborts its own
 #: process after a timeout (SIGABRT), the launcher stops the survivors (SIGTERM).
 _CONSEQUENCE_SIGNALS = ("SIGABRT", "SIGTERM")
@@ -211,8 +213,30 @@ def log_continues(
         # reported.
         size = group_size or ctx.analysis.world_size or ctx.analysis.identity.world_size
         procs = ctx.processes_per_file
-        return bool(size and procs and sum(procs.values()) >= size and all(map(goes_on, procs)))
+        if bool(size and procs and sum(procs.values()) >= size and all(map(goes_on, procs))):
+            return True
+        own = _one_unnamed_process(ctx, size)
+        return own is not None and goes_on(own)
     return any(goes_on(f) for f in files)
+
+
+def _one_unnamed_process(ctx: Context, size: int | None) -> int | None:
+    """The file of the one rank no line names, where it can be told: one rank of the
+    group is named nowhere, and one file alone holds one NCCL process more than the
+    ranks its lines name (a host's stream whose other ranks' reports are in it, the
+    stuck rank's init lines cut away).  Where NCCL's lines and PyTorch's go to separate
+    files (stdout and stderr), every NCCL file holds more: then nothing is told."""
+    if not size or not listable_size(size):
+        return None
+    named = ctx.ranks_named_per_file
+    every: set[int] = set().union(*named.values()) if named else set()
+    if len(every & set(range(size))) != size - 1:
+        return None
+    excess = {f: n - len(named.get(f, frozenset())) for f, n in ctx.processes_per_file.items()}
+    over = [f for f, k in excess.items() if k > 0]
+    if len(over) != 1 or excess[over[0]] != 1 or not named.get(over[0]):
+        return None
+    return over[0]
 
 
 def consequence_deaths(ctx: Context) -> set[int]:
@@ -347,6 +371,11 @@ def pg_timeouts(ctx: Context) -> list[PgTimeout]:
         for op, nin, nout in rows.select("op", "numel_in", "numel_out").iter_rows():
             if op and nin is not None and nout is not None:
                 size = size or _world_from_numel(op, nin, nout)
+        # A size its own reports contradict (no more ranks than the highest group rank
+        # that reported, ``[Rank r]``: NumelOut written equal to NumelIn) is no size.
+        highest = rows["rank"].max()
+        if size is not None and (size < 2 or (isinstance(highest, int) and highest >= size)):
+            size = None
         # A group no line names is taken for the default one unless its lines say
         # otherwise: a group size other than the world's, or a ``[Rank r]`` that is not
         # the ``[rankG]:`` of its line.
@@ -423,7 +452,9 @@ def _intact(ctx: Context, rows: pl.DataFrame) -> bool:
     """Do the kept lines hold the whole block of watchdog reports?  In a combined log
     every waiting rank's report is printed within moments of the others: a log that
     starts or ends inside that block has lost some.  The block is whole when the file
-    holds a record of another kind before its first report and after its last."""
+    holds a record of another kind before its first report and after its last; a
+    rank's companion lines (the work status, the abort, the watchdog's own exception)
+    are its report, so a file that starts at one of them started inside the block."""
     files = rows["file_id"].unique().to_list()
     if len(files) != 1:
         return True  # one file per rank: each file holds its own rank's report or not
@@ -432,16 +463,18 @@ def _intact(ctx: Context, rows: pl.DataFrame) -> bool:
     last = max(int(n) for n in rows["line_no"].to_list())
     before = after = False
     fw = ctx.analysis.frameworks
-    other = fw.torch_events.filter(
-        (pl.col("file_id") == fid) & ~pl.col("kind").is_in(["work_status"])
-    )
-    tables = [other, fw.failures.filter(pl.col("file_id") == fid), fw.timers]
+    mine = fw.torch_events.filter(pl.col("file_id") == fid)
+    # Before the first report, a companion line is a report whose timeout line was cut
+    # away; after the last, the last reporter's companions show the log goes on past it.
+    tables = [mine.filter(~pl.col("kind").is_in(_REPORT_PARTS)), fw.failures, fw.timers]
     tables.append(ctx.analysis.errors)
     tables.append(fw.timeouts.filter(~pl.col("seq").is_in(rows["seq"].unique().implode())))
     for table in tables:
         part = table.filter(pl.col("file_id") == fid)["line_no"]
         before = before or bool((part < first).any())
         after = after or bool((part > last).any())
+    parts = mine.filter(pl.col("kind").is_in(_REPORT_PARTS))["line_no"]
+    after = after or bool((parts > last).any())
     if not before or not after:
         coll = ctx.collectives()
         if coll is not None:

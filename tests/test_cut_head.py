@@ -1,0 +1,185 @@
+"""Hangs in logs cut at the head (#28, "Logs cut at the head"): the culprit is named
+wherever the kept lines hold every waiting member's watchdog report and the culprit's
+own last collective, whatever the cut took before them (the init lines, a file's first
+part, each file at another point); it is withheld only where a cut crosses a member's
+report, and the finding then says which inputs limited it.
+
+Jobs from ``tests/jobgen.py`` (written from the format notes, not from the parsers):
+PyTorch watchdog hangs and hangs in a sub-group, per-host, per-rank and srun-combined
+layouts, NCCL 2.7 / 2.21 (no times) and 2.27 (timed), each cut one of three ways.
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import jobgen
+import pytest
+
+from ncclscope.analysis import run_analysis
+from ncclscope.export.json_report import to_json_dict
+
+#: Jobs per kind: enough for every layout, era and cut to meet (the whole class is
+#: measured over 400 jobs by ``benchmarks/bench_cut_head.py``).
+JOBS = 24
+KINDS = ("hang_watchdog", "multi_pg")
+CUTS = ("per_file", "job_head", "one_file")
+
+
+def analyse(files: jobgen.Files) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="cut-head-") as tmp:
+        logs = jobgen.write_files(files, Path(tmp) / "logs")
+        return to_json_dict(run_analysis([str(logs)], workdir=Path(tmp) / "work"))
+
+
+def cut_head(rng: random.Random, job: jobgen.Job, how: str) -> jobgen.Files:
+    """Each file cut at its own point, the job cut at one time, or one file cut."""
+    files = job.files
+    names = sorted(files)
+    if how == "per_file":
+        for name in names:
+            files = jobgen.cut_lines(files, rng.uniform(0.0, 0.97), 1.0, only=name)
+    elif how == "job_head":
+        files = jobgen.cut_time(files, rng.uniform(0.05, 0.97), 1.0)
+    else:
+        files = jobgen.cut_lines(files, rng.uniform(0.3, 0.99), 1.0, only=rng.choice(names))
+    return files
+
+
+def reports_kept(job: jobgen.Job, cut: jobgen.Files) -> bool:
+    """The kept lines hold every watchdog report of the job, the culprit's last
+    collective before the stall (its own picture: it stopped there), and, with several
+    process groups, the init lines that say who is in which."""
+    kept = jobgen.kept_uids(cut)
+    lines = [ln for v in job.files.values() for ln in v]
+    culprits = set(job.truth["culprit_ranks"])
+    reports = {ln.uid for ln in lines if ln.tag == "watchdog"}
+    last: dict[int, jobgen.Line] = {}
+    for ln in lines:
+        if ln.tag == "coll" and ln.rank in culprits and ln.t <= job.truth["stall_true"] + 1:
+            if ln.rank not in last or ln.t >= last[ln.rank].t:
+                last[ln.rank] = ln
+    if job.spec.kind == "multi_pg":
+        init = {ln.uid for ln in lines if ln.tag == "init"}
+        if not init <= kept:
+            return False
+    return (
+        bool(reports)
+        and reports <= kept
+        and set(last) == culprits
+        and all(ln.uid in kept for ln in last.values())
+    )
+
+
+def _cases() -> list[Any]:
+    return [pytest.param(kind, k, id=f"{kind}-{k}") for kind in KINDS for k in range(JOBS)]
+
+
+@pytest.mark.parametrize(("kind", "k"), _cases())
+def test_cut_head_hang(kind: str, k: int) -> None:
+    rng = random.Random(f"cut-head:{kind}:{k}")
+    job = jobgen.generate(jobgen.random_spec(rng, kind, max_ranks=32))
+    how = CUTS[k % len(CUTS)]
+    cut = cut_head(rng, job, how)
+    doc = analyse(cut)
+    culprits = set(job.truth["culprit_ranks"])
+    verdict = jobgen.judge(doc, culprits)
+    where = f"{kind} {job.spec.layout} {job.spec.era} cut {how}"
+    assert not verdict.wrong, f"{where}: wrong culprit: {verdict.describe()}"
+    if reports_kept(job, cut):
+        assert verdict.named, f"{where} kept every report: {verdict.describe()}"
+    hangs = [f for f in doc["findings"] if f["kind"] in ("hang", "timeout")]
+    for f in hangs:
+        withheld = f["evidence"].get("withheld")
+        if withheld and f["evidence"].get("log_ends_early"):
+            # a rank's report may have been cut away: the finding says whose input
+            assert f["evidence"]["limited_by"], f"{where}: {f['message']}"
+            assert "limited by" in f["message"], f["message"]
+
+
+# --------------------------------------------------------------------------- by hand
+
+
+def _report(rank: int, seq: int, numel_in: int, numel_out: int, prefix: str = "") -> list[str]:
+    pre = f"{prefix}[rank{rank}]:"
+    return [
+        f"{pre}[E0314 09:10:05.96{rank}642537 ProcessGroupNCCL.cpp:607] [Rank {rank}] Watchdog "
+        f"caught collective operation timeout: WorkNCCL(SeqNum={seq}, OpType=_ALLGATHER_BASE, "
+        f"NumelIn={numel_in}, NumelOut={numel_out}, Timeout(ms)=600000) ran for 600164 "
+        "milliseconds before timing out.",
+        f"{pre}[E0314 09:10:05.96{rank}942537 ProcessGroupNCCL.cpp:1664] [PG 0 (default_pg) Rank "
+        f"{rank}] Exception (either an error or timeout) detected by watchdog at work: {seq}, "
+        f"last enqueued NCCL work: {seq}, last completed NCCL work: {seq - 1}.",
+        f"{pre}[E0314 09:10:05.96{rank}992537 ProcessGroupNCCL.cpp:630] [PG 0 (default_pg) Rank "
+        f"{rank}] To avoid data inconsistency, we are taking the entire process down.",
+    ]
+
+
+def _run(tmp_path: Path, files: dict[str, list[str]]) -> dict[str, Any]:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for name, lines in files.items():
+        (logs / name).write_text("".join(ln + "\n" for ln in lines))
+    return to_json_dict(run_analysis([str(logs)], workdir=tmp_path / "work"))
+
+
+def _hang(doc: dict[str, Any]) -> dict[str, Any]:
+    return next(f for f in doc["findings"] if f["kind"] == "hang")
+
+
+def test_a_log_starting_at_a_companion_line_began_inside_the_reports(tmp_path: Path) -> None:
+    """The kept lines start with rank 7's companion lines, its timeout line cut away:
+    ranks 1, 3, 5 and 7 reported in an 8-rank group, and ranks 0, 2, 4 and 6 may only
+    have lost their reports to the cut; the finding names the file that limited it."""
+    lines = _report(7, 61, 1024, 8192, prefix="7: ")[1:]
+    for rank in (3, 5, 1):
+        lines += _report(rank, 61, 1024, 8192, prefix=f"{rank}: ")
+    doc = _run(tmp_path, {"job.log": lines})
+    hang = _hang(doc)
+    assert hang["ranks"] == [], hang["message"]
+    assert "begin or end inside the watchdog reports" in hang["message"]
+    assert hang["evidence"]["limited_by"][0]["path"].endswith("job.log")
+    assert "limited by job.log" in hang["message"]
+
+
+def test_the_same_block_whole_names_the_silent_member(tmp_path: Path) -> None:
+    """The control: the same block whole (DeepSpeed's timers before it, the launcher's
+    closing signal after), with sizes as PyTorch prints them (NumelOut = NumelIn x 4):
+    rank 2, the one member of the 4-rank group with no report, is named."""
+    lines = [
+        "[2025-03-14 09:00:01,384] [INFO] [logging.py:96:log_dist] [Rank 0] rank=0 time (ms) "
+        "| forward_microstep: 412.87 | backward_microstep: 771.35"
+    ]
+    for rank in (0, 1, 3):
+        lines += _report(rank, 61, 1024, 4096)
+    lines.append(
+        "torch.distributed.elastic.multiprocessing.api: [WARNING] Sending process 9 "
+        "closing signal SIGTERM"
+    )
+    doc = _run(tmp_path, {"job.log": lines})
+    assert _hang(doc)["ranks"] == [2], _hang(doc)["message"]
+
+
+def test_a_size_its_reports_contradict_is_no_size(tmp_path: Path) -> None:
+    """A whole block whose NumelOut is written equal to NumelIn: read as a group of one
+    rank, ranks 1, 3, 5 and 7 reporting made rank 0 "the one member that did not
+    report" (named, where srun's prefixes make the stream the job's).  A size below the
+    highest reporting rank is no size: the members are unknown, nobody is named."""
+    lines = [
+        "[2025-03-14 09:00:01,384] [INFO] [logging.py:96:log_dist] [Rank 0] rank=0 time (ms) "
+        "| forward_microstep: 412.87 | backward_microstep: 771.35"
+    ]
+    for rank in (7, 3, 5, 1):
+        lines += _report(rank, 61, 3145728, 3145728, prefix=f"{rank}: ")  # srun -l
+    lines.append(
+        "torch.distributed.elastic.multiprocessing.api: [WARNING] Sending process 9 "
+        "closing signal SIGTERM"
+    )
+    doc = _run(tmp_path, {"job.log": lines})
+    hang = _hang(doc)
+    assert hang["ranks"] == [], hang["message"]
+    assert "non_reporting" not in hang["evidence"], hang["evidence"]
+    assert "the group's members are not in the logs" in hang["message"]
