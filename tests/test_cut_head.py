@@ -12,6 +12,7 @@ layouts, NCCL 2.7 / 2.21 (no times) and 2.27 (timed), each cut one of three ways
 from __future__ import annotations
 
 import random
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import pytest
 
 from ncclscope.analysis import run_analysis
 from ncclscope.export.json_report import to_json_dict
+from ncclscope.synth import Mismatch, SynthSpec, generate
 
 #: Jobs per kind: enough for every layout, era and cut to meet (the whole class is
 #: measured over 400 jobs by ``benchmarks/bench_cut_head.py``).
@@ -58,8 +60,11 @@ def reports_kept(job: jobgen.Job, cut: jobgen.Files) -> bool:
     culprits = set(job.truth["culprit_ranks"])
     reports = {ln.uid for ln in lines if ln.tag == "watchdog"}
     last: dict[int, jobgen.Line] = {}
+    stall = job.truth.get("stall_true")
+    if stall is None:  # a restart: the first run's hang, judged by jobgen.evidence_kept
+        return bool(reports) and reports <= kept and jobgen.evidence_kept(job, cut)
     for ln in lines:
-        if ln.tag == "coll" and ln.rank in culprits and ln.t <= job.truth["stall_true"] + 1:
+        if ln.tag == "coll" and ln.rank in culprits and ln.t <= stall + 1:
             if ln.rank not in last or ln.t >= last[ln.rank].t:
                 last[ln.rank] = ln
     if job.spec.kind == "multi_pg":
@@ -183,3 +188,63 @@ def test_a_size_its_reports_contradict_is_no_size(tmp_path: Path) -> None:
     assert hang["ranks"] == [], hang["message"]
     assert "non_reporting" not in hang["evidence"], hang["evidence"]
     assert "the group's members are not in the logs" in hang["message"]
+
+
+# --------------------------------------------------------------------------- mismatch
+
+
+MISMATCH_CASES = [
+    (field, era, layout, seed)
+    for field in ("op", "count", "dtype")
+    for era, layout in (("2.21", "combined"), ("2.27", "per-rank"), ("2.18", "combined"))
+    for seed in (1, 2)
+]
+
+
+@pytest.mark.parametrize(("field", "era", "layout", "seed"), MISMATCH_CASES)
+def test_a_mismatch_cut_past_its_init_lines_names_both_sides(
+    tmp_path: Path, field: str, era: str, layout: str, seed: int
+) -> None:
+    """Every file cut at the head somewhere between its last init line and the
+    mismatched collective: the communicator is matched by order, no member's rank in it
+    known.  The mismatch is still found with both sides' op, count and datatype from the
+    COLL lines that remain; the culprit is its process, named by job rank only where a
+    kept line gives it, never anyone else."""
+    rng = random.Random(f"mismatch:{field}:{era}:{layout}:{seed}")
+    culprit = rng.randrange(8)
+    at = rng.randrange(14, 22)
+    spec = SynthSpec(
+        ranks=8,
+        hosts=2,
+        steps=3,
+        era=era,
+        layout=layout,
+        launcher="torchrun" if layout == "combined" else "none",
+        seed=seed,
+        faults=(Mismatch(rank=culprit, at_instance=at, field=field),),  # type: ignore[arg-type]
+    )
+    whole = tmp_path / "whole"
+    generate(spec, whole)
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    for log in sorted(whole.glob("*.log")):
+        lines = log.read_text().splitlines(keepends=True)
+        init = [i for i, ln in enumerate(lines) if "commId" in ln or "Init COMPLETE" in ln]
+        colls = [i for i, ln in enumerate(lines) if re.search(rf"opCount {at:x} ", ln)]
+        start = (init[-1] + 1) if init else 0
+        stop = min(colls) if colls else len(lines)
+        keep_from = rng.randrange(start, max(start + 1, stop))
+        (cut / log.name).write_text("".join(lines[keep_from:]))
+    doc = to_json_dict(run_analysis([str(cut)], workdir=tmp_path / "work"))
+    found = [f for f in doc["findings"] if f["kind"] == "mismatch"]
+    assert found, [f["message"] for f in doc["findings"]]
+    calls = found[0]["evidence"]["culprit_calls"]
+    expected = found[0]["evidence"]["expected"]
+    assert expected is not None, found[0]["message"]
+    text = found[0]["message"]
+    for call in (*calls, expected):
+        assert call["op"] in text, text
+        assert f"count {call['count']:,}" in text, text
+    assert found[0]["ranks"] in ([], [culprit]), text
+    verdict = jobgen.judge(doc, {culprit})
+    assert not verdict.wrong, verdict.describe()

@@ -20,7 +20,15 @@ import polars as pl
 
 from ncclscope.detect.base import HangClass, LineRef, ranks_text
 from ncclscope.detect.context import Context
-from ncclscope.detect.stalls import WHO, Stall, hosts_of, mismatches, quote_lines, stalls
+from ncclscope.detect.stalls import (
+    WHO,
+    Stall,
+    hosts_of,
+    mismatches,
+    quote_lines,
+    stalls,
+    unranked_mismatches,
+)
 from ncclscope.detect.watchdog import (
     PgTimeout,
     consequence_deaths,
@@ -613,6 +621,24 @@ def culprit(ctx: Context) -> Culprit | None:
         if len(last) and last.max() == m.seq:  # the job hung at the mismatch
             rows = m.rows.filter(pl.col("who").is_in(m.culprits))
             return Culprit(m.culprits, hosts_of(rows), m.majority[0], m.seq, None, ["mismatch"])
+    for u in unranked_mismatches(ctx):
+        if not u.hung:
+            continue
+        minority = [rows for _s, rows in u.sides[1:]]
+        ranks = sorted({int(r) for rows in minority for r in rows["rank"].drop_nulls()})
+        known = u.clear and len(ranks) == sum(len(rows) for rows in minority)
+        return Culprit(
+            ranks if known else [],
+            sorted({h for rows in minority for h in hosts_of(rows)}) if u.clear else [],
+            u.sides[0][0][0],
+            u.seq,
+            None,
+            ["mismatch"],
+            None
+            if known
+            else "a collective mismatch on a communicator whose init lines were cut: "
+            "the calling process's job rank is not in the logs",
+        )
     return None
 
 

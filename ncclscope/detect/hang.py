@@ -51,10 +51,12 @@ from ncclscope.detect.stalls import (
     WHO,
     Mismatched,
     Stall,
+    UnrankedMismatch,
     hosts_of,
     mismatches,
     quote_lines,
     stalls,
+    unranked_mismatches,
 )
 from ncclscope.detect.watchdog import PgTimeout, StopEvidence, pg_timeouts, stop_evidence
 from ncclscope.units import DTYPE_NAMES
@@ -94,6 +96,7 @@ class HangDetector:
         for m in mismatches(ctx):
             findings.append(self._mismatch(m, ctx, stall_list))
             hung_at.add((m.comm_key, m.seq))
+        findings += [_unranked_mismatch(u, ctx) for u in unranked_mismatches(ctx)]
         for stall in stall_list:
             if {(stall.comm_key, stall.seq), (stall.comm_key, stall.seq - 1)} & hung_at:
                 continue  # the mismatch there, or one collective earlier, is the story
@@ -272,6 +275,95 @@ class HangDetector:
                 hang_class=v.hang_class,
             )
         ]
+
+
+def _who(rows: pl.DataFrame) -> str:
+    """``rank 3`` where the job rank is known, else the process: ``the process 690499 on
+    node-0``."""
+    ranks = sorted({int(r) for r in rows["rank"].drop_nulls().to_list()})
+    if len(ranks) == len(rows):
+        return f"rank {ranks_text(ranks)}"
+    procs = [f"{p} on {h}" for h, p in rows.select("host", "pid").unique().sort("pid").rows()]
+    return ("the process " if len(procs) == 1 else "the processes ") + ", ".join(procs[:4])
+
+
+def _unranked_mismatch(u: UnrankedMismatch, ctx: Context) -> Finding:
+    """A mismatch on a communicator whose init lines were cut: both sides' calls (op,
+    count, datatype) from the COLL lines that remain; the minority side named where a
+    strict majority of two or more called the same, by job rank where another of its
+    communicators names it, else by process::
+
+        [default3]:node-0:690499:690499 [3] NCCL INFO ReduceScatter: opCount 14 ...
+        count 100676608 datatype 7 op 0 root 0 comm 0x55df8eb18b90 [nranks=8] ...
+    """
+    (want, want_rows), *others = u.sides
+    minority = pl.concat([rows for _s, rows in others])
+    top = minority["nranks"].max()
+    nranks = f"{top} ranks" if isinstance(top, int) else "unknown size"
+    calls = "; ".join(
+        f"{_who(rows)} called {op} (count {count:,}, {_dtype(dtype)})"
+        for (op, count, dtype), rows in others
+    )
+    majority = f"{len(want_rows)} called {want[0]} (count {want[1]:,}, {_dtype(want[2])})"
+    where = (
+        f"at collective #{u.seq} (opCount {u.seq:x}) of a communicator of {nranks} "
+        "whose init lines were cut"
+    )
+    ranks = sorted({int(r) for r in minority["rank"].drop_nulls().to_list()})
+    named = u.clear and len(ranks) == len(minority)
+    if u.clear:
+        msg = f"{calls} where the other {majority} {where}"
+    else:
+        first = f"{_who(want_rows)} called {want[0]} (count {want[1]:,}, {_dtype(want[2])})"
+        msg = f"the members disagree {where}: {first}; {calls}"
+    msg += "; the job hung there" if u.hung else ""
+    differs = sorted(
+        name
+        for name, k in (("op", 0), ("count", 1), ("dtype", 2))
+        if any(shape[k] != want[k] for shape, _r in others)
+    )
+    return Finding(
+        kind="mismatch",
+        severity="critical" if u.clear else "warning",
+        message=msg,
+        ranks=ranks if named else [],
+        hosts=hosts_of(minority) if u.clear else [],
+        op=want[0],
+        seq=u.seq,
+        evidence={
+            "communicator": u.comm_key,
+            "differs_in": differs,
+            "expected": {"op": want[0], "count": want[1], "dtype": want[2]} if u.clear else None,
+            "culprit_calls": [
+                {
+                    "rank": r["rank"],
+                    "host": r["host"],
+                    "pid": r["pid"],
+                    "op": r["op"],
+                    "count": r["count"],
+                    "dtype": r["dtype"],
+                }
+                for r in (minority if u.clear else pl.concat([want_rows, minority])).iter_rows(
+                    named=True
+                )
+            ],
+            "hung": u.hung,
+            "init_cut": True,
+            "culprit_basis": "mismatch" if named else "withheld",
+            "culprit_bases": ["mismatch"] if named else ["withheld"],
+            **(
+                {}
+                if named
+                else {
+                    "withheld": "no strict majority of two or more called the same"
+                    if not u.clear
+                    else "the calling process's job rank is not in the logs (init lines cut)"
+                }
+            ),
+        },
+        lines=quote_lines(minority) + quote_lines(want_rows, 1),
+        hang_class="mismatch" if u.hung else None,
+    )
 
 
 def _from_monitor(ctx: Context) -> list[Finding]:

@@ -22,10 +22,12 @@ __all__ = [
     "WHO",
     "Mismatched",
     "Stall",
+    "UnrankedMismatch",
     "hosts_of",
     "mismatches",
     "quote_lines",
     "stalls",
+    "unranked_mismatches",
 ]
 
 #: At most this many mismatched instances are reported one by one.
@@ -74,6 +76,7 @@ WHO = pl.coalesce("rank", "comm_rank")
 #: Where ``stalls`` keeps its list on the context (as ``cached_property`` does): the
 #: hang, timeout and countdown detectors and the agent's export all read it.
 _STALLS_KEY = "_stalls"
+_UNRANKED_KEY = "_unranked_mismatches"
 
 
 def stalls(ctx: Context) -> list[Stall]:
@@ -270,6 +273,92 @@ def mismatches(ctx: Context) -> list[Mismatched]:
                     rows,
                 )
             )
+        if len(out) >= _MAX_MISMATCHES:
+            break
+    return out
+
+
+@dataclass(frozen=True)
+class UnrankedMismatch:
+    """An instance of a communicator whose init lines were cut (no member's rank in it
+    is known: matched by order, ``n8#0``) at which its members logged different (op,
+    count, datatype).  The opCount still numbers each member's calls, so the calls at
+    one opCount are one instance; who made them is known by process, and by job rank
+    only where another communicator of the same process names it."""
+
+    comm_key: str
+    seq: int
+    #: (op, count, dtype) -> the members' rows that logged it, largest side first
+    sides: list[tuple[tuple[str, int, int], pl.DataFrame]]
+    #: the largest side is a strict majority of two or more: the others are the culprits
+    clear: bool
+    #: the communicator's last instance: no member logged a call after it
+    hung: bool
+
+
+def unranked_mismatches(ctx: Context) -> list[UnrankedMismatch]:
+    """Mismatches on communicators no init line names (a log cut at the head): a full
+    pass over each such communicator's calls, made only where its members' opCounts
+    count (where opCount is constant, 2.27+ on one node, calls counted from a cut head
+    are no sequence)."""
+    memo = vars(ctx)
+    found = memo.get(_UNRANKED_KEY)
+    if found is None:
+        found = memo[_UNRANKED_KEY] = _unranked_mismatches(ctx)
+    return list(found)
+
+
+def _unranked_mismatches(ctx: Context) -> list[UnrankedMismatch]:
+    ident = ctx.analysis.identity.members
+    stats = ctx.analysis.stats
+    if ident.is_empty() or stats.is_empty() or ident["comm_rank"].null_count() == 0:
+        return []
+    key = ["file_id", "host", "pid", "comm"]
+    per = (
+        ident.filter(pl.col("comm_key").is_not_null())
+        .join(stats.select(*key, "calls", "opcount_min", "opcount_max"), on=key, how="inner")
+        .group_by("comm_key")
+        .agg(
+            pl.col("comm_rank").is_null().all().alias("unranked"),
+            pl.len().alias("members"),
+            ((pl.col("opcount_min") != pl.col("opcount_max")) | (pl.col("calls") <= 1))
+            .all()
+            .alias("counts"),
+        )
+        .filter(pl.col("unranked") & pl.col("counts") & (pl.col("members") >= 2))
+        .sort("members", "comm_key", descending=[True, False])
+    )
+    coll = ctx.collectives()
+    if coll is None or per.is_empty():
+        return []
+    out: list[UnrankedMismatch] = []
+    for comm_key in per["comm_key"].to_list():
+        seqs = ctx.mixed_seqs(comm_key, _MAX_MISMATCHES - len(out))
+        if not seqs:
+            continue
+        last = coll.filter(pl.col("comm_key") == comm_key).select(pl.col("seq").max())
+        top = last.collect(engine="streaming")[0, 0]
+        for seq in seqs:
+            rows = ctx.rows_at(comm_key, [seq]).sort("host", "pid")
+            shapes = Counter(zip(rows["op"], rows["count"], rows["dtype"], strict=True))
+            ordered = sorted(shapes.items(), key=lambda kv: (-kv[1], str(kv[0])))
+            sides = [
+                (
+                    (str(op), int(count), int(dtype)),
+                    rows.filter(
+                        (pl.col("op") == op)
+                        & (pl.col("count") == count)
+                        & (pl.col("dtype") == dtype)
+                    ),
+                )
+                for (op, count, dtype), _n in ordered
+                if op is not None and count is not None and dtype is not None
+            ]
+            if len(sides) < 2:
+                continue
+            big = len(sides[0][1])
+            clear = big >= 2 and big > sum(len(r) for _s, r in sides[1:])
+            out.append(UnrankedMismatch(comm_key, int(seq), sides, clear, top == seq))
         if len(out) >= _MAX_MISMATCHES:
             break
     return out
