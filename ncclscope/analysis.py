@@ -37,7 +37,7 @@ from ncclscope.model.collectives import (
     summarise,
 )
 from ncclscope.model.flight import join_flight, read_flight
-from ncclscope.model.identity import Identity, listable_size, resolve_identity
+from ncclscope.model.identity import Identity, listable_size, pid_ranks, resolve_identity
 from ncclscope.model.inspector import join_inspector
 from ncclscope.model.tools import read_tools
 from ncclscope.parsers.common import read_as, zone_name
@@ -218,7 +218,7 @@ def _tables(
             part = _attempt_part(k, starts, records, lines, procs, frameworks)
         rec_k, lines_k, stats_k, fw_k = part
         built = _build(rec_k, lines_k, stats_k, procs, paths, workdir / f"attempt-{k}",
-                       coll_ts_source)  # fmt: skip
+                       coll_ts_source, pid_ranks(fw_k.failures))  # fmt: skip
         builds.append((built, rec_k, stats_k, fw_k))
     # The job as it stands is its last attempt; the earlier ones keep their findings.
     last, _rec, last_stats, _fw = builds[-1]
@@ -310,8 +310,10 @@ def _build(
     paths: list[str],
     out_dir: Path,
     coll_ts_source: str,
+    pid_ranks: dict[tuple[str | None, int], int] | None = None,
 ) -> _Built:
-    identity = resolve_identity(records, coll_only_comms(stats) if len(stats) else [], paths)
+    coll_only = coll_only_comms(stats) if len(stats) else []
+    identity = resolve_identity(records, coll_only, paths, pid_ranks)
     collectives = summary = None
     if lines is not None and len(stats):
         collectives = build_collectives(

@@ -248,3 +248,49 @@ def test_a_mismatch_cut_past_its_init_lines_names_both_sides(
     assert found[0]["ranks"] in ([], [culprit]), text
     verdict = jobgen.judge(doc, {culprit})
     assert not verdict.wrong, verdict.describe()
+
+
+def test_the_launcher_s_summary_gives_the_cut_process_its_rank(tmp_path: Path) -> None:
+    """The same cut, with torchrun's failure summary after it listing the culprit's
+    process (``rank : 5`` ... ``(pid: N)``): the worker torchrun started is the process
+    that called NCCL, so the mismatch names rank 5, not only its pid."""
+    spec = SynthSpec(
+        ranks=8, hosts=2, steps=3, era="2.21", layout="combined", launcher="torchrun", seed=3,
+        faults=(Mismatch(rank=5, at_instance=17, field="count"),),
+    )  # fmt: skip
+    whole = tmp_path / "whole"
+    generate(spec, whole)
+    (log,) = sorted(whole.glob("*.log"))
+    lines = log.read_text().splitlines(keepends=True)
+    proc = next(
+        m for ln in lines if (m := re.search(r"\]:(\S+):(\d+):\d+ \[\d\] .* rank 5 nranks 8 ", ln))
+    )
+    host, pid = proc.group(1), int(proc.group(2))
+    last_init = max(i for i, ln in enumerate(lines) if "Init COMPLETE" in ln)
+    summary = [
+        "=" * 60,
+        "train.py FAILED",
+        "-" * 60,
+        "Failures:",
+        "  <NO_OTHER_FAILURES>",
+        "-" * 60,
+        "Root Cause (first observed failure):",
+        "[0]:",
+        "  time      : 2025-03-14_09:10:07",
+        f"  host      : {host}",
+        "  rank      : 5 (local_rank: 1)",
+        f"  exitcode  : -6 (pid: {pid})",
+        "  error_file: <N/A>",
+        f"  traceback : Signal 6 (SIGABRT) received by PID {pid}",
+        "=" * 60,
+    ]
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    (cut / log.name).write_text("".join(lines[last_init + 1 :]) + "\n".join(summary) + "\n")
+    doc = to_json_dict(run_analysis([str(cut)], workdir=tmp_path / "work"))
+    (found,) = [f for f in doc["findings"] if f["kind"] == "mismatch"]
+    assert found["ranks"] == [5], found["message"]
+    assert (
+        found["message"].startswith("rank 5 called AllReduce")
+        or "rank 5 called" in found["message"]
+    )

@@ -37,6 +37,7 @@ __all__ = [
     "Identity",
     "Member",
     "listable_size",
+    "pid_ranks",
     "resolve_identity",
 ]
 
@@ -113,10 +114,15 @@ class Identity:
 
 
 def resolve_identity(
-    records: LineRecords, coll_only: list[CollOnlyComm], paths: list[str]
+    records: LineRecords,
+    coll_only: list[CollOnlyComm],
+    paths: list[str],
+    pid_ranks: dict[tuple[str | None, int], int] | None = None,
 ) -> Identity:
     """Build members and ranks from init lines, layouts and (as a fallback) teardown
-    lines, Init timings and COLL lines."""
+    lines, Init timings and COLL lines.  ``pid_ranks``: job ranks by (host, pid) from
+    outside NCCL's lines (torchrun's failure summary: ``rank : 3 (local_rank: 0)`` /
+    ``exitcode : -6 (pid: 2436978)``), for processes no init line names."""
     members = _members_from_init(records)
     _members_from_teardown(records, members)
     for extra in coll_only:
@@ -138,6 +144,8 @@ def resolve_identity(
     _by_elimination(list(members.values()))
     world_key, world_size = _world(list(members.values()))
     _global_ranks(list(members.values()), world_key, records)
+    if pid_ranks:
+        _ranks_by_pid(list(members.values()), pid_ranks)
     nnodes = _nnodes(list(members.values()))
     return Identity(
         members=_members_frame(list(members.values())),
@@ -370,6 +378,42 @@ def _global_ranks(members: list[Member], world_key: str | None, records: LineRec
             if hints and len(hints) == 1:
                 member.comm_rank = next(iter(hints))
                 member.known_from = "hint"
+
+
+def pid_ranks(failures: pl.DataFrame) -> dict[tuple[str | None, int], int]:
+    """(host, pid) -> job rank from torchrun's failure summary (``FAILURES_SCHEMA``),
+    where the summary gives one rank each."""
+    rows = failures.select("host", "pid", "rank").drop_nulls(["pid", "rank"]).unique()
+    seen: dict[tuple[str | None, int], set[int]] = {}
+    for host, pid, rank in rows.iter_rows():
+        seen.setdefault((host, int(pid)), set()).add(int(rank))
+    return {key: next(iter(r)) for key, r in seen.items() if len(r) == 1}
+
+
+def _short(host: str | None) -> str | None:
+    """``dgx002`` of ``dgx002.cluster.local``: NCCL prints the host name up to its first
+    dot, torchelastic may print the full one."""
+    return host.split(".", 1)[0] if host else None
+
+
+def _ranks_by_pid(members: list[Member], pid_ranks: dict[tuple[str | None, int], int]) -> None:
+    """The job rank of each process no NCCL line names, where the launcher's summary
+    gives its pid (the worker process is the one that calls NCCL): on its host, or, where
+    the summary names no host, by a pid no other host's process has."""
+    by_host = {(_short(h), p): r for (h, p), r in pid_ranks.items() if h is not None}
+    bare = {p: r for (h, p), r in pid_ranks.items() if h is None}
+    hosts_of_pid: dict[int, set[str]] = defaultdict(set)
+    for member in members:
+        hosts_of_pid[member.proc[2]].add(member.proc[1])
+    for member in members:
+        if member.rank is not None:
+            continue
+        _file, host, pid = member.proc
+        rank = by_host.get((_short(host), pid))
+        if rank is None and pid in bare and len(hosts_of_pid[pid]) == 1:
+            rank = bare[pid]
+        if rank is not None:
+            member.rank = rank
 
 
 def _nnodes(members: list[Member]) -> dict[str, int]:
