@@ -165,6 +165,36 @@ def test_one_run_is_one_attempt_even_when_files_are_joined(tmp_path: Path) -> No
     assert all("attempt" not in f["evidence"] for f in doc["findings"])
 
 
+def _headless(lines: list[str]) -> list[str]:
+    """A run's lines cut at the head: its banner, bootstrap and init lines gone."""
+    return [x for x in lines if "opCount" in x][3:]
+
+
+def test_per_rank_files_whose_first_run_lost_its_head(tmp_path: Path) -> None:
+    """Each rank's file holds the first run cut at the head (calls only: no line says
+    which rank its process is) and then the whole second run: the same turnover in every
+    file is a restart, so two attempts, each diagnosed on its own."""
+    first = _run((3101, 3102, 5120, 5121), 12)
+    second = _run((4101, 4102, 6120, 6121), 8)
+    paths = [_write(tmp_path / f"rank{r}.log", _headless(first[r]) + second[r]) for r in range(4)]
+    doc = run_cli(paths).doc
+    assert doc is not None
+    assert [a["started_by"] for a in doc["attempts"]] == [["start"], ["pids"]]
+    assert doc["attempts"][1]["pids"] == [4101, 4102, 6120, 6121]
+
+
+def test_one_file_whose_first_process_lost_its_head_is_one_run(tmp_path: Path) -> None:
+    """The same in one file only (the others hold one process each): two ranks' files
+    joined end to end look so too; no restart is read from one file."""
+    first = _run((3101, 3102, 5120, 5121), 12)
+    second = _run((4101, 4102, 6120, 6121), 8)
+    paths = [_write(tmp_path / "rank0.log", _headless(first[0]) + second[0])]
+    paths += [_write(tmp_path / f"rank{r}.log", second[r]) for r in range(1, 4)]
+    doc = run_cli(paths).doc
+    assert doc is not None
+    assert len(doc["attempts"]) == 1
+
+
 def _coll(pid: int, dev: int, seq: int, comm: str) -> str:
     # NCCL >= 2.27 on a single node: opCount is 0 on every call.
     return (

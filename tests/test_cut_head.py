@@ -26,8 +26,8 @@ from ncclscope.synth import Mismatch, SynthSpec, generate
 
 #: Jobs per kind: enough for every layout, era and cut to meet (the whole class is
 #: measured over 400 jobs by ``benchmarks/bench_cut_head.py``).
-JOBS = 24
-KINDS = ("hang_watchdog", "multi_pg")
+JOBS = 16
+KINDS = ("hang_watchdog", "multi_pg", "restart_hang")
 CUTS = ("per_file", "job_head", "one_file")
 
 

@@ -22,7 +22,7 @@ handful of rows per process: no per-line work.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -276,6 +276,13 @@ def _turnover_cuts(pieces: dict[int, list[_Piece]]) -> list[Cut]:
     # restarts every host at once); alone, they may be two ranks' files joined end to end.
     turned = {c.file_id for c in cuts}
     cuts += [c for c in unknown if c.file_id not in turned and turned]
+    if not turned:
+        # No slot known before (the whole job's head cut away, init lines and all): the
+        # same turnover once in each of several files is a restart; one file turning
+        # over, or one file several times, may be ranks' files joined end to end.
+        per_file = Counter(c.file_id for c in unknown)
+        if len(per_file) >= 2 and set(per_file.values()) == {1}:
+            cuts += unknown
     return cuts
 
 
