@@ -193,6 +193,21 @@ def test_a_size_its_reports_contradict_is_no_size(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- mismatch
 
 
+def cut_past_init(rng: random.Random, whole: Path, out: Path, at: int) -> Path:
+    """Each log of ``whole`` cut at the head somewhere between its last init line and
+    the first call at opCount ``at``, written to ``out``."""
+    out.mkdir()
+    for log in sorted(whole.glob("*.log")):
+        lines = log.read_text().splitlines(keepends=True)
+        init = [i for i, ln in enumerate(lines) if "commId" in ln or "Init COMPLETE" in ln]
+        colls = [i for i, ln in enumerate(lines) if re.search(rf"opCount {at:x} ", ln)]
+        start = (init[-1] + 1) if init else 0
+        stop = min(colls) if colls else len(lines)
+        keep_from = rng.randrange(start, max(start + 1, stop))
+        (out / log.name).write_text("".join(lines[keep_from:]))
+    return out
+
+
 MISMATCH_CASES = [
     (field, era, layout, seed)
     for field in ("op", "count", "dtype")
@@ -225,16 +240,7 @@ def test_a_mismatch_cut_past_its_init_lines_names_both_sides(
     )
     whole = tmp_path / "whole"
     generate(spec, whole)
-    cut = tmp_path / "cut"
-    cut.mkdir()
-    for log in sorted(whole.glob("*.log")):
-        lines = log.read_text().splitlines(keepends=True)
-        init = [i for i, ln in enumerate(lines) if "commId" in ln or "Init COMPLETE" in ln]
-        colls = [i for i, ln in enumerate(lines) if re.search(rf"opCount {at:x} ", ln)]
-        start = (init[-1] + 1) if init else 0
-        stop = min(colls) if colls else len(lines)
-        keep_from = rng.randrange(start, max(start + 1, stop))
-        (cut / log.name).write_text("".join(lines[keep_from:]))
+    cut = cut_past_init(rng, whole, tmp_path / "cut", at)
     doc = to_json_dict(run_analysis([str(cut)], workdir=tmp_path / "work"))
     found = [f for f in doc["findings"] if f["kind"] == "mismatch"]
     assert found, [f["message"] for f in doc["findings"]]

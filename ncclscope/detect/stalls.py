@@ -253,10 +253,18 @@ def mismatches(ctx: Context) -> list[Mismatched]:
         .sort("members", "comm_key", descending=[True, False])
     )
     out: list[Mismatched] = []
+    # A communicator with a member whose rank in it no line gives (its init lines cut):
+    # ``progress`` leaves that member out, ``unranked_mismatches`` reads the whole.
+    ident = ctx.analysis.identity.members
+    partial = set(ident.filter(pl.col("comm_rank").is_null())["comm_key"].drop_nulls().to_list())
     for comm_key in dict.fromkeys(suspects["comm_key"].to_list()):
+        if comm_key in partial:
+            continue
         for seq in ctx.mixed_seqs(comm_key, _MAX_MISMATCHES - len(out)):
             rows = ctx.rows_at(comm_key, [seq])
-            rows = rows.with_columns(WHO.alias("who"))
+            rows = rows.with_columns(WHO.alias("who")).filter(pl.col("who").is_not_null())
+            if rows.is_empty():
+                continue
             shapes = Counter(zip(rows["op"], rows["count"], rows["dtype"], strict=True))
             (majority, _n), *_rest = shapes.most_common()
             minority = rows.filter(
@@ -297,10 +305,10 @@ class UnrankedMismatch:
 
 
 def unranked_mismatches(ctx: Context) -> list[UnrankedMismatch]:
-    """Mismatches on communicators no init line names (a log cut at the head): a full
-    pass over each such communicator's calls, made only where its members' opCounts
-    count (where opCount is constant, 2.27+ on one node, calls counted from a cut head
-    are no sequence)."""
+    """Mismatches on communicators a member of which no line ranks (its init lines cut
+    at the head): a full pass over each such communicator's calls, made only where its
+    members' opCounts count (where opCount is constant, 2.27+ on one node, calls
+    counted from a cut head are no sequence)."""
     memo = vars(ctx)
     found = memo.get(_UNRANKED_KEY)
     if found is None:
@@ -312,14 +320,14 @@ def _unranked_mismatches(ctx: Context) -> list[UnrankedMismatch]:
     ident = ctx.analysis.identity.members
     stats = ctx.analysis.stats
     if ident.is_empty() or stats.is_empty() or ident["comm_rank"].null_count() == 0:
-        return []
+        return []  # every member ranked: ``mismatches`` reads them
     key = ["file_id", "host", "pid", "comm"]
     per = (
         ident.filter(pl.col("comm_key").is_not_null())
         .join(stats.select(*key, "calls", "opcount_min", "opcount_max"), on=key, how="inner")
         .group_by("comm_key")
         .agg(
-            pl.col("comm_rank").is_null().all().alias("unranked"),
+            pl.col("comm_rank").is_null().any().alias("unranked"),
             pl.len().alias("members"),
             ((pl.col("opcount_min") != pl.col("opcount_max")) | (pl.col("calls") <= 1))
             .all()
