@@ -1,27 +1,39 @@
 #!/usr/bin/env python3
 """Damage the shipped fixtures the ways logs get damaged and run ``analyze`` on each.
 
-Per input: one fixture's log (or its telemetry) is damaged one to three ways drawn from
-``DAMAGES`` (a flipped byte, a number that overflows, a line spliced from two, lines
-dropped / doubled / shuffled, a cut mid-line, a truncated gzip, UTF-16, CRLF, launcher
-prefixes, binary junk, a giant line), or (40% of inputs) one to five of its lines are
-damaged in place, and ``ncclscope analyze FILE --format json`` runs on it in a worker
-process (click's CliRunner, under a memory limit).  Counted:
+Per input, one of two shapes:
+
+* **a log** (70%): one fixture's top-level file, under its own name (or its telemetry
+  parts), damaged one to three ways drawn from ``DAMAGES`` (a flipped byte, a number that
+  overflows, a line spliced from two, lines dropped / doubled / shuffled, a cut mid-line,
+  a truncated gzip, UTF-16, CRLF, launcher prefixes, binary junk, a giant line), or (40%
+  of these) one to five of its lines damaged in place; ``analyze FILE``;
+* **a folder** (30%): a fixture stored as a folder of files (a Flight Recorder case
+  ``fixtures/flight-recorder/<case>/``, an evidence case ``fixtures/evidence-torch/<case>/``
+  with its nodes' ``manifest.json``, ``dumps/``, ``stacks/``, or a fixture's top-level
+  logs when it has several) copied with its names and layout, one to three of its files
+  damaged (text: as a log above, a JSON value of the wrong type or a key dropped, or
+  lines in place; binary, a pickle, parquet or gzip: cut, flipped bytes, junk written
+  over or into it), sometimes a file removed or emptied; ``analyze FOLDER`` as a user
+  would name it.
+
+``ncclscope analyze ... --format json`` runs in a worker process (click's CliRunner,
+under a memory limit).  Counted:
 
 * **traceback**: any exception out of the command (``SystemExit`` is an exit status);
 * **hang**: no answer within ``--timeout`` s (the worker is killed and restarted);
 * **invalid JSON**: stdout is not one JSON document with the ``schema`` key, or holds
   NaN/Infinity;
-* **lost**: an input with k lines damaged in place parsed fewer than the clean log's
+* **lost**: a single log with k lines damaged in place parsed fewer than the clean log's
   parsed lines less k (an undamaged line no longer parsed); the undamaged lines of those
   inputs and the lost ones are reported as ``undamaged_lines`` / ``undamaged_lost``.
 
 Each failure's input is kept under ``--keep`` (default ``fuzz-failures/``) with the
-traceback, so it can be replayed: ``ncclscope analyze fuzz-failures/000123/*``.
+traceback and the command that replays it: ``ncclscope analyze fuzz-failures/000123/*``.
 
 Usage:
     .venv/bin/python benchmarks/fuzz_inputs.py --seed 1 --count 700
-    .venv/bin/python benchmarks/fuzz_inputs.py --seed 17 --count 10000 --workers 2
+    .venv/bin/python benchmarks/fuzz_inputs.py --seed 28 --count 10000 --workers 1
 """
 
 from __future__ import annotations
@@ -80,17 +92,30 @@ DIGITS = re.compile(rb"-?[0-9a-fA-F]*[0-9][0-9a-fA-F]*")
 
 @dataclass
 class Input:
-    """A damaged copy: ``name`` is the file name to write (``.gz`` for gzip)."""
+    """A damaged copy: ``files`` (path relative to the input's folder, bytes) are written,
+    ``targets`` (relative paths: a file, or a folder fixture's folder) are analysed."""
 
     fixture: str
-    name: str
-    data: bytes
+    files: list[tuple[str, bytes]]
+    targets: list[str]
     telemetry: list[tuple[str, bytes]]
     damages: list[str]
     #: the fixture log it came from, and how many of its lines were damaged in place
     #: (the others untouched, the line count kept); 0: damaged as a whole
     source: Path | None = None
     in_place: int = 0
+
+
+@dataclass(frozen=True)
+class Fixture:
+    """A fixture: ``logs``, each fuzzed alone (with ``telemetry``), or a ``folder`` whose
+    ``files`` (every file under it, by relative path) are fuzzed together."""
+
+    name: str
+    logs: list[Path]
+    telemetry: list[Path]
+    folder: Path | None = None
+    files: tuple[str, ...] = ()
 
 
 def _lines(data: bytes) -> list[bytes]:
@@ -219,15 +244,108 @@ DAMAGES: dict[str, Callable[[random.Random, bytes], bytes]] = {
 WEIGHTS = {"overflow": 6, "flip_byte": 4, "splice": 4, "binary": 2, "prefixes": 2}
 
 
-def fixtures(root: Path) -> list[tuple[str, list[Path], list[Path]]]:
-    """(fixture name, its logs, its telemetry parts)."""
-    out = []
+def flip_bytes(rng: random.Random, data: bytes) -> bytes:
+    for _ in range(rng.randint(2, 16)):
+        data = flip_byte(rng, data)
+    return data
+
+
+def junk(rng: random.Random, data: bytes) -> bytes:
+    """Random bytes written over or into a file (a torn write, a reused block)."""
+    noise = rng.randbytes(rng.randint(1, 64))
+    k = rng.randrange(len(data) + 1)
+    if rng.random() < 0.5:
+        return data[:k] + noise + data[k + len(noise) :]
+    return data[:k] + noise + data[k:]
+
+
+#: Damages to a binary file's bytes (a pickle, parquet, gzip): it has no lines.
+BINARY_DAMAGES: dict[str, Callable[[random.Random, bytes], bytes]] = {
+    "cut": cut,
+    "flip_byte": flip_byte,
+    "flip_bytes": flip_bytes,
+    "junk": junk,
+}
+#: JSON values of another type, or absurd for any field.
+ODD_VALUES: tuple[Any, ...] = (
+    None, "", "x", "-1", -1, 0, 2**64, -(2**63) - 1, 1e308, 0.5, True, [], {}, [None],
+    {"": None}, "9" * 40,
+)  # fmt: skip
+
+
+def json_value(rng: random.Random, data: bytes) -> bytes:
+    """One to three values of a JSON document replaced by a value of another type, or
+    their keys dropped (a dump of another version, a hand-edited manifest)."""
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return flip_byte(rng, data)
+    slots: list[tuple[Any, Any]] = []
+    todo = [doc]
+    while todo:
+        node = todo.pop()
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, value in items:
+            slots.append((node, key))
+            if isinstance(value, (dict, list)):
+                todo.append(value)
+    if not slots:
+        return json.dumps(rng.choice(ODD_VALUES)).encode()
+    for _ in range(rng.randint(1, 3)):
+        node, key = rng.choice(slots)
+        if isinstance(node, dict) and rng.random() < 0.25:
+            node.pop(key, None)
+        else:
+            node[key] = rng.choice(ODD_VALUES)
+    return json.dumps(doc, indent=1).encode()
+
+
+def is_binary(data: bytes) -> bool:
+    """A pickle, parquet file, gzip or other bytes that are not text."""
+    head = data[:4096]
+    if head[:1] == b"\x80" or head[:4] == b"PAR1" or head[:2] == b"\x1f\x8b" or b"\0" in head:
+        return True
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as err:
+        return err.start < len(head) - 4  # not just a character cut at 4096
+    return False
+
+
+#: Files in a folder fixture that a user's folder would not hold (the fixture's truth).
+FOLDER_SKIP = SKIP | {"truth.json"}
+
+
+def _folder_files(folder: Path, *, top_only: bool = False) -> tuple[str, ...]:
+    found = folder.iterdir() if top_only else folder.rglob("*")
+    return tuple(
+        sorted(
+            str(p.relative_to(folder))
+            for p in found
+            if p.is_file() and p.name not in FOLDER_SKIP and not p.name.startswith(".")
+        )
+    )
+
+
+def fixtures(root: Path) -> tuple[list[Fixture], list[Fixture]]:
+    """The log fixtures (top-level files, telemetry parts) and the folder fixtures: every
+    subfolder of a fixture but its telemetry (a Flight Recorder or evidence case), and a
+    fixture with several top-level logs as one folder."""
+    logs_out: list[Fixture] = []
+    folders_out: list[Fixture] = []
     for folder in sorted(p for p in root.iterdir() if p.is_dir()):
         logs = sorted(p for p in folder.iterdir() if p.is_file() and p.name not in SKIP)
         tel = sorted((folder / "telemetry").glob("part-*.parquet"))
         if logs:
-            out.append((folder.name, logs, tel))
-    return out
+            logs_out.append(Fixture(folder.name, logs, tel))
+        if len(logs) > 1:
+            files = _folder_files(folder, top_only=True)
+            folders_out.append(Fixture(folder.name, [], [], folder, files))
+        for sub in sorted(p for p in folder.iterdir() if p.is_dir() and p.name != "telemetry"):
+            files = _folder_files(sub)
+            if files:
+                folders_out.append(Fixture(f"{folder.name}/{sub.name}", [], [], sub, files))
+    return logs_out, folders_out
 
 
 #: Damages of one line that keep it one line (for the in-place inputs).
@@ -248,41 +366,100 @@ def _one_line(rng: random.Random, how: str, line: bytes, other: bytes) -> bytes:
     return out.replace(b"\n", b" ").replace(b"\r", b" ")
 
 
-def make_input(rng: random.Random, table: list[tuple[str, list[Path], list[Path]]]) -> Input:
-    name, logs, tel = rng.choice(table)
-    log = rng.choice(logs)
-    data = log.read_bytes()
-    damages: list[str] = []
-    file_name = log.name if log.suffix == ".log" else log.name + ".log"
-    if rng.random() < 0.4:
-        # k lines damaged in place: every other line must still be parsed
-        lines = data.split(b"\n")
-        k = rng.randint(1, min(5, len(lines)))
-        for at in rng.sample(range(len(lines) - (lines[-1] == b"")), k):
-            how = rng.choice(LINE_DAMAGES)
-            lines[at] = _one_line(rng, how, lines[at], rng.choice(lines))
-            damages.append(f"line:{how}")
-        return Input(name, file_name, b"\n".join(lines), [], damages, log, k)
-    telemetry: list[tuple[str, bytes]] = []
-    if tel and rng.random() < 0.15:
-        # a telemetry part damaged (a cut or a flipped byte), the log kept
-        parts = [(p.name, p.read_bytes()) for p in tel]
-        k = rng.randrange(len(parts))
-        how = rng.choice(("cut", "flip_byte"))
-        parts[k] = (parts[k][0], DAMAGES[how](rng, parts[k][1]))
-        telemetry = parts
-        damages.append(f"telemetry:{how}")
+#: Share of the inputs that are a folder fixture.
+FOLDER_SHARE = 0.3
+
+
+def _damage_text(rng: random.Random, data: bytes, damages: list[str], where: str) -> bytes:
+    """A text file damaged as a whole, one to three ways."""
     names = list(DAMAGES)
     weights = [WEIGHTS.get(n, 1) for n in names]
     for how in rng.choices(names, weights, k=rng.randint(1, 3)):
         data = DAMAGES[how](rng, data)
-        damages.append(how)
+        damages.append(where + how)
+    return data
+
+
+def _damage_lines(
+    rng: random.Random, data: bytes, damages: list[str], where: str
+) -> tuple[bytes, int]:
+    """One to five lines damaged in place, the others untouched; also the count."""
+    lines = data.split(b"\n")
+    k = rng.randint(1, min(5, max(1, len(lines) - (lines[-1] == b""))))
+    for at in rng.sample(range(max(1, len(lines) - (lines[-1] == b""))), k):
+        how = rng.choice(LINE_DAMAGES)
+        lines[at] = _one_line(rng, how, lines[at], rng.choice(lines))
+        damages.append(f"{where}line:{how}")
+    return b"\n".join(lines), k
+
+
+def _damage_file(rng: random.Random, rel: str, data: bytes, damages: list[str]) -> bytes | None:
+    """One file of a folder fixture damaged (None: removed)."""
+    where = rel + ":"
+    r = rng.random()
+    if r < 0.04:
+        damages.append(where + "missing")
+        return None
+    if r < 0.08:
+        damages.append(where + "empty")
+        return b""
+    if is_binary(data):
+        how = rng.choice(list(BINARY_DAMAGES))
+        damages.append(where + how)
+        return BINARY_DAMAGES[how](rng, data)
+    if rel.endswith(".json") and r < 0.35:
+        damages.append(where + "json_value")
+        return json_value(rng, data)
+    if r < 0.6:
+        return _damage_lines(rng, data, damages, where)[0]
+    return _damage_text(rng, data, damages, where)
+
+
+def _folder_input(rng: random.Random, fx: Fixture) -> Input:
+    assert fx.folder is not None
+    base = fx.folder.name
+    files: dict[str, bytes] = {rel: (fx.folder / rel).read_bytes() for rel in fx.files}
+    damages: list[str] = []
+    for rel in rng.sample(fx.files, min(len(fx.files), rng.choice((1, 1, 1, 2, 3)))):
+        data = _damage_file(rng, rel, files[rel], damages)
+        if data is None:
+            del files[rel]
+        else:
+            files[rel] = data
+    written = [(f"{base}/{rel}", data) for rel, data in sorted(files.items())]
+    return Input(fx.name, written, [base], [], damages)
+
+
+def make_input(rng: random.Random, table: tuple[list[Fixture], list[Fixture]]) -> Input:
+    logs, folders = table
+    if folders and rng.random() < FOLDER_SHARE:
+        return _folder_input(rng, rng.choice(folders))
+    fx = rng.choice(logs)
+    log = rng.choice(fx.logs)
+    data = log.read_bytes()
+    damages: list[str] = []
+    # the file's own name: a reader may know a dump's rank by it
+    file_name = log.name
+    if rng.random() < 0.4:
+        # k lines damaged in place: every other line must still be parsed
+        data, k = _damage_lines(rng, data, damages, "")
+        return Input(fx.name, [(file_name, data)], [file_name], [], damages, log, k)
+    telemetry: list[tuple[str, bytes]] = []
+    if fx.telemetry and rng.random() < 0.15:
+        # a telemetry part damaged (a cut, flipped bytes, junk), the log kept
+        parts = [(p.name, p.read_bytes()) for p in fx.telemetry]
+        k = rng.randrange(len(parts))
+        how = rng.choice(list(BINARY_DAMAGES))
+        parts[k] = (parts[k][0], BINARY_DAMAGES[how](rng, parts[k][1]))
+        telemetry = parts
+        damages.append(f"telemetry:{how}")
+    data = _damage_text(rng, data, damages, "")
     if rng.random() < 0.05:
         packed = gzip.compress(data, mtime=0)
         data = packed[: rng.randint(10, max(10, len(packed) - 1))]
         file_name += ".gz"
         damages.append("gzip_cut")
-    return Input(name, file_name, data, telemetry, damages)
+    return Input(fx.name, [(file_name, data)], [file_name], telemetry, damages)
 
 
 def _check(stdout: str) -> str | None:
@@ -318,9 +495,9 @@ def _worker(conn: Any) -> None:
         job = conn.recv()
         if job is None:
             return
-        folder = Path(job)
-        args = ["analyze", *sorted(str(p) for p in folder.iterdir() if p.is_file())]
-        args += ["--format", "json", "--no-progress"]
+        folder, targets = Path(job[0]), job[1]
+        args = ["analyze", *(str(folder / t) for t in targets), "--format", "json"]
+        args += ["--no-progress"]
         if (folder / "telemetry").is_dir():
             args += ["--telemetry", str(folder / "telemetry")]
         result = runner.invoke(cli, args)
@@ -352,14 +529,17 @@ class Worker:
         self.proc = ctx.Process(target=_worker, args=(child,), daemon=True)
         self.proc.start()
 
-    def run(self, folder: Path, timeout: float) -> tuple[int, str | None, Any, str]:
-        self.conn.send(str(folder))
+    def run(
+        self, folder: Path, targets: list[str], timeout: float
+    ) -> tuple[int, str | None, Any, str]:
+        self.conn.send((str(folder), targets))
         if self.conn.poll(timeout):
             try:
-                return self.conn.recv()
+                answer: tuple[int, str | None, Any, str] = self.conn.recv()
             except EOFError:
                 self.start()
                 return (-1, "traceback", "worker died", "")
+            return answer
         self.proc.kill()
         self.proc.join()
         self.start()
@@ -372,7 +552,9 @@ class Worker:
 
 def _write(inp: Input, folder: Path) -> None:
     folder.mkdir(parents=True)
-    (folder / inp.name).write_bytes(inp.data)
+    for rel, data in inp.files:
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_bytes(data)
     if inp.telemetry:
         tel = folder / "telemetry"
         tel.mkdir()
@@ -386,7 +568,7 @@ def _one_shard(args: tuple[int, int, int, int, float, str, str]) -> dict[str, An
     worker = Worker()
     failures: list[dict[str, Any]] = []
     kinds: Counter[str] = Counter()
-    clean: dict[Path, tuple[int, int]] = {}
+    clean: dict[Path, tuple[int, int] | None] = {}
     undamaged = lost = 0
     with tempfile.TemporaryDirectory(prefix="ncclscope-fuzz-") as tmp:
         for k in range(shard, count, shards):
@@ -394,14 +576,20 @@ def _one_shard(args: tuple[int, int, int, int, float, str, str]) -> dict[str, An
             inp = make_input(rng, table)
             folder = Path(tmp) / f"{k:06d}"
             _write(inp, folder)
-            _code, failure, why, tb = worker.run(folder, timeout)
+            _code, failure, why, tb = worker.run(folder, inp.targets, timeout)
             if failure is None and inp.source is not None and why is not None:
                 if inp.source not in clean:
                     original = Path(tmp) / "clean"
-                    _write(Input("", inp.name, inp.source.read_bytes(), [], []), original)
-                    clean[inp.source] = worker.run(original, timeout)[2]
+                    files = [(inp.targets[0], inp.source.read_bytes())]
+                    _write(Input("", files, inp.targets, [], []), original)
+                    answer = worker.run(original, inp.targets, timeout)
+                    clean[inp.source] = answer[2] if answer[1] is None else None
                     shutil.rmtree(original)
-                (lines, parsed), (_, clean_parsed) = why, clean[inp.source]
+            # a clean file that is not one scanned log (a tool's report, a dump) has no
+            # line count to keep
+            counted = clean.get(inp.source) if inp.source is not None else None
+            if failure is None and why and counted:
+                (lines, parsed), (_, clean_parsed) = why, counted
                 undamaged += lines - inp.in_place
                 # the damaged lines may each cost their own parse, no other line may
                 missing = max(0, clean_parsed - inp.in_place - parsed)
@@ -413,8 +601,12 @@ def _one_shard(args: tuple[int, int, int, int, float, str, str]) -> dict[str, An
                 kept = Path(keep) / f"{k:06d}"
                 shutil.rmtree(kept, ignore_errors=True)
                 shutil.copytree(folder, kept)
+                replay = " ".join(str(kept / t) for t in inp.targets)
+                if inp.telemetry:
+                    replay += f" --telemetry {kept / 'telemetry'}"
                 (kept.parent / f"{k:06d}.txt").write_text(
-                    f"fixture {inp.fixture} damages {inp.damages}\n{why}\n{tb}"
+                    f"fixture {inp.fixture} damages {inp.damages}\n"
+                    f"ncclscope analyze {replay}\n{why}\n{tb}"
                 )
                 failures.append(
                     {"input": k, "fixture": inp.fixture, "damages": inp.damages, "why": why}

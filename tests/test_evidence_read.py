@@ -184,6 +184,29 @@ def test_a_damaged_manifest_is_a_problem_not_a_stop(tmp_path: Path) -> None:
     assert [(f["ranks"], f["hang_class"]) for f in hangs] == [([3], "stuck_outside_nccl")]
 
 
+def test_json_nested_too_deeply_in_a_manifest_or_a_stack_is_a_problem_not_a_stop(
+    tmp_path: Path,
+) -> None:
+    """Fuzz #28: ``[[[[...`` junk in a manifest or a py-spy JSON stack was a
+    RecursionError out of the JSON decoder; the manifest is a problem, the stack holds
+    no thread, the other folder is read."""
+    from ncclscope.evidence.stacks import parse_stacks
+
+    assert parse_stacks("[" * 100_000) == []
+    _job(tmp_path, "lock")
+    bad = tmp_path / "20261128T043000Z-node-a-0xabc-120" / "manifest.json"
+    bad.write_text('{"schema": "ncclscope.evidence/1", "host": "node-a", "asks": ' + "[" * 100_000)
+    with pytest.raises(ValueError, match="nested too deeply"):
+        read_manifest(bad)
+    stack = tmp_path / "20261128T043000Z-node-b-0xabc-120" / "stacks" / "rank2.txt"
+    stack.write_text("[" * 100_000)
+    got = CliRunner().invoke(cli, ["analyze", str(tmp_path), "--format", "json"])
+    assert got.exception is None or isinstance(got.exception, SystemExit), got.exception
+    assert got.exit_code == 1  # the manifest could not be read, and says so
+    assert "nested too deeply" in got.stderr
+    assert json.loads(got.stdout)["evidence"]["folders"]
+
+
 def test_manifest_round_trip_keeps_every_field(tmp_path: Path) -> None:
     m = Manifest(
         host="node-a",
@@ -216,3 +239,13 @@ def test_the_folders_complete_a_hang_the_logs_could_only_suppose(tmp_path: Path)
     ]
     assert "AllGather #30" in hangs[0]["message"]
     assert "next_batch" in hangs[0]["message"]
+
+
+@pytest.mark.parametrize("file", ["/etc/hostname", "../outside.txt", "stacks/../../outside.txt"])
+def test_a_manifest_names_no_file_outside_its_folder(tmp_path: Path, file: str) -> None:
+    """A damaged or hostile manifest's answer file outside the evidence folder (an
+    absolute path, ``..``) is no file: the reader never opens it."""
+    doc = {"what": "py_stack", "target": "rank 5", "via": "py-spy", "outcome": "answered",
+           "file": file, "rank": 5, "pid": 4321}  # fmt: skip
+    assert Ask.from_json(doc).file is None
+    assert Ask.from_json({**doc, "file": "stacks/rank5.txt"}).file == "stacks/rank5.txt"

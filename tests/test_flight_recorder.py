@@ -440,6 +440,68 @@ def test_entries_with_bad_fields_are_counted_and_the_rest_is_read(tmp_path: Path
     }
 
 
+def test_unhashable_fields_and_sizes_past_int64_skip_their_entry(tmp_path: Path) -> None:
+    """Fuzz (#28): a list where a string belongs (process_group, state, profiling_name)
+    and a size whose element count passes int64 cost their entry, not the dump."""
+    d = dump(0, 10)
+    bad = d["entries"]
+    bad[0]["process_group"] = ["0", []]  # a tuple holding a list: unhashable
+    bad[1]["state"] = []
+    bad[2]["profiling_name"] = ["nccl:all_reduce"]
+    bad[3]["input_sizes"] = [[2**64]]
+    bad[4]["output_sizes"] = [[2**40, 2**40]]
+    path = tmp_path / "nccl_trace_rank_0"
+    path.write_bytes(pickle.dumps(d))
+    r = read(path)
+    assert r.problem is None
+    assert r.rows.height == 5
+    assert dict(r.skipped) == {
+        "ill-typed process_group": 1,
+        "ill-typed state": 1,
+        "ill-typed profiling_name": 1,
+        "out-of-range input_sizes": 1,
+        "out-of-range output_sizes": 1,
+    }
+
+
+@pytest.mark.parametrize(
+    ("where", "value"),
+    [
+        ("pg_status", 2**64),
+        ("pg_status", "9999999999999999999"),
+        ("pg_status", -(2**63) - 1),
+        ("pg_status_key", "9999999999999999999"),
+        ("ranks", [0, 2**40]),
+        ("ranks", [0, 2**64]),
+        ("ranks", "[0, 99999999999999999999]"),
+    ],
+)
+def test_group_and_status_numbers_past_their_column_are_left_out(
+    tmp_path: Path, analyze: Callable[..., CliRun], where: str, value: Any
+) -> None:
+    """Fuzz (#28): a pg_status number past int64 or a rank past int32 is left out with a
+    note; the dump's entries and the other dumps are read (it was a traceback)."""
+
+    def make(rank: int) -> dict[str, Any]:
+        d = dump(rank)
+        if rank == 0 and where == "pg_status":
+            d["pg_status"]["0"]["last_completed_collective"] = value
+        elif rank == 0 and where == "pg_status_key":
+            d["pg_status"][value] = d["pg_status"]["0"]
+        elif rank == 0:
+            d["pg_config"]["0"]["ranks"] = value
+        return d
+
+    paths = write_dumps(tmp_path / "dumps", make)
+    r = read(paths[0])
+    assert r.rows.height == 10
+    assert any("pg_status" in n or "rank list" in n for n in r.notes), r.notes
+    result = analyze([tmp_path / "dumps"])
+    assert result.code == 0, result.stdout + result.stderr
+    assert result.doc is not None
+    assert len(result.doc["flight_recorder"]["dumps"]) == 2
+
+
 # --- in analyze, beside logs
 
 

@@ -80,12 +80,41 @@ def test_an_inspector_record_is_read_in_base_units() -> None:
             "coll_perf.coll_sn missing or not a number >= 0",
         ),
         ("\x00\xff garbage", "not JSON (cut or damaged line)"),
+        ("[" * 100_000, "not JSON (cut or damaged line)"),  # was a RecursionError
+        # fuzz #28: past int64 once times the ranks (a traceback in collective_cost)
+        (
+            RECORD.replace(
+                '"coll_msg_size_bytes":1048576', '"coll_msg_size_bytes":9223372036854775807'
+            ),
+            "coll_perf.coll_msg_size_bytes past 1 TiB (a damaged number)",
+        ),
+        (
+            RECORD.replace('"n_ranks":2', '"n_ranks":2147483647'),
+            "header.n_ranks not between 1 and 4M (a damaged number)",
+        ),
+        # fuzz #28: infinity, a NaN in exec_straggler's duration text
+        (
+            RECORD.replace('"coll_exec_time_us":250', '"coll_exec_time_us":1e400'),
+            "coll_perf.coll_exec_time_us not finite or past 1e13 us (a damaged number)",
+        ),
     ],
 )
 def test_a_bad_inspector_line_is_counted_and_skipped(line: str, reason: str) -> None:
     read = read_inspector_text(f"{RECORD}\n{line}\n{RECORD}\n", "x")
     assert read.rows.height == 2
     assert dict(read.skipped) == {reason: 1}
+
+
+def test_an_inspector_bandwidth_that_is_not_one_is_unknown() -> None:
+    """Fuzz #28: a negative or infinite bandwidth (optional) is left unknown, the
+    record kept."""
+    lines = [
+        RECORD.replace('"coll_busbw_gbs":4.194304', '"coll_busbw_gbs":-1.5'),
+        RECORD.replace('"coll_algobw_gbs":8.388608', '"coll_algobw_gbs":1e400'),
+    ]
+    read = read_inspector_text("\n".join(lines) + "\n", "x")
+    assert read.rows["bus_bw_bytes_per_s"].to_list() == [None, pytest.approx(4.194304e9)]
+    assert read.rows["algo_bw_bytes_per_s"].to_list() == [pytest.approx(8.388608e9), None]
 
 
 def test_every_nccl_tests_row_is_read() -> None:
@@ -160,6 +189,54 @@ def test_ras_json_is_repaired_and_read() -> None:
 def test_a_broken_ras_json_is_a_problem_not_a_crash(text: str) -> None:
     read = parse_ras_json(text, "x")
     assert read.problem is not None or read.comms.height == 0
+
+
+def test_ras_json_nested_too_deeply_is_a_problem_not_a_crash() -> None:
+    """Fuzz #28: junk of ``{"a": {"a": ...`` in a RAS file was a RecursionError out of the
+    decoder; it is a problem (nothing read), the other inputs go on."""
+    deep = '{"a": ' * 100_000
+    read = parse_ras_json(deep, "x")
+    assert read.problem == "not valid JSON (nested too deeply)"
+    text = (FIX / "ras/ras_2_28_json_dead.json").read_text()
+    read = parse_ras_json(deep + "\n" + text, "x")
+    assert read.problem is None
+    assert read.comms.height > 0
+
+
+def test_ras_group_counts_that_each_fit_but_not_summed_are_left_out() -> None:
+    """Fuzz #28: groups' communicator counts that each fit int32 summed past it (the
+    report's ``communicators``) were a traceback; the sum is left out and counted."""
+    text = (FIX / "ras/ras_2_27_uneven_incomplete.txt").read_text()
+    row = "    1         2         1         4         8         4   RUNNING"
+    damaged = text.replace(row, row.replace("    2  ", f"{2**31 - 1}  ", 1), 1)
+    assert damaged != text
+    read = parse_ras_text(damaged, "x")
+    assert read.report["communicators"].to_list() == [None]
+    assert read.skipped["number its column cannot hold"] == 1
+    assert read.comms.height == 3
+
+
+def test_nccl_tests_numbers_past_their_columns_are_left_out() -> None:
+    """Fuzz #28: an iteration count past int32 in the header (text or JSON), a JSON
+    result's size past int64 and JSON nested too deeply were tracebacks; each is left
+    out and counted, the rest read."""
+    text = (FIX / "nccl-tests/all_gather_2_13.txt").read_text()
+    damaged = text.replace("iters: 20", "iters: 9223372036854775807", 1)
+    assert damaged != text
+    out = parse_nccl_tests(damaged, "x")
+    assert out.runs["iters"].to_list() == [None]
+    assert out.rows.height == 5
+    assert out.skipped["number past its column (damaged): left out"] == 1
+    doc = json.loads((FIX / "nccl-tests/all_gather_2_17.json").read_text())
+    doc["config"]["iterations"] = 2**63 - 1
+    doc["results"][0]["size"] = 2**64
+    doc["results"][1]["root"] = 2**40
+    out = parse_nccl_tests(json.dumps(doc), "x")
+    assert out.runs["iters"].to_list() == [None]
+    assert out.skipped["result entry not understood"] == 1
+    assert out.rows["root"].to_list()[0] is None
+    deep = parse_nccl_tests('{"results": ' + "[" * 100_000, "x")
+    assert deep.rows.height == 0
 
 
 def test_a_broken_ras_text_is_contained() -> None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any, Literal, get_args
 
 __all__ = [
@@ -68,6 +68,18 @@ Outcome = Literal[
 OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
 
 
+def _inside(file: object) -> str | None:
+    """An answer's file, where it names one inside the evidence folder: a relative path
+    with no ``..`` (a damaged or hostile manifest must not make the reader open
+    ``/etc/shadow`` or ``../../x``)."""
+    if not isinstance(file, str) or not file or "\x00" in file:
+        return None
+    for path in (PurePosixPath(file), PureWindowsPath(file)):
+        if path.is_absolute() or path.drive or ".." in path.parts:
+            return None
+    return file
+
+
 @dataclass
 class Ask:
     """One thing asked of one peer, and what came of it."""
@@ -104,7 +116,7 @@ class Ask:
             via=str(doc.get("via", "")),
             outcome=outcome if outcome in OUTCOMES else "error",
             why=str(doc.get("why", "")),
-            file=doc["file"] if isinstance(doc.get("file"), str) else None,
+            file=_inside(doc.get("file")),
             elapsed_s=float(doc["elapsed_s"]) if _number(doc.get("elapsed_s")) else 0.0,
             pid=doc["pid"] if isinstance(doc.get("pid"), int) else None,
             rank=doc["rank"] if isinstance(doc.get("rank"), int) else None,
@@ -162,6 +174,8 @@ def read_manifest(path: Path) -> Manifest:
         doc = json.loads(path.read_text(encoding="utf-8", errors="replace"))
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"not a readable manifest: {e}") from None
+    except RecursionError:
+        raise ValueError("not a readable manifest: JSON nested too deeply") from None
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         raise ValueError(f"not an ncclscope evidence manifest (schema {SCHEMA} expected)")
     asks = doc.get("asks")

@@ -593,7 +593,7 @@ def _json_objects(text: str) -> Iterator[Any]:
             return
         try:
             value, i = decoder.raw_decode(text, i)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested too deeply
             return
         yield value
 

@@ -9,11 +9,12 @@ which end of an overlong line to keep) is the policy each parser gives it.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone, tzinfo
+from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import polars as pl
@@ -24,6 +25,7 @@ __all__ = [
     "ANSI_RE",
     "LOG_ZONE",
     "LineCleaner",
+    "fit_rows",
     "last_segment",
     "local_to_utc",
     "parse_zone",
@@ -259,3 +261,42 @@ def to_dt(date: str, time: str, frac: str | None, *, nccl: bool = False) -> date
         return stamp.replace(tzinfo=zone).astimezone(UTC)
     except OverflowError:  # year 1 or 9999 moved past datetime's range: a damaged stamp
         return None
+
+
+def _int_bounds(dtype: Any) -> tuple[int, int] | None:
+    """The range of an integer column's dtype, None for other dtypes."""
+    if not dtype.is_integer():
+        return None
+    bits = {
+        pl.Int8: 8, pl.Int16: 16, pl.Int32: 32, pl.Int64: 64,
+        pl.UInt8: 8, pl.UInt16: 16, pl.UInt32: 32, pl.UInt64: 64,
+    }.get(dtype.base_type())  # fmt: skip
+    if bits is None:
+        return None
+    if dtype.is_unsigned_integer():
+        return 0, 2**bits - 1
+    return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+
+
+def fit_rows(
+    rows: list[tuple[Any, ...]], schema: Mapping[str, Any]
+) -> tuple[list[tuple[Any, ...]], int]:
+    """``rows`` (tuples in ``schema``'s column order) with every int past its integer
+    column's range set to None (a damaged number, not data), and how many were: a
+    row-oriented frame built from them then never fails on one number."""
+    bounds = [(k, b) for k, dtype in enumerate(schema.values()) if (b := _int_bounds(dtype))]
+    bad = 0
+    out = rows
+    for r, row in enumerate(rows):
+        fixed = None
+        for k, (lo, hi) in bounds:
+            v = row[k]
+            if type(v) is int and not lo <= v <= hi:
+                fixed = fixed or list(row)
+                fixed[k] = None
+                bad += 1
+        if fixed is not None:
+            if out is rows:
+                out = list(rows)
+            out[r] = tuple(fixed)
+    return out, bad

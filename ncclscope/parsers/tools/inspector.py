@@ -541,11 +541,27 @@ def _read(raw: pl.DataFrame, display: str) -> InspectorRead:
     return _finish(InspectorRead(display, lines=raw.height), parsed)
 
 
+#: Bounds past which a record's number is damage, not data: no collective moves more
+#: than 1 TiB a rank in one call, no job has 4M ranks (and the whole buffer, size times
+#: ranks, must stay within int64).
+MAX_MSG_BYTES = 1 << 40
+MAX_RANKS = 1 << 22
+#: A kernel time past 1e13 us (116 days) is damage too ("1e400" reads as infinity).
+MAX_EXEC_US = 1e13
+
+
 def _valid() -> pl.Expr:
     ok = pl.all_horizontal(pl.col(c).is_not_null() for c in _REQUIRED) & pl.col("op").is_in(
         list(OPS)
     )
-    return ok & (pl.col("sn") >= 0) & (pl.col("msg_size_bytes") >= 0) & (pl.col("exec_us") >= 0)
+    nranks = pl.col("nranks")
+    return (
+        ok
+        & (pl.col("sn") >= 0)
+        & pl.col("msg_size_bytes").is_between(0, MAX_MSG_BYTES)
+        & pl.col("exec_us").is_between(0, MAX_EXEC_US)  # NaN and infinity are not
+        & (nranks.is_null() | nranks.is_between(1, MAX_RANKS))
+    )
 
 
 def _finish(out: InspectorRead, parsed: pl.DataFrame) -> InspectorRead:
@@ -577,8 +593,11 @@ def _rows(good: pl.DataFrame, file_id: pl.Expr, *, hashed: bool = False) -> pl.D
         "msg_size_bytes",
         (pl.col("exec_us") / 1e6).alias("exec_time_s"),
         "timing_source",
-        (pl.col("algo_gbs") * 1e9).alias("algo_bw_bytes_per_s"),
-        (pl.col("bus_gbs") * 1e9).alias("bus_bw_bytes_per_s"),
+        *(
+            # an optional number that is not a bandwidth (NaN, infinite, below 0) is unknown
+            pl.when(pl.col(c).is_finite() & (pl.col(c) >= 0)).then(pl.col(c) * 1e9).alias(name)
+            for c, name in (("algo_gbs", "algo_bw_bytes_per_s"), ("bus_gbs", "bus_bw_bytes_per_s"))
+        ),
         pl.from_epoch(pl.col("dump_us"), time_unit="us")
         .dt.replace_time_zone("UTC")
         .alias("dump_ts"),
@@ -591,7 +610,7 @@ def _why(line: str) -> str:
     """Why a line is not a record: the reason counted for it."""
     try:
         obj = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: "[[[[..." junk
         return "not JSON (cut or damaged line)"
     if not isinstance(obj, dict):
         return "not a JSON object"
@@ -605,6 +624,13 @@ def _why(line: str) -> str:
         value = perf.get(key)
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
             return f"coll_perf.{key} missing or not a number >= 0"
+    if not perf["coll_exec_time_us"] <= MAX_EXEC_US:  # NaN too
+        return "coll_perf.coll_exec_time_us not finite or past 1e13 us (a damaged number)"
+    if perf["coll_msg_size_bytes"] > MAX_MSG_BYTES:
+        return "coll_perf.coll_msg_size_bytes past 1 TiB (a damaged number)"
+    n_ranks = header.get("n_ranks")
+    if isinstance(n_ranks, int) and not 1 <= n_ranks <= MAX_RANKS:
+        return "header.n_ranks not between 1 and 4M (a damaged number)"
     if not isinstance(header.get("id"), str) or not isinstance(header.get("rank"), int):
         return "header.id or header.rank missing"
     return "a field is not of its type"

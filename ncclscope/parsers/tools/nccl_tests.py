@@ -52,6 +52,7 @@ from typing import Any
 
 import polars as pl
 
+from ncclscope.parsers.common import fit_rows
 from ncclscope.parsers.tools.prefix import strip_prefix
 from ncclscope.schema import NCCL_TESTS_RUNS_SCHEMA, NCCL_TESTS_SCHEMA, validate
 
@@ -468,8 +469,8 @@ def _positive(value: object) -> bool:
 
 
 def _frames(out: NcclTestsRead, runs: list[_Run]) -> None:
-    head = []
-    rows = []
+    head: list[tuple[object, ...]] = []
+    rows: list[tuple[object, ...]] = []
     for k, r in enumerate(runs):
         wrong = sum(1 for row in r.rows if any(_positive(row[i]) for i in (9, 13)))
         head.append(
@@ -477,6 +478,11 @@ def _frames(out: NcclTestsRead, runs: list[_Run]) -> None:
              r.warmup, len(r.ranks) or None, r.hosts, r.avg, len(r.rows), wrong)
         )  # fmt: skip
         rows += [(0, k, row[0], r.test, *row[1:]) for row in r.rows]
+    # A number past its column (a damaged thread or iteration count) is left out.
+    head, bad_head = fit_rows(head, NCCL_TESTS_RUNS_SCHEMA)
+    rows, bad_rows = fit_rows(rows, NCCL_TESTS_SCHEMA)
+    if bad := bad_head + bad_rows:
+        out.skipped["number past its column (damaged): left out"] += bad
     out.runs = validate(
         pl.DataFrame(head, schema=NCCL_TESTS_RUNS_SCHEMA, orient="row"),
         NCCL_TESTS_RUNS_SCHEMA,
@@ -502,7 +508,7 @@ def _parse_json(text: str, display: str) -> NcclTestsRead:
     try:
         top = json.loads(text)
         results = top.get("results") if isinstance(top, dict) else None
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deeply (junk)
         top, results = None, None
         out.skipped["JSON cut or damaged: whole results read one by one"] += 1
     if not isinstance(top, dict):
@@ -543,7 +549,7 @@ def _salvage(text: str) -> list[Any]:
     for m in re.finditer(r'\{\s*"size"\s*:', text):
         try:
             obj, _ = decoder.raw_decode(text, m.start())
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         found.append(obj)
     return found
@@ -553,12 +559,14 @@ def _json_row(r: Any) -> tuple[object, ...] | None:
     if not isinstance(r, dict):
         return None
     size, count = _int(r.get("size")), _int(r.get("count"))
-    if size is None or count is None or size < 0 or count < 0:
-        return None
+    if size is None or count is None or not (0 <= size < _INT64 and 0 <= count < _INT64):
+        return None  # as in the text table: a size past int64 is damage
     root_raw = r.get("root")
     try:
         root = int(str(root_raw).strip()) if root_raw is not None else None
     except ValueError:
+        root = None
+    if root is not None and not -(2**31) <= root < 2**31:
         root = None
     halves = []
     for key in ("out_of_place", "in_place"):

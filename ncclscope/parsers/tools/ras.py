@@ -66,6 +66,7 @@ from typing import Any
 
 import polars as pl
 
+from ncclscope.parsers.common import fit_rows
 from ncclscope.parsers.tools.prefix import strip_prefix
 from ncclscope.schema import RAS_COMMS_SCHEMA, RAS_RANKS_SCHEMA, RAS_REPORTS_SCHEMA, validate
 
@@ -326,17 +327,21 @@ def _finish(
     ranks: list[tuple[Any, ...]],
 ) -> None:
     n_comms = sum(c[3] or 0 for c in comms)
+    report = [(0, fmt, head.get("nccl_version"), head.get("cuda_runtime"), head.get("cuda_driver"),
+               ts, head.get("nodes"), head.get("processes"), head.get("gpus"), n_comms,
+               head.get("missing", 0), head.get("dead", 0), head.get("timeouts", 0))]  # fmt: skip
+    # A number past its column (the communicators summed over damaged groups' counts,
+    # each of which fits) is left out, not a stop.
+    report, bad_report = fit_rows(report, RAS_REPORTS_SCHEMA)
+    comms, bad_comms = fit_rows(comms, RAS_COMMS_SCHEMA)
+    ranks, bad_ranks = fit_rows(ranks, RAS_RANKS_SCHEMA)
+    if bad := bad_report + bad_comms + bad_ranks:
+        out.skipped[_DAMAGED] += bad
     out.report = validate(
-        pl.DataFrame(
-            [(0, fmt, head.get("nccl_version"), head.get("cuda_runtime"), head.get("cuda_driver"),
-              ts, head.get("nodes"), head.get("processes"), head.get("gpus"), n_comms,
-              head.get("missing", 0), head.get("dead", 0), head.get("timeouts", 0))],
-            schema=RAS_REPORTS_SCHEMA,
-            orient="row",
-        ),
+        pl.DataFrame(report, schema=RAS_REPORTS_SCHEMA, orient="row"),
         RAS_REPORTS_SCHEMA,
         "ras_reports",
-    )  # fmt: skip
+    )
     out.comms = validate(
         pl.DataFrame(comms, schema=RAS_COMMS_SCHEMA, orient="row"), RAS_COMMS_SCHEMA, "ras_comms"
     )
@@ -361,6 +366,9 @@ def parse_ras_json(text: str, display: str) -> RasRead:
             json.loads(text)
         except ValueError as err:
             out.problem = f"not valid JSON ({err})"
+            return out
+        except RecursionError:
+            out.problem = "not valid JSON (nested too deeply)"
             return out
     if len(docs) > 1:
         out.notes.append(f"{len(docs)} reports in this file; the last one is read")
@@ -415,7 +423,7 @@ def _documents(text: str) -> list[Any]:
             continue
         try:
             obj, end = decoder.raw_decode(text, m.end() - 1)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: "{{{{..." junk
             continue
         if isinstance(obj, dict) and ("nccl_version" in obj or "communicators" in obj):
             docs.append(obj)  # a report, not an object inside a cut one

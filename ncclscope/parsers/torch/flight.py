@@ -276,12 +276,15 @@ def _ranks_of(value: Any) -> list[int] | None:
         if not (body.startswith("[") and body.endswith("]")):
             return None
         parts = [p.strip() for p in body[1:-1].split(",") if p.strip()]
-        if not all(p.isdigit() for p in parts):
+        if not all(p.isascii() and p.isdigit() and len(p) <= 10 for p in parts):
             return None
-        return [int(p) for p in parts]
-    if isinstance(value, list | tuple) and all(_is_int(v) and v >= 0 for v in value):
-        return [int(v) for v in value]
-    return None
+        ranks = [int(p) for p in parts]
+    elif isinstance(value, list | tuple) and all(_is_int(v) and v >= 0 for v in value):
+        ranks = [int(v) for v in value]
+    else:
+        return None
+    # a rank past int32 is damage, not a rank (the tables hold ranks as Int32)
+    return ranks if all(r <= _I32_MAX for r in ranks) else None
 
 
 def _groups(config: Any, out: DumpRead) -> list[tuple[str, str | None, list[int]]]:
@@ -307,12 +310,19 @@ def _groups(config: Any, out: DumpRead) -> list[tuple[str, str | None, list[int]
     return groups
 
 
+_I32_MAX = 2**31 - 1
+_I64_MAX = 2**63 - 1
+
+
 def _int_or_none(value: Any) -> int | None:
+    """An int (or an int's text) that fits in int64, else None."""
     if _is_int(value):
-        return int(value)
-    if isinstance(value, str) and re.fullmatch(r"-?\d{1,19}", value.strip()):
-        return int(value)
-    return None
+        number = int(value)
+    elif isinstance(value, str) and re.fullmatch(r"-?[0-9]{1,19}", value.strip()):
+        number = int(value)
+    else:
+        return None
+    return number if -_I64_MAX <= number <= _I64_MAX else None
 
 
 def _status(status: Any, out: DumpRead) -> list[tuple[int, int | None, int | None, int | None]]:
@@ -321,20 +331,33 @@ def _status(status: Any, out: DumpRead) -> list[tuple[int, int | None, int | Non
     if not isinstance(status, dict):
         out.notes.append(f"pg_status is a {type(status).__name__}, not a dict: not read")
         return []
-    rows = []
+    rows: list[tuple[int, int | None, int | None, int | None]] = []
+    bad = 0
     for key, info in status.items():
         pg_id = _int_or_none(key)
         if pg_id is None or not isinstance(info, dict):
+            bad += 1
             continue
-        rows.append(
-            (
-                pg_id,
-                _int_or_none(info.get("last_enqueued_collective")),
-                _int_or_none(info.get("last_started_collective")),
-                _int_or_none(info.get("last_completed_collective")),
-            )
+        row: list[int | None] = []
+        for field_name in _STATUS_FIELDS:
+            value = info.get(field_name)
+            number = _int_or_none(value)
+            if number is None and value is not None:
+                bad += 1  # ill-typed, or past int64: left unknown
+            row.append(number)
+        rows.append((pg_id, row[0], row[1], row[2]))
+    if bad:
+        out.notes.append(
+            f"{bad} pg_status group(s) or value(s) not a number that fits int64: left out"
         )
     return rows
+
+
+_STATUS_FIELDS = (
+    "last_enqueued_collective",
+    "last_started_collective",
+    "last_completed_collective",
+)
 
 
 def _is_int(value: Any) -> bool:

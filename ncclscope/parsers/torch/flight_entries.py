@@ -175,6 +175,18 @@ def _is_int(v: Any) -> bool:
     return type(v) is int
 
 
+#: Stands for a value that cannot be a set member (a list inside a process_group).
+_UNHASHABLE = object()
+
+
+def _hashable(v: Any) -> bool:
+    try:
+        hash(v)
+    except TypeError:
+        return False
+    return True
+
+
 class _Skips:
     """The reason each entry is skipped (the first found wins), by row index."""
 
@@ -229,7 +241,19 @@ def _ints(col: list[Any]) -> list[int | None]:
 
 
 def _numel(sizes: list[Any], skips: _Skips, name: str) -> list[int | None]:
-    """Elements over each entry's tensors (``[[d0, d1], [d0]]``); bad shapes marked."""
+    """Elements over each entry's tensors (``[[d0, d1], [d0]]``); bad shapes marked, and
+    counts past int64 (a damaged size) marked out of range."""
+    counts = _numel_of(sizes, skips, name)
+    ints = [v for v in counts if v is not None]
+    if ints and max(ints) > _I64_MAX:
+        for i, v in enumerate(counts):
+            if v is not None and v > _I64_MAX:
+                skips.reason.setdefault(i, f"out-of-range {name}")
+                counts[i] = None
+    return counts
+
+
+def _numel_of(sizes: list[Any], skips: _Skips, name: str) -> list[int | None]:
     missing = _NONE in set(map(type, sizes))
     if not missing and set(map(type, sizes)) <= _SEQ:
         inner = list(chain.from_iterable(sizes))
@@ -350,13 +374,14 @@ def read_entries(entries: list[Any]) -> tuple[pl.DataFrame, Counter[str]]:
     skips.ranged(seq, 0, _I64_MAX, "collective_seq_id")
     seq_s = _ints(seq)
     states = c["state"]
-    if not set(states) <= STATES:
+    if not set(map(type, states)) <= {str} or not set(states) <= STATES:
         for i, v in enumerate(states):
             if v is None:
                 skips.reason.setdefault(i, "missing state")
+            elif type(v) is not str:  # a list is not even hashable
+                skips.reason.setdefault(i, "ill-typed state")
             elif v not in STATES:
-                reason = "out-of-range state" if type(v) is str else "ill-typed state"
-                skips.reason.setdefault(i, reason)
+                skips.reason.setdefault(i, "out-of-range state")
     skips.typed(c["time_created_ns"], "time_created_ns", _INT, lambda v: False)
     skips.ranged(c["time_created_ns"], NS_MIN, NS_MAX, "time_created_ns")
     created = _ints(c["time_created_ns"])
@@ -386,9 +411,14 @@ def read_entries(entries: list[Any]) -> tuple[pl.DataFrame, Counter[str]]:
         )
     # process_group: (name, desc); 1.x has none and names the group by pg_id.
     pgs = [tuple(p) if type(p) is list else p for p in c["process_group"]]
+    try:
+        distinct = set(pgs)
+    except TypeError:  # a list or dict inside one: ill-typed, marked below
+        pgs = [p if _hashable(p) else _UNHASHABLE for p in pgs]
+        distinct = set(pgs)
     known = {
         p: (type(p) is tuple and len(p) == 2 and all(type(x) is str for x in p))
-        for p in set(pgs)
+        for p in distinct
         if p is not None
     }
     if not all(known.values()):
@@ -410,7 +440,7 @@ def read_entries(entries: list[Any]) -> tuple[pl.DataFrame, Counter[str]]:
     _dtype_lists(c["output_dtypes"], skips, "output_dtypes")
 
     names = c["profiling_name"]
-    parsed = {nm: normalise_op(nm) for nm in set(names) if type(nm) is str}
+    parsed = {nm: normalise_op(nm) for nm in {nm for nm in names if type(nm) is str}}
     none4 = (None, None, None, None)
     ops = [parsed.get(nm, none4) if type(nm) is str else none4 for nm in names]
     in_dt = _uniform_dtype(c["input_dtypes"], c["input_sizes"])
