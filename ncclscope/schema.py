@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from polars._typing import PolarsDataType
 
 __all__ = [
+    "CLUSTER_INSTANCES_SCHEMA",
     "COLLECTIVES_SCHEMA",
     "COLL_STORE_SCHEMA",
     "COMMS_SCHEMA",
@@ -30,6 +31,7 @@ __all__ = [
     "FLIGHT_PG_COMMS_SCHEMA",
     "FLIGHT_PG_STATUS_SCHEMA",
     "FLIGHT_SCHEMA",
+    "GPU_SAMPLES_SCHEMA",
     "INPUTS_SCHEMA",
     "INSPECTOR_JOIN_SCHEMA",
     "INSPECTOR_SCHEMA",
@@ -41,6 +43,7 @@ __all__ = [
     "MEMORY_SCHEMA",
     "NCCL_TESTS_RUNS_SCHEMA",
     "NCCL_TESTS_SCHEMA",
+    "PORT_SAMPLES_SCHEMA",
     "PROGRESS_SCHEMA",
     "RANKS_SCHEMA",
     "RAS_COMMS_SCHEMA",
@@ -613,6 +616,53 @@ TELEMETRY_SCHEMA = _schema(
         "metric": pl.String,  # a catalog name, e.g. ncclscope_gpu_memory_used_bytes
         "labels": pl.String,  # label values joined by ",", in the catalog's label order
         "value": pl.Float64,
+    }
+)
+
+
+#: The cluster's own exporters, read from its Prometheus (``analyze --prometheus``,
+#: ``ncclscope.cluster``): node_exporter's InfiniBand collector, one row per time, port
+#: and counter.  ``metric`` is node_exporter's name less ``node_infiniband_``
+#: (``symbol_error_total``, ``link_downed_total``, ``port_transmit_wait_total``,
+#: ``state_id``); ``kind`` how ``value`` was read: ``increase`` (the counter's increase
+#: over the step ending at ``ts``), ``rate_per_s`` or ``gauge``.
+PORT_SAMPLES_SCHEMA = _schema(
+    {
+        "ts": TS,
+        "host": pl.String,  # as the logs spell it
+        "device": pl.String,  # mlx5_0
+        "port": pl.String,  # "1"
+        "metric": pl.String,
+        "kind": pl.String,
+        "value": pl.Float64,
+    }
+)
+
+#: dcgm-exporter's GPU health fields, one row per time, GPU and field (``metric``:
+#: ``DCGM_FI_DEV_XID_ERRORS``, ``DCGM_FI_DEV_ECC_DBE_VOL_TOTAL``,
+#: ``DCGM_FI_DEV_CLOCKS_EVENT_REASONS``, ...; ``kind`` as for ports).
+GPU_SAMPLES_SCHEMA = _schema(
+    {
+        "ts": TS,
+        "host": pl.String,
+        "gpu": pl.String,  # dcgm-exporter's ``gpu`` label: "0"
+        "uuid": pl.String,
+        "metric": pl.String,
+        "kind": pl.String,
+        "value": pl.Float64,
+    }
+)
+
+#: How each scraped instance was tied to a host of the logs (``how``: ``uname``
+#: (node_uname_info's nodename), ``dcgm`` (its Hostname label), ``agent``
+#: (ncclscope_node_info), ``instance`` (the target's own host name)); ``host`` null where
+#: no log host matched.
+CLUSTER_INSTANCES_SCHEMA = _schema(
+    {
+        "instance": pl.String,
+        "job": pl.String,
+        "host": pl.String,
+        "how": pl.String,
     }
 )
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import polars as pl
 
+from ncclscope.cluster.tables import ClusterTables
 from ncclscope.evidence.read import Evidence
 from ncclscope.model.attempts import Attempt
 from ncclscope.model.collectives import CollSummary
@@ -112,6 +113,9 @@ class Analysis:
     #: evidence folders the agent wrote at a stall (``ncclscope.evidence.read``): each
     #: node's processes' states, stacks and dumps; None without them
     evidence: Evidence | None = None
+    #: what the cluster's exporters measured for the job's hosts and window, read from
+    #: its Prometheus (``analyze --prometheus``, ``ncclscope.cluster``); None without it
+    cluster: ClusterTables | None = None
 
 
 @dataclass
