@@ -300,3 +300,23 @@ def test_the_launcher_s_summary_gives_the_cut_process_its_rank(tmp_path: Path) -
         found["message"].startswith("rank 5 called AllReduce")
         or "rank 5 called" in found["message"]
     )
+
+
+def test_a_damaged_group_size_lists_a_few_limits_not_a_million(tmp_path: Path) -> None:
+    """Fuzz #28: an all-gather whose NumelOut says 2^19 ranks made every one of them a
+    silent member, and listing each one's inputs took minutes.  A few are listed, the
+    rest counted."""
+    lines = [
+        "[2025-03-14 09:00:01,384] [INFO] [logging.py:96:log_dist] [Rank 0] rank=0 time (ms) "
+        "| forward_microstep: 412.87 | backward_microstep: 771.35"
+    ]
+    for rank in (0, 1, 2):
+        lines += _report(rank, 61, 1024, 1024 * 2**19)
+    lines.append(
+        "torch.distributed.elastic.multiprocessing.api: [WARNING] Sending process 9 "
+        "closing signal SIGTERM"
+    )
+    hang = _hang(_run(tmp_path, {"job.log": lines}))
+    assert hang["ranks"] == [], hang["message"]
+    assert "3-524287 did not report" in hang["message"], hang["message"]
+    assert len(hang["evidence"]["limited_by"]) <= 9

@@ -54,6 +54,8 @@ __all__ = [
 #: Their last sequences a few apart is timing; more is logs cut or lost at different
 #: points (files rotated or copied one by one), which says nothing about who stopped.
 _MAX_WAITER_SPREAD = 2
+#: Non-reporting ranks whose inputs ``limited_by`` lists one by one.
+_LIMITS_SHOWN = 8
 
 
 @dataclass
@@ -398,7 +400,8 @@ def judge_group(ctx: Context, g: PgTimeout, reported: set[int]) -> Verdict:
         )
     if len(silent) > 1:
         at, files = report_extent(ctx, g.rows)
-        limits = limited_by(ctx, to_global(g, silent) if not g.global_ranks else silent, at, files)
+        shown = silent[:_LIMITS_SHOWN]
+        limits = limited_by(ctx, to_global(g, shown) if not g.global_ranks else shown, at, files)
         reason = f"rank {ranks_text(silent)} did not report; the logs do not say which stopped"
         if limits:
             evidence["limited_by"] = limits
@@ -533,7 +536,8 @@ def limited_by(
         out.append(
             {"path": path(cut_inside), "why": "its kept lines begin or end inside the reports"}
         )
-    for rank in ranks:
+    # Named one by one up to a few: a damaged size can leave a million silent members.
+    for rank in ranks[:_LIMITS_SHOWN]:
         files = sorted(f for f in ctx.files_of(rank) if f not in reporter_files)
         if not files and not ctx.files_of(rank):
             out.append(
@@ -552,6 +556,9 @@ def limited_by(
                 else "holds no time as late as the reports"
             )
             out.append({"rank": rank, "path": path(f), "why": why})
+    if len(ranks) > _LIMITS_SHOWN:
+        more = len(ranks) - _LIMITS_SHOWN
+        out.append({"path": None, "why": f"and {more} more rank(s) without a report"})
     return out
 
 
