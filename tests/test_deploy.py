@@ -536,7 +536,7 @@ def _targets(config: Path, want: int) -> list[dict[str, Any]]:
                     return active
             except (urllib.error.URLError, ConnectionError):
                 pass
-            time.sleep(0.5)
+            time.sleep(0.1)
         pytest.fail(f"Prometheus made fewer than {want} targets of {config} in 30 s")
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -726,7 +726,7 @@ def _run_batch(
         metrics = ""
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not want.search(metrics):
-            time.sleep(0.5)
+            time.sleep(0.1)
             try:
                 url = f"http://127.0.0.1:{port}/metrics"
                 with urllib.request.urlopen(url, timeout=2) as response:

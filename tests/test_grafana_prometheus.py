@@ -1,11 +1,16 @@
 """The dashboards and rules on a real Prometheus scraping ``ncclscope replay``.
 
 Debian's ``prometheus`` (``.ci/run`` installs it) is started on a free loopback port
-with a temporary TSDB, a 1 s scrape and evaluation interval and ``grafana/`` rules; the
+with a temporary TSDB, a 1 s scrape and evaluation interval and ``grafana/`` rules (every
+group evaluated each second, its 15 s groups too, so that each has evaluated on the
+replay's series when the alert fires); the
 replay of ``fixtures/stalled-227-ts`` (rank 6 never enters AllGather #30, 1800 s timeout)
-at 50x, with recorded telemetry beside it, serves ``/metrics`` on another port.  The
-collective timeout comes 36 s (real) into the replay, 6 s after fewer than 300 s are
-left: the NcclscopeTimeoutImminent alert must be firing by then, naming rank 6.  Then
+at 50x, with recorded telemetry beside it, serves ``/metrics`` on another port.  Its clock
+starts 800 s into the job (``--log-start``: what came before, the collectives and the
+stall, goes out at once; Prometheus' first scrape comes seconds after the replay starts,
+long after the stall, either way), so the collective timeout comes 20 s (real) into the
+replay, 6 s after fewer than 300 s are left: the NcclscopeTimeoutImminent alert must be
+firing by then, naming rank 6, after about 9 scrapes.  Then
 every panel's query and every variable of both dashboards must return data, and every
 rule must evaluate without error.  An agent following ``fixtures/inspector``'s Inspector
 files, scraped as a second job, gives the bandwidth panel its data.  Locally it skips
@@ -35,10 +40,13 @@ TELEMETRY = REPO / "tests" / "data" / "telemetry" / "stalled-227-ts"
 RULES = REPO / "grafana" / "ncclscope-rules.yml"
 INSPECTOR = REPO / "fixtures" / "inspector"
 SPEED = 50.0
+#: The log time the replay's clock starts at (800 s into the job): the stall and what led
+#: to it go out at once, the wait for the timeout is played at SPEED.
+LOG_START = "2025-03-14 09:13:20"
+SKIPPED_S = 800.0
 #: The replay's timeout, in real seconds after its clock starts: the first waiter enters
-#: AllGather #30 9.2 s (log time) after the replay's first timestamp (DeepSpeed's first line,
-#: 09:00:00.239), plus 1800 s.
-TIMEOUT_AT_S = (9.2 + 1800.0) / SPEED
+#: AllGather #30 at 09:00:09.5 (log time), plus 1800 s, less what --log-start skips.
+TIMEOUT_AT_S = (9.5 + 1800.0 - SKIPPED_S) / SPEED
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +55,8 @@ def _firing(base: str, deadline: float) -> dict[str, Any] | None:
     while time.monotonic() < deadline:
         try:
             alerts = get(base, "/api/v1/alerts")["data"]["alerts"]
-        except (urllib.error.URLError, ConnectionError):
+        # ValueError: a starting Prometheus answers 503 with a text body, not JSON
+        except (urllib.error.URLError, ConnectionError, ValueError):
             alerts = []
         for alert in alerts:
             if (
@@ -63,10 +72,16 @@ def _firing(base: str, deadline: float) -> dict[str, Any] | None:
 def test_dashboards_and_alerts_on_a_real_prometheus(tmp_path: Path) -> None:
     prometheus, promtool = tools()
     prom_port, replay_port, agent_port = free_port(), free_port(), free_port()
+    # The rules as grafana/ has them, every group evaluated each second (three groups are
+    # every 15 s: one evaluation might otherwise come only after the checks below).
+    rules_text = RULES.read_text()
+    assert rules_text.count("    interval: 15s\n") == 3
+    rules_file = tmp_path / "ncclscope-rules.yml"
+    rules_file.write_text(rules_text.replace("    interval: 15s\n", "    interval: 1s\n"))
     config = tmp_path / "prometheus.yml"
     config.write_text(
         "global: {scrape_interval: 1s, evaluation_interval: 1s, scrape_timeout: 900ms}\n"
-        f"rule_files: [{json.dumps(str(RULES))}]\n"
+        f"rule_files: [{json.dumps(str(rules_file))}]\n"
         "scrape_configs:\n"
         "  - job_name: ncclscope\n"
         f"    static_configs: [{{targets: ['127.0.0.1:{replay_port}']}}]\n"
@@ -88,7 +103,8 @@ def test_dashboards_and_alerts_on_a_real_prometheus(tmp_path: Path) -> None:
     )  # fmt: skip
     replay = subprocess.Popen(
         [sys.executable, "-m", "ncclscope", "replay", str(LOG), "--telemetry", str(TELEMETRY),
-         "--speed", str(SPEED), "--listen", f"127.0.0.1:{replay_port}", "--interval", "0.25",
+         "--speed", str(SPEED), "--log-start", LOG_START,
+         "--listen", f"127.0.0.1:{replay_port}", "--interval", "0.25",
          "--analyse-every", "0.5", "--linger", "60"],
         stdout=replay_log, stderr=subprocess.STDOUT,
     )  # fmt: skip

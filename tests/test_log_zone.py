@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, tzinfo
 from pathlib import Path
@@ -16,8 +14,10 @@ from zoneinfo import ZoneInfo
 
 import polars as pl
 import pytest
+from click.testing import CliRunner
 
 from ncclscope.agent.run import Agent, AgentConfig
+from ncclscope.cli import cli
 from ncclscope.parsers.common import local_to_utc, parse_zone, read_as, to_dt
 
 REPO = Path(__file__).resolve().parent.parent
@@ -89,8 +89,18 @@ def _job(a: Agent) -> dict[str, list[tuple[tuple[str, ...], float]]]:
     return a.board.snapshot()
 
 
+@pytest.fixture(scope="module")
+def utc_left() -> float:
+    """The countdown of the job run in UTC, 120 s after its last line (one run for every
+    zone's test to match)."""
+    lines = STALLED.read_text(encoding="utf-8").splitlines()
+    reference, _ = _run(lines, "UTC", rest_s=120)
+    left: float = reference.board.snapshot()["ncclscope_timeout_remaining_seconds"][0][1]
+    return left
+
+
 @pytest.mark.parametrize("zone", ZONES)
-def test_a_hang_counts_down_alike_in_every_zone(zone: str) -> None:
+def test_a_hang_counts_down_alike_in_every_zone(zone: str, utc_left: float) -> None:
     lines = STALLED.read_text(encoding="utf-8").splitlines()
     a, _node = _run(lines, zone, rest_s=120)
     rows = _job(a)
@@ -98,10 +108,7 @@ def test_a_hang_counts_down_alike_in_every_zone(zone: str) -> None:
     # the job's 10 s): about 120 s of the 30-minute timeout gone, whatever the zone.
     left = rows["ncclscope_timeout_remaining_seconds"]
     assert len(left) == 1
-    reference, _ = _run(lines, "UTC", rest_s=120)
-    assert left[0][1] == pytest.approx(
-        reference.board.snapshot()["ncclscope_timeout_remaining_seconds"][0][1], abs=1.0
-    )
+    assert left[0][1] == pytest.approx(utc_left, abs=1.0)
     assert 1800 - 125 < left[0][1] < 1800 - 115  # the job's Timeout(ms)=1800000
     culprit = rows["ncclscope_timeout_culprit_info"]
     assert [labels[1] for labels, _v in culprit] == ["6"]
@@ -189,11 +196,10 @@ def test_analyze_reads_the_zone_it_is_given() -> None:
 
 
 def _analyze(*args: str) -> dict[str, Any]:
-    out = subprocess.run(
-        [sys.executable, "-m", "ncclscope", "analyze", "--format", "json", "--no-progress",
-         *args],
-        capture_output=True, text=True, check=True, cwd=REPO,
-    )  # fmt: skip
+    """``ncclscope analyze --format json ARGS`` (in this process: a new one per run would
+    only add its start)."""
+    out = CliRunner().invoke(cli, ["analyze", "--format", "json", "--no-progress", *args])
+    assert out.exit_code == 0, (out.output, out.exception)
     doc: dict[str, Any] = json.loads(out.stdout)
     return doc
 

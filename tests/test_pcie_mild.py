@@ -118,11 +118,21 @@ def _jobs() -> dict[str, tuple[str, synth.SynthSpec]]:
     return out
 
 
-def _noisy(diag: Diagnosis, sigma: float, seed: int) -> Context:
-    """A context whose optimizer phases carry step-to-step noise of ``sigma``."""
+def _placed(diag: Diagnosis) -> Context:
+    """A context with the agent's samples placed in the phases of the (exact) timeline:
+    once per job, every noisy copy of it shares them."""
     ctx = Context(analysis=diag.analysis)
-    _ = ctx.phase_samples  # the agent's samples fall where they fell
-    tl = ctx.timeline
+    _ = ctx.phase_samples
+    return ctx
+
+
+def _noisy(placed: Context, sigma: float, seed: int) -> Context:
+    """A context whose optimizer phases carry step-to-step noise of ``sigma``."""
+    ctx = Context(analysis=placed.analysis)
+    # the agent's samples fall where they fell (in the exact phases, as ``_placed`` put them)
+    ctx.__dict__["gpu_samples"] = placed.gpu_samples
+    ctx.__dict__["phase_samples"] = placed.phase_samples
+    tl = placed.timeline
     rnd = random.Random(seed)
     half = sigma / math.sqrt(2.0)
     per_host: dict[tuple[str, int], float] = {}
@@ -158,10 +168,11 @@ def scored(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         diag = run_analysis(
             [str(root / name / "job.log")], workdir=root / f"w-{name}", telemetry=tel
         )
+        placed = _placed(diag)
         for sigma in (*NOISE, HARD_NOISE):
             for draw in range(DRAWS if sigma else 1):
                 seed = zlib.crc32(f"{name}/{sigma}/{draw}".encode())
-                found = _findings(_noisy(diag, sigma, seed))
+                found = _findings(_noisy(placed, sigma, seed))
                 verdict = _score(cls, found, truth)
                 counts["hard" if cls == "mild" and sigma == HARD_NOISE else cls][verdict] += 1
                 if cls == "mild":
