@@ -198,6 +198,14 @@ def test_a_stopped_process_is_read_without_stopping_it(stuck, tmp_path):
     and reads their memory with --nonblocking instead."""
     exe = _py_spy()
     proc = stuck("sleep")
+    # "ready" is printed just before the call: stop it only once it sleeps in ``nap``
+    # (a busy machine may stop it before; then its stack is rightly ``<module>``).
+    deadline = time.monotonic() + DEADLINE_S
+    while time.monotonic() < deadline:
+        running = take_stack(tmp_path, proc.pid, rank=2, timeout_s=20.0, py_spy=exe)
+        text = (tmp_path / "stacks/rank2.txt").read_text() if running.file else ""
+        if classify_stack(parse_stacks(text)).frame.endswith(" in nap"):
+            break
     os.kill(proc.pid, signal.SIGSTOP)
     try:
         ask = take_stack(tmp_path, proc.pid, rank=2, timeout_s=20.0, py_spy=exe)
