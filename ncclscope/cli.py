@@ -14,8 +14,9 @@ from typing import IO, ClassVar
 import click
 
 from ncclscope import __version__
-from ncclscope.analysis import new_workdir, run_analysis
+from ncclscope.analysis import build, new_workdir
 from ncclscope.detect.base import SEVERITIES, Severity, severity_at_least
+from ncclscope.diagnose import diagnose
 from ncclscope.export.exclude import FORMATS as EXCLUDE_FORMATS
 from ncclscope.export.exclude import exclude_verdict
 from ncclscope.export.json_report import to_json_dict
@@ -180,6 +181,27 @@ def cli(verbose: int) -> None:
     "--telemetry), never one that only waited: slurm, a hostlist for --exclude; "
     "kubectl, taint commands; json, each node with its reasons. Empty when none.",
 )
+@click.option(
+    "--prometheus",
+    "prometheus",
+    metavar="URL",
+    help="The cluster's Prometheus (http://host:9090): read, for the logs' hosts and "
+    "time window (first..last line, 5 min either side), node_exporter's InfiniBand "
+    "ports, dcgm-exporter's GPU health and the agent's own series (used as --telemetry "
+    "where none is given). A handful of bounded requests; what was asked and what came "
+    "back is in the report's CLUSTER section. Never fatal: an unreachable or slow "
+    "Prometheus is said, the logs' analysis is unchanged.",
+)
+@click.option(
+    "--prometheus-timeout",
+    "prometheus_timeout",
+    type=click.FloatRange(min=0.1),
+    default=10.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long each request to --prometheus may take (Prometheus' own query "
+    "timeout; the connection waits up to 2 s more).",
+)
 def analyze(
     paths: tuple[str, ...],
     fmt: str,
@@ -191,6 +213,8 @@ def analyze(
     log_tz: str | None,
     html_out: Path | None,
     exclude_list: str | None,
+    prometheus: str | None,
+    prometheus_timeout: float,
 ) -> None:
     """Analyse NCCL_DEBUG=INFO logs: versions, ranks, communicators, collectives, errors.
 
@@ -211,6 +235,7 @@ def analyze(
       ncclscope analyze logs/ runs/42/evidence/   # with what the agent took at a stall
       ncclscope analyze logs/ --exclude-list slurm   # node-[03,07]: for sbatch --exclude
       ncclscope analyze logs/ --telemetry tel/ --exclude-list kubectl > taint.sh   # review, run
+      ncclscope analyze logs/ --prometheus http://prometheus:9090   # ports, GPUs, the agent
 
     Exit status: 0 analysed (whatever was found), 1 an input could not be read,
     2 usage error, 3 a finding at or above --fail-on.
@@ -243,7 +268,7 @@ def analyze(
     with new_workdir() as tmp:
         try:
             stdin = sys.stdin.buffer if "-" in paths else None
-            diagnosis = run_analysis(
+            built = build(
                 list(paths),
                 workdir=Path(tmp),
                 stdin=stdin,
@@ -252,6 +277,25 @@ def analyze(
                 log_zone=zone if zone is not None else learned,
                 log_zone_source="given" if zone is not None else "telemetry",
             )
+            if prometheus is not None and built.analysis.paths:
+                from ncclscope.cluster.job import read_for_job, with_cluster
+                from ncclscope.cluster.prometheus import PromClient
+
+                progress.update("reading Prometheus", 0, 0)
+                cluster = read_for_job(
+                    built.analysis, PromClient(prometheus, timeout_s=prometheus_timeout)
+                )
+                built = with_cluster(built, cluster, telemetry=samples is None)
+                if any(a.status not in ("ok", "partial") for a in cluster.asks):
+                    failed = next(a for a in cluster.asks if a.status not in ("ok", "partial"))
+                    click.echo(
+                        f"ncclscope: --prometheus {prometheus}: {failed.what} {failed.status}"
+                        f" ({failed.message or 'no message'}); see the report's CLUSTER section",
+                        err=True,
+                    )
+                if samples is None and not cluster.telemetry.is_empty():
+                    samples = cluster.telemetry
+            diagnosis = diagnose(built, progress=progress.update)
             analysis = diagnosis.analysis
         finally:
             progress.close()

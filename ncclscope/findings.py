@@ -40,6 +40,7 @@ Kind = Literal[
     "pcie_contention",
     "oom_risk",
     "collective_cost",
+    "cluster_cause",
 ]
 KINDS: tuple[Kind, ...] = get_args(Kind)
 HangClass = Literal[

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from cluster_env import FakeProm, stamped_log
 from conftest import sample_text
 from test_fixtures import telemetry_args
 from test_flight_recorder import write_dumps
@@ -46,6 +48,8 @@ OPEN_MAPS = frozenset(
         "nccl_tools.files[].skipped_by_reason",
         "findings[].evidence.flight_recorder.last_enqueued",
         "evidence.folders[].asks",
+        "cluster.ports[].errors",
+        "cluster.gpus[].errors",
     }
 )
 #: Objects whose keys are documented one by one but appear only when their value is non-zero.
@@ -127,6 +131,14 @@ def outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any
         write_dumps(with_dumps)
         (with_dumps / "train.log").write_text(sample_text())
         docs["dumps"] = analyze([str(with_dumps)])
+        # analyze --prometheus: the cluster object filled (a fake Prometheus).
+        stamped = stamped_log(tmp_path_factory.mktemp("contract-cluster") / "job.log",
+                              datetime(2026, 3, 1, 12, 0, tzinfo=UTC))  # fmt: skip
+        prom = FakeProm()
+        try:
+            docs["cluster"] = analyze([str(stamped), "--prometheus", prom.url])
+        finally:
+            prom.close()
     finally:
         mp.undo()
     return docs
@@ -145,7 +157,7 @@ def test_damaged_run_covers_the_sparse_fields(outputs: dict[str, dict[str, Any]]
     assert set(reasons) == {"blank", "other", "malformed", "binary", "too_long"}, reasons
 
 
-@pytest.mark.parametrize("case", [*CASES, "damaged", "dumps"])
+@pytest.mark.parametrize("case", [*CASES, "damaged", "dumps", "cluster"])
 def test_every_output_key_is_documented(case: str, outputs: dict[str, dict[str, Any]]) -> None:
     documented = documented_paths(DOC.read_text(encoding="utf-8"))
     missing = sorted(key_paths(outputs[case]) - documented)

@@ -14,6 +14,7 @@ from ncclscope.detect import (
     collective_cost,
     config,
     exec_straggler,
+    fabric,
     hang,
     nccl_errors,
     oom_risk,
@@ -31,6 +32,7 @@ _MODULES = (
     collective_cost,
     config,
     exec_straggler,
+    fabric,
     hang,
     nccl_errors,
     oom_risk,
@@ -54,6 +56,8 @@ RUN_ORDER = (
     "timeout_countdown",
     "timeout",
     "zero_stage",
+    # last: it explains the others' findings with the cluster's counters (``ctx.found``)
+    "fabric",
 )
 if set(RUN_ORDER) != set(DETECTORS):  # a detector added without a place in the order
     msg = f"RUN_ORDER {sorted(RUN_ORDER)} != registered {sorted(DETECTORS)}"
@@ -64,6 +68,7 @@ def run_context(ctx: Context) -> list[Finding]:
     """Every detector's findings on ``ctx``, the most severe and most costly first (the
     context keeps what they computed, for whoever reads it next)."""
     findings: list[Finding] = []
+    ctx.found = findings  # what ran so far, for detectors that explain others' findings
     for name in RUN_ORDER:
         detector = DETECTORS[name]
         findings += detector.policy(detector.metric(ctx), ctx)

@@ -23,6 +23,7 @@ from ncclscope.model.identity import ANCHORED
 from ncclscope.schema import INSTANCES_SCHEMA, PROGRESS_SCHEMA
 
 if TYPE_CHECKING:
+    from ncclscope.findings import Finding
     from ncclscope.model import Analysis
 
 __all__ = ["SAMPLE_ROWS", "Context", "progress_table"]
@@ -43,6 +44,10 @@ class Context:
     #: set, "no progress since" is measured to it rather than to the last line: a live
     #: job that stopped logging has been idle for as long as the clock has run since.
     now: datetime | None = field(default=None, kw_only=True)
+    #: The findings of the detectors that ran before the one now running, in run order
+    #: (``run_context`` fills it): a detector that explains others' findings (``fabric``:
+    #: the cluster's counters behind a slow node, a hang, an error) reads them here.
+    found: list[Finding] = field(default_factory=list, kw_only=True)
 
     def collectives(self) -> pl.LazyFrame | None:
         """Every collective call (P2P left out) with a known communicator, lazily."""

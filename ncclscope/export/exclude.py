@@ -254,6 +254,7 @@ NOT_A_NODE_FAULT: dict[Kind, str] = {
     "pcie_contention": "offload traffic sharing a link as the topology was built",
     "oom_risk": "the job's memory budget, which a new node does not change",
     "collective_cost": "how much time collectives take, not a fault",
+    "cluster_cause": "explains another finding, which lists the node itself",
 }
 if set(RULES) | set(NOT_A_NODE_FAULT) != set(KINDS) or set(RULES) & set(NOT_A_NODE_FAULT):
     # A new finding kind must be decided: does it blame a node?

@@ -13,6 +13,7 @@ from typing import Any
 import polars as pl
 
 from ncclscope import __version__
+from ncclscope.cluster.summary import cluster_doc
 from ncclscope.detect.evidence_findings import evidence_summary
 from ncclscope.diagnose import Diagnosis
 from ncclscope.model import Analysis
@@ -53,6 +54,7 @@ def to_json_dict(diagnosis: Diagnosis) -> dict[str, Any]:
         "flight_recorder": flight_doc(analysis),
         "nccl_tools": _tools(analysis),
         "evidence": evidence_summary(analysis.evidence),
+        "cluster": cluster_doc(analysis.cluster),
     }
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ncclscope import __version__
+from ncclscope.cluster.summary import cluster_lines
 from ncclscope.diagnose import Diagnosis
 from ncclscope.export.json_report import FLIGHT_JOIN_WHY, to_json_dict
 from ncclscope.model.identity import listable_size
@@ -17,6 +18,8 @@ from ncclscope.units import human_bytes, rank_ranges
 __all__ = ["render_text"]
 
 _MAX_ERRORS = 8
+#: Findings whose ``evidence.gpus`` is a table of the rank's GPUs (bus id, memory).
+_GPU_TABLES = ("pcie_contention", "oom_risk")
 _SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 
 
@@ -28,6 +31,7 @@ def render_text(diagnosis: Diagnosis, *, doc: dict[str, Any] | None = None) -> s
     _findings(out, doc)
     _job(out, doc)
     _evidence(out, doc)
+    out.extend(cluster_lines(doc.get("cluster")))
     _flight(out, doc)
     _tools(out, doc)
     _framework(out, doc)
@@ -248,7 +252,8 @@ def _findings(out: list[str], doc: dict[str, Any]) -> None:
             )
         if f["kind"] == "zero_stage":
             out.extend(_zero_stage_table(f["evidence"]))
-        for gpu in f["evidence"].get("gpus", [])[:8]:  # pcie_contention, oom_risk
+        gpus = f["evidence"].get("gpus", []) if f["kind"] in _GPU_TABLES else []
+        for gpu in gpus[:8]:
             extra = (
                 f"  peak {gpu['peak_bytes'] / 2**30:.1f} of {gpu['total_bytes'] / 2**30:.1f} GiB"
                 if "peak_bytes" in gpu
