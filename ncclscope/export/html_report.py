@@ -945,6 +945,17 @@ def _flight(diagnosis: Diagnosis) -> list[_Section]:
     return [] if body is None else [_Section("flight", "Flight Recorder dumps", body)]
 
 
+def _cluster(d: _Data) -> list[_Section]:
+    """The cluster's ports and GPUs (``analyze --prometheus``), findings marked."""
+    from ncclscope.export.html_cluster import INTRO, cluster_figure
+
+    fig = cluster_figure(d.analysis.cluster) if d.analysis.cluster is not None else None
+    if fig is not None:
+        _mark_findings(d, fig)
+    body = INTRO + _plot(fig, "plot-cluster") if fig is not None else ""
+    return [_Section("cluster", "Cluster: ports and GPUs", body)] if body else []
+
+
 def render_html(diagnosis: Diagnosis) -> str:
     """The whole report as one HTML document (plotly.js embedded)."""
     d = _data(diagnosis)
@@ -957,6 +968,7 @@ def render_html(diagnosis: Diagnosis) -> str:
         _bandwidth(d),
         *_flight(diagnosis),
         _telemetry(d),
+        *_cluster(d),
     ]
     nav = "".join(f'<a href="#{s.anchor}">{_esc(s.title)}</a>' for s in sections)
     body = "".join(
