@@ -29,6 +29,14 @@ endpoint is down and the wait is past 150 s, and ``NcclscopeTimeoutImminent`` on
 fewer than 300 s are left.  The delay from each threshold crossing (log clock) to the
 alert's activation is measured.
 
+With ``--fabric`` (the default) every node also has a node_exporter (8 HCAs of one port,
+every InfiniBand counter the rules read, its uname ``<host>.cluster.local``) and a
+dcgm-exporter (8 GPUs, the fields the rules read, ``Hostname``), scraped every
+``--rest-every`` seconds as their own jobs: the joined rules (``ncclscope-fabric``)
+evaluate on them.  The slow node's first port counts symbol errors all along and its
+GPU 0 is in thermal slowdown; at the fault the frozen node's GPU 3 reports XID 79, so
+``NcclscopeStallGpuFault`` must name it once the stall alerts fire.
+
 Read from Prometheus' own metrics (it scrapes itself every second): each rule group's
 ``prometheus_rule_group_last_duration_seconds`` (median, p90, max) and missed
 iterations over the healthy window and over the stall, Prometheus' CPU, head series,
@@ -39,6 +47,7 @@ Usage:
     .venv/bin/python benchmarks/bench_rules.py                     # 128, 256, 625, 1250 nodes
     .venv/bin/python benchmarks/bench_rules.py --nodes 128 1250 --healthy 90
     .venv/bin/python benchmarks/bench_rules.py --nodes 12500 --no-fault   # 100,000 ranks
+    .venv/bin/python benchmarks/bench_rules.py --nodes 128 --healthy 60   # the joined rules
 """
 
 from __future__ import annotations
@@ -69,6 +78,7 @@ import prom  # noqa: E402
 
 from ncclscope.agent.rollup import exported  # noqa: E402
 from ncclscope.catalog import by_name  # noqa: E402
+from ncclscope.export.grafana.fabric import EXTERNAL_METRICS  # noqa: E402
 from ncclscope.export.grafana.rules import (  # noqa: E402
     STALL_TIMEOUT_SHARE,
     TIMEOUT_CRITICAL_LEFT_S,
@@ -239,6 +249,76 @@ def static_node(node: Node, per_node: int) -> bytes:
     return "".join(out).encode()
 
 
+#: node_exporter's InfiniBand series per port the fabric rules and panels read.
+IB_COUNTERS = tuple(
+    n for n in EXTERNAL_METRICS if n.startswith("node_infiniband_") and n.endswith("_total")
+)
+HCAS = 8
+#: dcgm-exporter's fields per GPU, at their healthy values (reasons 0x4: the power cap).
+DCGM_HEALTHY = {
+    "DCGM_FI_DEV_XID_ERRORS": 0.0,
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": 0.0,
+    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": 3.0,
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": 0.0,
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE": 0.0,
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": 0.0,
+    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": 4.0,
+    "DCGM_FI_DEV_SM_CLOCK": 1980.0,
+    "DCGM_FI_DEV_GPU_TEMP": 55.0,
+    "DCGM_FI_DEV_POWER_USAGE": 450.0,
+}
+XID_GPU = 3
+
+
+def _ext(name: str, labels: Mapping[str, str], value: float) -> str:
+    pairs = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    return f"{name}{{{pairs}}} {value!r}\n"
+
+
+def fabric_body(node: Node, now: float) -> bytes:
+    """What the node's node_exporter serves at ``now`` (real time): its uname and every
+    port's counters (data moving; the slow node's first port erring)."""
+    out = [
+        _ext("node_uname_info", {"nodename": f"{node.hostname}.cluster.local",
+                                 "sysname": "Linux", "release": "6.1.0"}, 1.0),
+    ]  # fmt: skip
+    for k in range(HCAS):
+        port = {"device": f"mlx5_{k}", "port": "1"}
+        for name in IB_COUNTERS:
+            if "data" in name:
+                value = float(int(now * 2.5e9))
+            elif "transmit_wait" in name:
+                value = float(int(now * 1e4))
+            elif node.index == SLOW_NODE and k == 0 and "symbol_error" in name:
+                value = float(int(now / 10))
+            else:
+                value = 0.0
+            out.append(_ext(name, port, value))
+        out += [
+            _ext("node_infiniband_state_id", port, 4.0),
+            _ext("node_infiniband_physical_state_id", port, 5.0),
+            _ext("node_infiniband_rate_bytes_per_second", port, 2.5e10),
+        ]
+    return "".join(out).encode()
+
+
+def dcgm_body(node: Node, faulted: bool) -> bytes:
+    """What the node's dcgm-exporter serves: its GPUs' fields (the slow node's GPU 0 in
+    thermal slowdown; the frozen node's GPU 3 with XID 79 once the fault is in)."""
+    out = []
+    for gpu in range(HCAS):
+        labels = {"gpu": str(gpu), "UUID": f"GPU-5eed{node.index:04x}-{gpu:04x}",
+                  "device": f"nvidia{gpu}", "modelName": "NVIDIA H100 80GB HBM3",
+                  "Hostname": node.hostname}  # fmt: skip
+        for name, value in DCGM_HEALTHY.items():
+            if name == "DCGM_FI_DEV_CLOCKS_EVENT_REASONS" and node.index == SLOW_NODE and gpu == 0:
+                value = 0x44
+            if name == "DCGM_FI_DEV_XID_ERRORS" and faulted and node.index == FROZEN_NODE:
+                value = 79.0 if gpu == XID_GPU else value
+            out.append(_ext(name, labels, value))
+    return "".join(out).encode()
+
+
 @dataclass
 class Fault:
     """A hang on the world communicator: who stops where."""
@@ -356,6 +436,11 @@ class Fleet:
         lost)."""
         if not 0 <= index < len(self.nodes):
             return None
+        # The node's own exporters stay up when its agent is lost (the agent died).
+        if part == "ib":
+            return fabric_body(self.nodes[index], time.time())
+        if part == "dcgm":
+            return dcgm_body(self.nodes[index], self.fault is not None)
         f = self.fault
         if f is not None and index == f.lost_node and time.time() >= f.lost_at:
             return None
@@ -397,7 +482,7 @@ class Server:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
                 path = head.split(b" ", 2)[1].decode()
-                m = re.fullmatch(r"/node/(\d+)/(job|node)", path)
+                m = re.fullmatch(r"/node/(\d+)/(job|node|ib|dcgm)", path)
                 body = self.sim.body(int(m[1]), m[2]) if m else None
                 if body is None:
                     writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n")
@@ -417,14 +502,23 @@ class Server:
 
 
 def config(
-    folder: Path, nodes: int, port: int, self_port: int, rules: Path, rest_every: int
+    folder: Path,
+    nodes: int,
+    port: int,
+    self_port: int,
+    rules: Path,
+    rest_every: int,
+    fabric: bool = False,
 ) -> Path:
     lines = [
         "global: {scrape_interval: 1s, evaluation_interval: 1s, scrape_timeout: 1s}",
         f"rule_files: ['{rules}']",
         "scrape_configs:",
     ]
-    for job, part, every in ((JOB, "job", 1), (REST_JOB, "node", rest_every)):
+    jobs = [(JOB, "job", 1, 9477), (REST_JOB, "node", rest_every, 9477)]
+    if fabric:
+        jobs += [("node", "ib", rest_every, 9100), ("dcgm", "dcgm", rest_every, 9400)]
+    for job, part, every, listen in jobs:
         lines += [
             f"  - job_name: {job}",
             f"    scrape_interval: {every}s",
@@ -433,7 +527,7 @@ def config(
         ]
         lines += [
             f"      - {{targets: ['127.0.0.1:{port}'], labels: "
-            f"{{__metrics_path__: /node/{i}/{part}, instance: 'node-{i:05d}:9477'}}}}"
+            f"{{__metrics_path__: /node/{i}/{part}, instance: 'node-{i:05d}:{listen}'}}}}"
             for i in range(nodes)
         ]
     # Prometheus' own metrics, every second.
@@ -547,6 +641,7 @@ def measure(
     fault: bool,
     rules: Path,
     rest_every: int,
+    fabric: bool = True,
 ) -> dict[str, Any]:
     """One fleet, one Prometheus: a healthy window, then the hang until the countdown
     alert has fired (or its deadline passed); the numbers."""
@@ -555,12 +650,12 @@ def measure(
     cpu0 = time.process_time()
     with tempfile.TemporaryDirectory(prefix="bench-rules-") as tmp:
         folder = Path(tmp)
-        cfg = config(folder, nodes, server_http.port, 0, rules, rest_every)
+        cfg = config(folder, nodes, server_http.port, 0, rules, rest_every, fabric)
         server = prom.Prometheus("/usr/bin/prometheus", cfg, folder)
         try:
             if not server.ready(120):
                 raise SystemExit(f"prometheus did not start:\n{server.tail()}")
-            config(folder, nodes, server_http.port, server.port, rules, rest_every)
+            config(folder, nodes, server_http.port, server.port, rules, rest_every, fabric)
             urllib.request.urlopen(
                 urllib.request.Request(f"{server.base}/-/reload", method="POST"), timeout=60
             )
@@ -616,7 +711,14 @@ def measure(
                     - TIMEOUT_CRITICAL_LEFT_S,
                 }
                 expect = {k: sim.real_of(v) for k, v in expect_log.items()}
-                expect["NcclscopeNodeLost"] = max(f.lost_at, expect["NcclscopeCollectiveStalled"])
+                # Every scrape of the last minute failed (active from then: pending for
+                # NODE_LOST_FOR before it fires).
+                lost = f.lost_at + 60.0
+                expect["NcclscopeNodeLost"] = max(lost, expect["NcclscopeCollectiveStalled"])
+                if fabric:
+                    # XID 79 on the frozen node from the fault on: named once a stall
+                    # alert names that node.
+                    expect["NcclscopeStallGpuFault"] = expect["NcclscopeCollectiveStalled"]
                 fired: dict[str, Fired] = {}
                 deadline = max(expect.values()) + 20.0
                 stall_from = expect["NcclscopeCollectiveStalled"] + 2.0
@@ -625,10 +727,7 @@ def measure(
                 while time.time() < deadline:
                     watch_alerts(server, min(deadline, time.time() + 3.0), fired)
                     sample_rules()
-                    if (
-                        "NcclscopeTimeoutImminent" in fired
-                        and time.time() > sample_rules_until + 15
-                    ):
+                    if set(expect) <= set(fired) and time.time() > sample_rules_until + 15:
                         break
                 out["stall"] = window_stats(server, stall_from, time.time())
                 out["fault"] = {"fault": f, "expect": expect, "fired": fired, "sim": sim}
@@ -651,7 +750,10 @@ def _alert_report(r: Mapping[str, Any], speed: float) -> list[str]:
     frozen = {str(x) for x in sim.nodes[FROZEN_NODE].ranks}
     culprit = str(sim.nodes[CULPRIT_NODE].ranks[CULPRIT_LOCAL])
     lines = []
-    for name in ("NcclscopeCollectiveStalled", "NcclscopeNodeLost", "NcclscopeTimeoutImminent"):
+    for name in ("NcclscopeCollectiveStalled", "NcclscopeNodeLost", "NcclscopeTimeoutImminent",
+                 "NcclscopeStallGpuFault"):  # fmt: skip
+        if name not in f["expect"]:
+            continue
         expect = f["expect"][name]
         got: Fired | None = f["fired"].get(name)
         if got is None:
@@ -660,7 +762,7 @@ def _alert_report(r: Mapping[str, Any], speed: float) -> list[str]:
         delay = got.active_at - expect
         named: set[str] = set()
         for labels in got.labels:
-            if name == "NcclscopeNodeLost":
+            if name in ("NcclscopeNodeLost", "NcclscopeStallGpuFault"):
                 named.add(labels.get("hostname", "?"))
             elif "rank" in labels:
                 # the node's own countdown names the rank without its host
@@ -669,7 +771,7 @@ def _alert_report(r: Mapping[str, Any], speed: float) -> list[str]:
         hosts = {sim.nodes[FROZEN_NODE].hostname}
         want = (
             hosts
-            if name == "NcclscopeNodeLost"
+            if name in ("NcclscopeNodeLost", "NcclscopeStallGpuFault")
             else {f"{x}@{sim.nodes[FROZEN_NODE].hostname}" for x in sorted(frozen)}
             | {f"{culprit}@{sim.nodes[CULPRIT_NODE].hostname}", culprit}
         )
@@ -703,6 +805,12 @@ def main() -> None:
         default=15,
         help="scrape interval of the agents' GPU, host and health series, s (the job's: 1 s)",
     )
+    ap.add_argument(
+        "--fabric",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="each node's node_exporter (InfiniBand) and dcgm-exporter, and the joined rules",
+    )
     ap.add_argument("--top", type=int, default=8)
     args = ap.parse_args()
 
@@ -720,6 +828,7 @@ def main() -> None:
                 fault=not args.no_fault,
                 rules=args.rules,
                 rest_every=args.rest_every,
+                fabric=args.fabric,
             )
         )
     intervals = group_intervals(args.rules)
@@ -770,6 +879,13 @@ def main() -> None:
         print("|---|---:|")
         for (group, name), v in ranked:
             if group == "ncclscope-job":
+                print(f"| `{name}` | {ms(v)} |")
+        fabric = [(name, v) for (group, name), v in ranked if group == "ncclscope-fabric"]
+        if fabric:
+            print("\nThe joined (fabric) group's rules:\n")
+            print("| rule | median ms |")
+            print("|---|---:|")
+            for name, v in fabric:
                 print(f"| `{name}` | {ms(v)} |")
         print(f"\nAlerts firing while healthy: {', '.join(r['healthy_alerts']) or 'none'}")
 

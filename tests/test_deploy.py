@@ -869,7 +869,7 @@ def test_the_slurm_config_merges_into_a_site_config(tmp_path: Path) -> None:
     groups = yaml.safe_load(RULES.read_text())["groups"]
     assert {g["name"]: g.get("interval") for g in groups} == {
         "ncclscope-job": "1s", "ncclscope-job-trends": "15s", "ncclscope-node": "15s",
-        "ncclscope-evidence": "15s",
+        "ncclscope-evidence": "15s", "ncclscope-fabric": "15s",
     }  # fmt: skip
 
 

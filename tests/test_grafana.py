@@ -26,6 +26,7 @@ from ncclscope.export.grafana import (
     rules_yaml,
     substitute,
 )
+from ncclscope.export.grafana.fabric import EXTERNAL_METRICS
 
 REPO = Path(__file__).resolve().parent.parent
 GRAFANA = REPO / "grafana"
@@ -44,6 +45,13 @@ KEYWORDS = frozenset(
 _GROUPING = re.compile(r"\b(by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)")
 _SELECTOR = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)?\{([^}]*)\}")
 _NAME = re.compile(r"(?<![\w.])([a-zA-Z_:][a-zA-Z0-9_:]*)(?!\w)(\s*\()?")
+#: label_replace's destination label (followed by its replacement, source and regex).
+_REPLACED = re.compile(r'"(\w+)",\s*"[^"]*",\s*"\w*",\s*"[^"]*"\)')
+
+
+def created(expr: str) -> set[str]:
+    """The labels ``expr``'s label_replace calls create."""
+    return set(_REPLACED.findall(expr))
 
 
 def _label_names(text: str) -> set[str]:
@@ -53,6 +61,8 @@ def _label_names(text: str) -> set[str]:
 def parse(expr: str) -> tuple[set[str], list[tuple[str, set[str]]], set[str]]:
     """A PromQL expression's metric names, its selectors' ``(name, matcher labels)`` and
     the labels its grouping clauses name (a parser for what our expressions use)."""
+    # A selector by name alone, ``{__name__=~"A|B"}``: the metrics it names.
+    expr = re.sub(r'\{__name__=~"([\w|]+)"\}', lambda m: f"({' or '.join(m[1].split('|'))})", expr)
     text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)  # string literals
     selectors = [
         (m.group(1) or "", {x.split("=")[0].rstrip("!~ ").strip() for x in m.group(2).split(",")})
@@ -81,7 +91,7 @@ def _recorded() -> dict[str, frozenset[str]]:
             for rule in group.rules:
                 if not rule.alert:
                     names, _sel, _grouped = parse(rule.expr)
-                    labels: set[str] = set(TARGET_LABELS)
+                    labels: set[str] = set(TARGET_LABELS) | created(rule.expr)
                     for name in names:
                         labels |= out.get(name) or known.get(name) or frozenset()
                     out[rule.name] = frozenset(labels)
@@ -91,7 +101,10 @@ def _recorded() -> dict[str, frozenset[str]]:
 
 def _known_base() -> dict[str, frozenset[str]]:
     catalog = {m.exposed: frozenset(m.labels) | TARGET_LABELS for m in by_name().values()}
-    return {**catalog, **{k: v | TARGET_LABELS for k, v in BUILTIN.items()}}
+    # Other exporters' series the fabric rules and panels join (node_exporter,
+    # dcgm-exporter, Prometheus' ALERTS), with the labels they carry.
+    external = {k: frozenset(v) | TARGET_LABELS for k, v in EXTERNAL_METRICS.items()}
+    return {**catalog, **external, **{k: v | TARGET_LABELS for k, v in BUILTIN.items()}}
 
 
 def _known() -> dict[str, frozenset[str]]:
@@ -105,7 +118,7 @@ def _check(
     selectors, grouping, or ``shown``: legends and annotations)."""
     names, selectors, grouped = parse(expr)
     problems = [f"{n} is neither in the catalog nor a recording rule" for n in names - set(known)]
-    available: set[str] = set(TARGET_LABELS)
+    available: set[str] = set(TARGET_LABELS) | created(expr) | {"__name__"}
     for n in names & set(known):
         available |= known[n]
     for name, labels in selectors:
@@ -182,6 +195,19 @@ def test_the_views_show_what_the_issue_asks() -> None:
                  "host_swap_used_bytes", "scrape_collector_success"):  # fmt: skip
         assert f"ncclscope_{name}" in exprs
     assert "up{" in exprs
+    # The job's ports and GPU health beside the collectives (issue #29).
+    job_exprs = " ".join(
+        e for _t, e, _l in queries(json.loads((GRAFANA / "ncclscope-job.json").read_text()))
+    )
+    for name in ("node_infiniband_symbol_error_total", "node_infiniband_link_downed_total",
+                 "node_infiniband_port_transmit_wait_total", "node_infiniband_state_id",
+                 "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+                 "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+                 "DCGM_FI_DEV_PCIE_REPLAY_COUNTER"):  # fmt: skip
+        assert name in job_exprs, name
+    # joined to the job's hosts by name: node_exporter's uname, dcgm-exporter's Hostname
+    assert '"nodename"' in job_exprs
+    assert '"Hostname"' in job_exprs
     heatmap = [p for p in json.loads((GRAFANA / "ncclscope-job.json").read_text())["panels"]
                if p["type"] == "heatmap"]  # fmt: skip
     assert len(heatmap) == 1
@@ -290,3 +316,9 @@ def test_provisioning_examples_point_at_the_dashboards() -> None:
     readme = (GRAFANA / "README.md").read_text()
     for name in [*DASHBOARDS, RULES.name, RULES_TEST.name, "prometheus-example.yml"]:
         assert name in readme
+
+
+def test_every_alert_is_documented() -> None:
+    readme = (GRAFANA / "README.md").read_text()
+    alerts = {r.name for g in RULE_GROUPS for r in g.rules if r.alert}
+    assert not {a for a in alerts if f"| `{a}` |" not in readme}

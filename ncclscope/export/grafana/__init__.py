@@ -12,8 +12,10 @@ job, or one for the cluster), ``comm`` and ``rank``.  Dashboards query the raw s
 so they work before the rules are loaded; alerts use the recorded ones.  The host's name
 comes from ``ncclscope_node_info{hostname}`` joined ``on (job, instance)``.
 
-The package holds two modules: ``dashboards`` (the job and node views, and the checks'
-view of their queries) and ``rules`` (recording and alert rules).  Neither the agent nor
+The package holds three modules: ``dashboards`` (the job and node views, and the checks'
+view of their queries), ``rules`` (recording and alert rules) and ``fabric`` (the rules
+and panels that join node_exporter's InfiniBand and dcgm-exporter's GPU series with the
+agents' alerts by host name).  Neither the agent nor
 ``analyze`` imports it: it is build tooling for the files under ``grafana/``.
 """
 

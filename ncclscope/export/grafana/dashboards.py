@@ -490,6 +490,11 @@ def job_dashboard() -> dict[str, Any]:
             ),
         ],
     ]
+    # The job's nodes' ports and GPUs (other exporters' series), below the collectives
+    # (imported here: ``fabric`` builds its panels on this module's Panel and Target).
+    from ncclscope.export.grafana.fabric import fabric_panels
+
+    rows += fabric_panels()
     return _dashboard(
         "ncclscope-job",
         "ncclscope / job",
@@ -765,7 +770,7 @@ def queries(dashboard: dict[str, Any]) -> list[tuple[str, str, str]]:
 def substitute(expr: str, values: dict[str, str] | None = None) -> str:
     """``expr`` as Grafana sends it: macros replaced (``MACROS``), and each ``$var`` or
     ``${var}`` by ``values[var]``, else ``.*`` (every template variable is used inside
-    ``=~``).
+    ``=~``); ``$1`` and the like are label_replace's groups, not variables.
 
     >>> substitute('rate(x{job=~"$job"}[$__rate_interval])')
     'rate(x{job=~".*"}[1m])'
@@ -773,4 +778,5 @@ def substitute(expr: str, values: dict[str, str] | None = None) -> str:
     for macro, value in MACROS.items():
         expr = expr.replace(macro, value)
     given = values or {}
-    return re.sub(r"\$\{?(\w+)\}?", lambda m: given.get(m.group(1), ".*"), expr)
+    # ``$1`` (label_replace's group) is no variable: Grafana leaves it as it is.
+    return re.sub(r"\$\{?([A-Za-z_]\w*)\}?", lambda m: given.get(m.group(1), ".*"), expr)

@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass
 
 from ncclscope.export.grafana.dashboards import pcie_ratio
+from ncclscope.export.grafana.fabric import fabric_alerts, fabric_rules, slow_node_causes
 
 __all__ = [
     "MAX_NODE_RANKS",
@@ -466,7 +467,8 @@ RULE_GROUPS: tuple[RuleGroup, ...] = (
                         "aborts the job in {{ $value | humanizeDuration }}. Take its stacks "
                         "now (docs/deploy.md, taking a rank's stacks){{ if $labels.hostname }} on "
                         "{{ $labels.hostname }}{{ end }}; if every rank of a node is named, "
-                        "look at the node (GPU XID, NIC, kernel log).",
+                        "look at the node (GPU XID, NIC, kernel log)."
+                        "{{ if $labels.hostname }}" + slow_node_causes() + "{{ end }}",
                     ),
                 ),
             ),
@@ -501,7 +503,8 @@ RULE_GROUPS: tuple[RuleGroup, ...] = (
                         "answering and the other nodes' ranks have waited in a collective "
                         "since: the node (or its ranks) is likely down or frozen. The watchdog "
                         "aborts the job in {{ $value | humanizeDuration }}. Check the node "
-                        "(reachable? kernel log, GPU XID) before the job is killed.",
+                        "(reachable? kernel log, GPU XID) before the job is killed."
+                        + slow_node_causes(),
                     ),
                 ),
             ),
@@ -566,7 +569,7 @@ RULE_GROUPS: tuple[RuleGroup, ...] = (
                         "clock is behind by that much: check `chronyc tracking` (or PTP) on "
                         "it; if the clock is right, look at its GPUs' clocks and throttling, "
                         "its NIC and its CPU load. `ncclscope analyze` on the logs tells the "
-                        "two apart.",
+                        "two apart." + slow_node_causes(),
                     ),
                 ),
             ),
@@ -775,6 +778,28 @@ RULE_GROUPS: tuple[RuleGroup, ...] = (
         ),
         "What the agents' evidence at a stall shows (absent until a stall passes --collect-at),"
         " and the nodes their analyses would drain.",
+        interval="15s",
+    ),
+    RuleGroup(
+        "ncclscope-fabric",
+        (
+            *(_rec(name, expr, comment) for name, expr, comment in fabric_rules()),
+            *(
+                Rule(
+                    name,
+                    expr,
+                    alert=True,
+                    labels=(("severity", severity),),
+                    annotations=(("summary", summary), ("description", description)),
+                    comment=comment,
+                )
+                for name, severity, expr, summary, description, comment in fabric_alerts()
+            ),
+        ),
+        "The cluster's own exporters joined with the agents' alerts by host"
+        " (ncclscope/export/grafana/fabric.py): node_exporter's InfiniBand counters and"
+        " dcgm-exporter's GPU health, recorded only where something rose, and the alerts"
+        " that name a slow node's or a stall's cause. Every 15 s.",
         interval="15s",
     ),
 )
