@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
@@ -31,6 +30,8 @@ __all__ = [
     "substitute",
 ]
 
+from ncclscope.export.grafana.panels import Panel, Target
+
 #: The datasource every panel, target and variable uses: the dashboard's variable.
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 
@@ -46,30 +47,6 @@ _ON_HOST = (
 
 
 # --------------------------------------------------------------------------- dashboards
-
-
-@dataclass(frozen=True)
-class Target:
-    """One query of a panel."""
-
-    expr: str
-    legend: str = ""
-    instant: bool = False
-
-
-@dataclass(frozen=True)
-class Panel:
-    """One panel: a Grafana panel type, its queries, unit and place on a 24-wide grid."""
-
-    kind: str
-    title: str
-    targets: tuple[Target, ...]
-    w: int
-    h: int
-    unit: str = ""
-    description: str = ""
-    options: dict[str, Any] = field(default_factory=dict)
-    defaults: dict[str, Any] = field(default_factory=dict)
 
 
 def _states(off: str, on: str) -> list[dict[str, Any]]:

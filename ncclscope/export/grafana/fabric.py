@@ -32,7 +32,7 @@ adds; ``DCGM_FI_DEV_CLOCK_THROTTLE_REASONS`` is the reasons' name before DCGM 3.
 
 from __future__ import annotations
 
-from ncclscope.export.grafana.dashboards import Panel, Target
+from ncclscope.export.grafana.panels import Panel, Target
 
 __all__ = [
     "DCGM_FAULT_FIELDS",
