@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 __all__ = [
+    "APPLICATION_XIDS",
     "DTYPE_BYTES",
     "DTYPE_NAMES",
     "PCIE_LANE_GT_PER_S",
     "TORCH_DTYPES",
+    "XID_NAMES",
     "human_bytes",
     "pcie_max_bytes_per_second",
     "rank_ranges",
@@ -131,3 +133,26 @@ def pcie_max_bytes_per_second(gen: int | None, width: int | None) -> float | Non
         return None
     encoding = 8 / 10 if gen <= 2 else 128 / 130
     return PCIE_LANE_GT_PER_S[gen] * 1e9 * width * encoding / 8
+
+
+#: XIDs NVIDIA puts on the application, not the GPU (an engine exception, a page fault,
+#: a stopped channel, the cleanup after one): NVIDIA's k8s-device-plugin skips them
+#: (``applicationErrorXids``).
+APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68})
+#: NVIDIA's names of the hardware XIDs most seen in training fleets (the rest print a
+#: number).
+XID_NAMES: dict[int, str] = {
+    48: "double-bit ECC error",
+    61: "internal micro-controller breakpoint",
+    62: "internal micro-controller halt",
+    63: "ECC page retirement or row remap recorded",
+    64: "ECC page retirement or row remap failed",
+    74: "NVLink error",
+    79: "GPU has fallen off the bus",
+    92: "high single-bit ECC error rate",
+    94: "contained ECC error",
+    95: "uncontained ECC error",
+    109: "context switch timeout",
+    119: "GSP RPC timeout",
+    120: "GSP error",
+}

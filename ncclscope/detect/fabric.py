@@ -69,6 +69,7 @@ from ncclscope.detect.collective_cost import MIN_NET_RATIO
 from ncclscope.detect.context import Context
 from ncclscope.findings import severity_at_least
 from ncclscope.schema import TS
+from ncclscope.units import APPLICATION_XIDS, XID_NAMES
 
 __all__ = [
     "APPLICATION_XIDS",
@@ -115,24 +116,6 @@ WAIT_SHARE = 0.10
 #: ... and, for one host's port, this many times the median of the job's other ports.
 WAIT_OVER_PEERS = 4.0
 
-#: XIDs NVIDIA puts on the application (k8s-device-plugin's ``applicationErrorXids``).
-APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68})
-#: NVIDIA's names of the hardware XIDs most seen in training fleets.
-XID_NAMES = {
-    48: "double-bit ECC error",
-    61: "internal micro-controller breakpoint",
-    62: "internal micro-controller halt",
-    63: "ECC page retirement or row remap recorded",
-    64: "ECC page retirement or row remap failed",
-    74: "NVLink error",
-    79: "GPU has fallen off the bus",
-    92: "high single-bit ECC error rate",
-    94: "contained ECC error",
-    95: "uncontained ECC error",
-    109: "context switch timeout",
-    119: "GSP RPC timeout",
-    120: "GSP error",
-}
 #: DCGM's ``DCGM_CLOCKS_EVENT_REASON_*`` bits (a 1:1 map of NVML's clocks event reasons).
 CLOCK_EVENT_BITS = {
     0x1: "gpu_idle",

@@ -42,6 +42,7 @@ from ncclscope.findings import (
     severity_at_least,
 )
 from ncclscope.hosts import with_log_hosts
+from ncclscope.units import APPLICATION_XIDS, XID_NAMES
 
 __all__ = [
     "FORMATS",
@@ -264,24 +265,6 @@ if set(RULES) | set(NOT_A_NODE_FAULT) != set(KINDS) or set(RULES) & set(NOT_A_NO
 
 # --- telemetry -> reasons
 
-#: XIDs NVIDIA's catalogue puts on the application (an engine exception, a page fault,
-#: a stopped channel, the cleanup after one): the program's, not the node's.
-_APP_XIDS = frozenset({13, 31, 43, 45})
-#: Names of the hardware XIDs most seen in training fleets (the rest print a number).
-_XID_NAMES = {
-    48: "double-bit ECC error",
-    61: "internal micro-controller breakpoint",
-    62: "internal micro-controller halt",
-    63: "ECC page retirement or row remap recorded",
-    64: "ECC page retirement or row remap failed",
-    74: "NVLink error",
-    79: "GPU has fallen off the bus",
-    92: "high single-bit ECC error rate",
-    94: "contained ECC error",
-    95: "uncontained ECC error",
-    119: "GSP RPC timeout",
-    120: "GSP error",
-}
 #: The share of its capacity below which a link's best reading is degraded (a reading
 #: a hair under, from rounding in the agent's bytes per second, is not).
 _LINK_FLOOR = 0.99
@@ -314,9 +297,9 @@ def _xids(tel: pl.DataFrame) -> _Facts:
     out: _Facts = []
     for host, gpu, bus, xid, count in rows.iter_rows():
         code = int(xid) if xid is not None and str(xid).isdigit() else None
-        if code in _APP_XIDS:
+        if code in APPLICATION_XIDS:
             continue
-        name = f" ({_XID_NAMES[code]})" if code in _XID_NAMES else ""
+        name = f" ({XID_NAMES[code]})" if code in XID_NAMES else ""
         out.append((host, f"GPU {gpu} ({bus}) reported XID {xid}{name} {int(count)} time(s)"))
     return out
 
