@@ -20,8 +20,6 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import threading
 import time
@@ -31,7 +29,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import pytest
 from conftest import sample_lines
 from prom import free_port, stop
 
@@ -278,16 +275,6 @@ def many_series(n: int) -> list[dict[str, Any]]:
 
 
 # ----------------------------------------------------------------------------- real
-
-
-def tool(name: str, package: str) -> str:
-    """A real component's binary, or skip (fail under CI)."""
-    found = shutil.which(name)
-    if found is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"{name} is missing: .ci/run installs the {package} package")
-        pytest.skip(f"{name} not installed (apt-get install {package})")
-    return found
 
 
 #: Every counter file the kernel's mlx5 driver writes under ports/<n>/counters that

@@ -23,14 +23,19 @@ from typing import Any, BinaryIO
 import pytest
 
 
+def need(name: str, package: str) -> str:
+    """A real component's binary, or skip (fail under CI: ``.ci/run`` installs it)."""
+    found = shutil.which(name)
+    if found is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{name} is missing: .ci/run installs the {package} package")
+        pytest.skip(f"{name} not installed (apt-get install {package})")
+    return found
+
+
 def tools() -> tuple[str, str]:
     """``prometheus`` and ``promtool``, or skip (fail under CI)."""
-    prometheus, promtool = shutil.which("prometheus"), shutil.which("promtool")
-    if prometheus is None or promtool is None:
-        if os.environ.get("CI"):
-            pytest.fail("prometheus is missing: .ci/run installs the prometheus package")
-        pytest.skip("prometheus not installed (apt-get install prometheus)")
-    return prometheus, promtool
+    return need("prometheus", "prometheus"), need("promtool", "prometheus")
 
 
 def free_port() -> int:

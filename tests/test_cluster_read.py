@@ -23,11 +23,10 @@ from cluster_env import (
     NodeExporter,
     scrape_config,
     stamped_log,
-    tool,
     wait_for,
 )
 from conftest import write_sample
-from prom import Prometheus, free_port, tools
+from prom import Prometheus, free_port, need, tools
 
 from ncclscope.catalog import by_name
 from ncclscope.cli import cli
@@ -367,7 +366,7 @@ def test_real_node_exporter_and_dcgm_scraped_by_prometheus(tmp_path: Path) -> No
     stand-in each, scraped every second by a real Prometheus: node-a's port mlx5_1 takes
     symbol errors and a link recovery, node-b's GPU 1 an XID, during the job's logs."""
     prometheus, _promtool = tools()
-    node_exporter = tool("prometheus-node-exporter", "prometheus-node-exporter")
+    node_exporter = need("prometheus-node-exporter", "prometheus-node-exporter")
     start = datetime.now(UTC)
     nodes: list[NodeExporter] = []
     dcgms: list[DcgmStandIn] = []

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster_env import DcgmStandIn, NodeExporter, scrape_config, tool, wait_for
-from prom import Prometheus, free_port, get, tools
+from cluster_env import DcgmStandIn, NodeExporter, scrape_config, wait_for
+from prom import Prometheus, free_port, get, need, tools
 
 from ncclscope.export.grafana import DASHBOARDS, queries, substitute
 from ncclscope.export.grafana.fabric import (
@@ -78,7 +78,7 @@ def _alerts(server: Prometheus, name: str) -> list[dict[str, Any]]:
 @pytest.mark.slow
 def test_joined_rules_and_panels_on_real_exporters(tmp_path: Path) -> None:
     prometheus, _promtool = tools()
-    node_exporter = tool("prometheus-node-exporter", "prometheus-node-exporter")
+    node_exporter = need("prometheus-node-exporter", "prometheus-node-exporter")
     nodes = [
         NodeExporter(node_exporter, tmp_path / h, f"{h}.cluster.local")
         for h in ("node-a", "node-b")

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prom import need
 
 from ncclscope.agent.exporter import DEFAULT_LISTEN
 from ncclscope.catalog import by_name
@@ -80,15 +81,6 @@ POD_METRICS_ENDPOINT_FIELDS = frozenset(
 )  # fmt: skip
 #: Labels the operator puts on every PodMonitor target (besides job and instance).
 OPERATOR_TARGET_LABELS = frozenset({"namespace", "pod", "container", "endpoint"})
-
-
-def _need(tool: str, package: str) -> str:
-    path = shutil.which(tool)
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"{tool} is missing: .ci/run installs the {package} package")
-        pytest.skip(f"{tool} not installed (apt-get install {package})")
-    return path
 
 
 def _kubernetes_validate() -> Any:
@@ -168,7 +160,7 @@ def test_the_renderer_keeps_block_scalars_and_comments() -> None:
 
 
 def test_promtool_checks_the_prometheus_rule_spec(tmp_path: Path) -> None:
-    promtool = _need("promtool", "prometheus")
+    promtool = need("promtool", "prometheus")
     spec = tmp_path / "spec.yml"
     spec.write_text(yaml.safe_dump(_one(PROMETHEUS_RULE, "PrometheusRule")["spec"]))
     check = subprocess.run([promtool, "check", "rules", str(spec)], capture_output=True, text=True)
@@ -518,7 +510,7 @@ def _free_port() -> int:
 def _targets(config: Path, want: int) -> list[dict[str, Any]]:
     """The active targets a real Prometheus makes of ``config`` (once ``want`` are there).
     Every target address is on 127.0.0.1."""
-    prometheus = _need("prometheus", "prometheus")
+    prometheus = need("prometheus", "prometheus")
     port = _free_port()
     proc = subprocess.Popen(
         [prometheus, f"--config.file={config}", f"--storage.tsdb.path={config.parent / 'tsdb'}",
@@ -593,7 +585,7 @@ def test_the_pod_monitor_relabelings_on_a_real_prometheus(tmp_path: Path) -> Non
         "file_sd_configs": [{"files": [str(tmp_path / "pods.json")]}],
         "relabel_configs": operator + ours,
     }]}))  # fmt: skip
-    promtool = _need("promtool", "prometheus")
+    promtool = need("promtool", "prometheus")
     check = subprocess.run([promtool, "check", "config", str(config)], capture_output=True)
     assert check.returncode == 0, check.stdout + check.stderr
     labels = sorted((t["labels"] for t in _targets(config, 3)), key=lambda x: x["pod"])
@@ -617,7 +609,7 @@ def test_bash_parses_the_slurm_scripts(script: str) -> None:
 
 @pytest.mark.parametrize("script", ["train.sbatch", "epilog.sh"])
 def test_shellcheck_passes_the_slurm_scripts(script: str) -> None:
-    shellcheck = _need("shellcheck", "shellcheck")
+    shellcheck = need("shellcheck", "shellcheck")
     check = subprocess.run(
         [shellcheck, "--shell=bash", str(SLURM / script)], capture_output=True, text=True
     )
@@ -806,7 +798,7 @@ def test_promtool_and_prometheus_take_the_slurm_config(tmp_path: Path) -> None:
     """prometheus.yml installed as the docs say (the rules beside it, ncclscope.d/ with a
     target file the batch script wrote): promtool checks it all, and a real Prometheus
     gives the target the training job's `job` label and the node as `instance`."""
-    promtool = _need("promtool", "prometheus")
+    promtool = need("promtool", "prometheus")
     etc = tmp_path / "etc"
     (etc / "ncclscope.d").mkdir(parents=True)
     shutil.copy(SLURM / "prometheus.yml", etc / "prometheus.yml")
@@ -838,7 +830,7 @@ def test_promtool_and_prometheus_take_the_slurm_config(tmp_path: Path) -> None:
 def test_the_slurm_config_merges_into_a_site_config(tmp_path: Path) -> None:
     """Merged into a site's prometheus.yml (its own global intervals, an unrelated scrape
     job), the ncclscope job and rules keep their intervals and the site's job its own."""
-    promtool = _need("promtool", "prometheus")
+    promtool = need("promtool", "prometheus")
     ours = yaml.safe_load((SLURM / "prometheus.yml").read_text())
     assert "global" not in ours  # nothing of the site's is changed
     closed = _free_port()
