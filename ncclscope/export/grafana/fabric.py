@@ -71,6 +71,10 @@ FABRIC_WINDOW = "10m"
 #: How far back a GPU's XID or uncorrectable error counts (an XID 79 stays relevant to a
 #: stall that began minutes later).
 GPU_WINDOW = "15m"
+#: How far back the joined alerts look for the agents' alert: four of the fabric group's
+#: 15 s evaluations, so that a stall alert firing between two of them (the stall group
+#: runs every second) is joined all the same; the join outlives it by as much.
+ALERT_SEEN = "1m"
 #: NVML clocks-event reasons that slow a GPU down for its hardware's sake: HW slowdown,
 #: SW thermal, HW thermal, HW power brake (the SW power cap, 0x4, is a loaded GPU's
 #: normal state).
@@ -224,10 +228,12 @@ _SHORT_OF_HOSTNAME = '($labels.hostname | reReplaceAll "[.].*" "")'
 
 
 def _alerts_on_host(names: str) -> str:
-    """The firing ncclscope alerts ``names`` (a regex) per job and host."""
+    """The ncclscope alerts ``names`` (a regex) that fired in the last
+    :data:`ALERT_SEEN`, per job and host."""
+    alerts = f'ALERTS{{alertname=~"{names}", alertstate="firing", hostname!=""}}'
     return (
         "max by (job, hostname, host) (\n  "
-        + _host_of(f'ALERTS{{alertname=~"{names}", alertstate="firing", hostname!=""}}', "hostname")
+        + _host_of(f"max_over_time({alerts}[{ALERT_SEEN}])", "hostname")
         + "\n)"
     )
 
