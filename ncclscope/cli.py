@@ -8,6 +8,7 @@ import logging
 import sys
 import threading
 import time
+from datetime import tzinfo
 from pathlib import Path
 from typing import IO, ClassVar
 
@@ -21,6 +22,7 @@ from ncclscope.export.exclude import FORMATS as EXCLUDE_FORMATS
 from ncclscope.export.exclude import exclude_verdict
 from ncclscope.export.json_report import to_json_dict
 from ncclscope.export.text_report import render_text
+from ncclscope.model import Built
 from ncclscope.parsers.common import parse_zone
 from ncclscope.sources import Problem
 from ncclscope.units import human_bytes
@@ -159,9 +161,9 @@ def cli(verbose: int) -> None:
     metavar="ZONE",
     help="The time zone the logs' times were written in: NCCL, PyTorch and DeepSpeed "
     "print the node's local time without a zone (UTC, an offset such as +09:00, or a "
-    "name such as America/New_York). Default: the offset the agent learned (--telemetry), "
-    "else one learned from stamps in the logs that name their zone (kubectl logs "
-    "--timestamps), else UTC; the report says which.",
+    "name such as America/New_York). Default: the offset the agent learned "
+    "(--telemetry, or its series in --prometheus), else one learned from stamps in the "
+    "logs that name their zone (kubectl logs --timestamps), else UTC; the report says which.",
 )
 @click.option(
     "--html",
@@ -278,13 +280,24 @@ def analyze(
                 log_zone_source="given" if zone is not None else "telemetry",
             )
             if prometheus is not None and built.analysis.paths:
-                from ncclscope.cluster.job import read_for_job, with_cluster
+                from ncclscope.cluster.job import read_for_job, with_cluster, zone_from_agents
                 from ncclscope.cluster.prometheus import PromClient
 
                 progress.update("reading Prometheus", 0, 0)
-                cluster = read_for_job(
-                    built.analysis, PromClient(prometheus, timeout_s=prometheus_timeout)
-                )
+                client = PromClient(prometheus, timeout_s=prometheus_timeout)
+                zone_problems: list[str] = []
+                if zone is None and learned is None:
+                    # The logs' zone decides their window: the agents' learned one first.
+                    def rezoned(z: tzinfo) -> Built:
+                        return build(list(paths), workdir=Path(tmp) / "zoned",
+                                     progress=progress.update, telemetry=samples, log_zone=z,
+                                     log_zone_source="telemetry")  # fmt: skip
+
+                    built, zone_problems = zone_from_agents(
+                        built, client, rezoned, stdin="-" in paths
+                    )
+                cluster = read_for_job(built.analysis, client)
+                cluster.problems[:0] = zone_problems
                 built = with_cluster(built, cluster, telemetry=samples is None)
                 if any(a.status not in ("ok", "partial") for a in cluster.asks):
                     failed = next(a for a in cluster.asks if a.status not in ("ok", "partial"))

@@ -58,6 +58,7 @@ def request_kind(endpoint: str, query: str) -> str:
     if endpoint == "series":
         return "identity"
     marks = (
+        ("zone", "last_over_time(ncclscope_log_utc_offset_seconds"),
         ("ports_errors", "node_infiniband_symbol_error_total"),
         ("ports_rates", "node_infiniband_port_transmit_wait_total"),
         ("ports_state", "node_infiniband_state_id"),
@@ -156,6 +157,8 @@ class FakeProm:
             return 200, b"<html>a proxy's error page</html>"
         if endpoint == "series":
             data: Any = self.identity()
+        elif what == "zone":
+            data = {"resultType": "vector", "result": self.zone(params)}
         else:
             result = many_series(self.many) if mode == "many" else self.matrix(what, params)
             data = {"resultType": "matrix", "result": result}
@@ -192,6 +195,23 @@ class FakeProm:
              "nodename": "other-1"},
             {"__name__": "up", "instance": "10.9.9.9:9100", "job": "node"},
         ]  # fmt: skip
+        return out
+
+    def zone(self, params: dict[str, list[str]]) -> list[dict[str, Any]]:
+        """The agents' learned offset and their hosts, as ``agents_zone``'s instant query
+        returns them (nothing where no ``offset_s``: an agent that learned none)."""
+        if self.offset_s is None:
+            return []
+        at = float(params.get("time", ["0"])[0])
+        out: list[dict[str, Any]] = []
+        for k, h in enumerate(self.hosts):
+            agent = {"instance": self._inst(k, 9477), "job": "ncclscope"}
+            out += [
+                {"metric": {**agent, "ncclscope_metric": "offset"},
+                 "value": [at, f"{self.offset_s}"]},
+                {"metric": {**agent, "hostname": self._name(h), "ncclscope_metric": "host"},
+                 "value": [at, "1"]},
+            ]  # fmt: skip
         return out
 
     def matrix(self, what: str, params: dict[str, list[str]]) -> list[dict[str, Any]]:

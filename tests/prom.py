@@ -67,7 +67,7 @@ def stop(proc: subprocess.Popen[bytes], how: signal.Signals = signal.SIGTERM) ->
 class Prometheus:
     """One Prometheus server with ``config``; ``base`` is its URL."""
 
-    def __init__(self, binary: str, config: Path, folder: Path) -> None:
+    def __init__(self, binary: str, config: Path, folder: Path, retention: str = "1h") -> None:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = folder / "prometheus.log"
@@ -75,7 +75,7 @@ class Prometheus:
         self.proc = subprocess.Popen(
             [binary, f"--config.file={config}", f"--storage.tsdb.path={folder / 'tsdb'}",
              f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle",
-             "--storage.tsdb.retention.time=1h"],
+             f"--storage.tsdb.retention.time={retention}"],
             stdout=self._log, stderr=subprocess.STDOUT,
         )  # fmt: skip
 

@@ -11,10 +11,15 @@ a port's error counters and sets a GPU's XID; ``analyze --prometheus`` must find
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
+import sys
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import pytest
 from click.testing import CliRunner, Result
 from cluster_env import (
@@ -25,8 +30,8 @@ from cluster_env import (
     stamped_log,
     wait_for,
 )
-from conftest import write_sample
-from prom import Prometheus, free_port, need, tools
+from conftest import sample_lines, write_sample
+from prom import Prometheus, free_port, need, stop, tools
 
 from ncclscope.catalog import by_name
 from ncclscope.cli import cli
@@ -288,13 +293,13 @@ def test_analyze_joins_the_cluster(fake: Any, tmp_path: Path) -> None:
     assert text.exit_code == plain.exit_code, text.output
     out = text.stdout
     assert "CLUSTER (Prometheus " + prom.url in out
-    assert "9 requests" in out
+    assert "10 requests" in out  # the agents' clock, the identities, 8 range queries
     assert "node-a mlx5_0 port 1: link_error_recovery_total +1, symbol_error_total +8" in out
     assert "node-b gpu 0: XID 79" in out
     assert "TELEMETRY" in out  # the agent's series from Prometheus, as --telemetry's
     doc = json.loads(_run([str(log), "--prometheus", prom.url, "--format", "json"]).stdout)
     c = doc["cluster"]
-    assert c["requests"] == 9
+    assert c["requests"] == 10
     assert {a["status"] for a in c["asks"]} == {"ok"}
     assert c["start"] == "2026-03-01T12:02:01+00:00"  # the first COLL line, 5 min earlier
     port = next(p for p in c["ports"] if p["host"] == "node-a")
@@ -331,22 +336,89 @@ def test_a_broken_prometheus_changes_nothing_else(fake: Any, tmp_path: Path, mod
         f["evidence"].pop("cluster", None)
     assert a == b  # the logs' analysis, findings included, unchanged
     status = {"unreachable": "unreachable", "slow": "timeout", "garbage": "error"}[mode]
-    assert [x["status"] for x in cluster["asks"]] == [status]
+    # The first request (the agents' clock) stops the read where Prometheus is down or
+    # slow; an error answer (an old Prometheus without last_over_time) goes on.
+    asked = [(x["what"], x["status"]) for x in cluster["asks"]]
+    if mode == "garbage":
+        assert asked == [("zone", status), ("identity", status)]
+    else:
+        assert asked == [("zone", status)]
     assert cluster["problems"]
     text = _run([str(log), "--prometheus", url, "--prometheus-timeout", "0.3"]).stdout
-    assert f"--prometheus {url}: identity {status}" in got.stderr
-    assert f"identity      {status}" in text
+    assert f"--prometheus {url}: zone {status}" in got.stderr
+    assert f"zone          {status}" in text
     assert "problem: " in text
 
 
-def test_a_clock_the_agent_learned_is_said(fake: Any, tmp_path: Path) -> None:
-    log = stamped_log(tmp_path / "job.log", T0)
+def test_the_clock_the_agents_learned_sets_the_window(fake: Any, tmp_path: Path) -> None:
+    """NCCL stamps local time without a zone: logs stamped from 12:00 on nodes whose
+    agents learned UTC+9 were written from 03:00 UTC.  Their zone is asked first, over
+    every hour they could have been written in; the logs are read again in it and the
+    cluster over their true window, as ``--log-tz +09:00`` would."""
+    log = stamped_log(tmp_path / "job.log", T0)  # 12:00 as the logs print it
     prom = fake(offset_s=9 * 3600)
     doc = json.loads(_run([str(log), "--prometheus", prom.url, "--format", "json"]).stdout)
-    assert any("logs' clock is UTC+9 h" in p for p in doc["cluster"]["problems"])
-    given = [str(log), "--prometheus", prom.url, "--format", "json", "--log-tz", "+09:00"]
-    doc = json.loads(_run(given).stdout)
-    assert not any("logs' clock" in p for p in doc["cluster"]["problems"])
+    job, c = doc["job"], doc["cluster"]
+    assert (job["log_zone"], job["log_zone_source"]) == ("+09:00", "telemetry")
+    assert c["asks"][0]["what"] == "zone"
+    assert c["start"] == "2026-03-01T02:55:01+00:00", c["start"]  # 9 h, 5 min before
+    given = [str(log), "--format", "json", "--log-tz", "+09:00"]
+    doc_given = json.loads(_run([*given, "--prometheus", prom.url]).stdout)
+    assert doc_given["cluster"]["asks"][0]["what"] == "identity"  # a zone given: not asked
+    assert doc_given["cluster"]["start"] == c["start"]
+    assert [f["message"] for f in doc["findings"]] == [f["message"] for f in doc_given["findings"]]
+    text = _run([str(log), "--prometheus", prom.url]).stdout
+    assert "times read as +09:00 (learned by the agent" in text
+
+
+def test_agents_that_learned_utc_confirm_it(fake: Any, tmp_path: Path) -> None:
+    log = stamped_log(tmp_path / "job.log", T0)
+    doc = json.loads(
+        _run([str(log), "--prometheus", fake(offset_s=0).url, "--format", "json"]).stdout
+    )
+    assert (doc["job"]["log_zone"], doc["job"]["log_zone_source"]) == ("UTC", "telemetry")
+    assert doc["cluster"]["start"] == "2026-03-01T11:55:01+00:00"
+    doc = json.loads(_run([str(log), "--prometheus", fake().url, "--format", "json"]).stdout)
+    assert (doc["job"]["log_zone"], doc["job"]["log_zone_source"]) == ("UTC", "assumed")
+
+
+def test_agents_that_disagree_change_nothing_and_say_so(tmp_path: Path) -> None:
+    log = stamped_log(tmp_path / "job.log", T0)
+    prom = FakeProm(offset_s=9 * 3600)
+    zone = prom.zone
+
+    def split(params: dict[str, list[str]]) -> list[dict[str, Any]]:
+        got = zone(params)
+        got[0]["value"][1] = "-18000"  # node-a's agent learned UTC-5
+        return got
+
+    prom.zone = split  # type: ignore[method-assign]
+    try:
+        doc = json.loads(_run([str(log), "--prometheus", prom.url, "--format", "json"]).stdout)
+    finally:
+        prom.close()
+    assert doc["job"]["log_zone_source"] == "assumed"
+    assert doc["cluster"]["start"] == "2026-03-01T11:55:01+00:00"
+    said = [p for p in doc["cluster"]["problems"] if "different clocks" in p]
+    assert said
+    assert "node-a UTC-5 h" in said[0]
+    assert "node-b UTC+9 h" in said[0]
+
+
+def test_logs_on_stdin_are_not_read_again_the_zone_to_give_is_said(
+    fake: Any, tmp_path: Path
+) -> None:
+    log = stamped_log(tmp_path / "job.log", T0)
+    got = CliRunner().invoke(
+        cli,
+        ["analyze", "-", "--no-progress", "--format", "json", "--prometheus",
+         fake(offset_s=9 * 3600).url],
+        input=log.read_bytes(),
+    )  # fmt: skip
+    assert got.exit_code == 0, got.output
+    doc = json.loads(got.stdout)
+    assert doc["job"]["log_zone_source"] == "assumed"
+    assert any("give --log-tz +09:00" in p for p in doc["cluster"]["problems"])
 
 
 def test_logs_without_times_read_nothing(fake: Any, tmp_path: Path) -> None:
@@ -419,6 +491,111 @@ def test_real_node_exporter_and_dcgm_scraped_by_prometheus(tmp_path: Path) -> No
             n.close()
         for d in dcgms:
             d.close()
+
+
+def test_a_real_agent_beside_node_exporter_teaches_analyze_the_logs_clock(tmp_path: Path) -> None:
+    """A real ``ncclscope agent`` (simulated GPUs) follows a log whose NCCL lines this
+    test writes as a node in UTC+9 stamps them, beside Debian's node_exporter, both
+    scraped every second by a real Prometheus; a port takes symbol errors meanwhile.
+    ``analyze --prometheus`` without ``--log-tz`` reads the zone the agent learned, reads
+    the logs in it, and finds the port's errors and the agent's GPU series in the true
+    window (the logs' 12 h ahead otherwise: nothing there)."""
+    prometheus, _promtool = tools()
+    node_exporter = need("prometheus-node-exporter", "prometheus-node-exporter")
+    host = socket.gethostname().split(".")[0]  # the agent names its node so
+    ahead = timedelta(hours=9)
+    log = tmp_path / "job.log"
+    log.write_text("Starting training with 2 processes\n")
+    node = NodeExporter(node_exporter, tmp_path, host)
+    agent_port = free_port()
+    agent_out = (tmp_path / "agent.log").open("wb")
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "ncclscope", "agent", "--follow", str(log), "--fake-gpus", "2",
+         "--listen", f"127.0.0.1:{agent_port}", "--interval", "0.5", "--sysfs-root", "none",
+         "--collect-at", "off"],
+        stdout=agent_out, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    prom: Prometheus | None = None
+    try:
+        config = scrape_config(
+            tmp_path / "prometheus.yml",
+            {"node": [node.address], "ncclscope": [f"127.0.0.1:{agent_port}"]},
+        )
+        prom = Prometheus(prometheus, config, tmp_path)
+        assert prom.ready(), prom.tail()
+        p = prom
+        assert wait_for(lambda: len(p.query("up == 1")) == 2, 20), prom.tail()
+        lines = [ln for ln in sample_lines() if ln.rank is not None]
+        for k in range(0, len(lines), 8):  # a job writing: batches a poll or more apart
+            with log.open("a", encoding="utf-8") as f:
+                for ln in lines[k : k + 8]:
+                    text = ln.text.replace("node-a", host).replace("node-b", host)
+                    f.write(f"[{datetime.now(UTC) + ahead:%Y-%m-%d %H:%M:%S.%f}] {text}\n")
+            if k == 16:
+                node.bump("mlx5_1", "symbol_error", 7)
+            time.sleep(0.7)
+        learned = "ncclscope_log_utc_offset_seconds == 32400"
+        errors = "increase(node_infiniband_symbol_error_total[1m]) > 0"
+        assert wait_for(lambda: bool(p.query(learned)) and bool(p.query(errors)), 20), (
+            agent_out.name,
+            p.query("ncclscope_log_utc_offset_seconds"),
+        )
+        got = _run([str(log), "--prometheus", prom.base, "--format", "json"])
+        assert got.exit_code == 0, got.output
+        doc = json.loads(got.stdout)
+        assert (doc["job"]["log_zone"], doc["job"]["log_zone_source"]) == ("+09:00", "telemetry")
+        c = doc["cluster"]
+        assert [a["what"] for a in c["asks"]][:2] == ["zone", "identity"]
+        assert {a["status"] for a in c["asks"]} == {"ok"}, c["asks"]
+        assert {(i["host"], i["how"]) for i in c["instances"]} == {(host, "uname"),
+                                                                  (host, "agent")}  # fmt: skip
+        bad = [(q["device"], q["errors"]) for q in c["ports"] if q["errors"]]
+        assert bad == [("mlx5_1", {"symbol_error_total": 7.0})], c["ports"]
+        assert c["telemetry_samples"] > 0  # the agent's GPU memory, as --telemetry's
+    finally:
+        if prom is not None:
+            prom.close()
+        stop(agent)
+        agent_out.close()
+        node.close()
+
+
+def test_a_burst_between_two_steps_is_counted_once(tmp_path: Path) -> None:
+    """node_exporter scraped every 30 s; a port's symbol errors jump by 4 between the
+    scrapes at 90 s and 120 s, and by 2 within one step later on.  The read's steps are
+    60 s apart from 45 s: the first jump falls between two steps' scrapes (where
+    ``increase(x[60s])`` at each step sees neither side of it and counts nothing).  Each
+    jump is counted once, whole (a TSDB backfilled with promtool: the scrapes' times are
+    the test's, not the machine's)."""
+    prometheus, promtool = tools()
+    t0 = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=3)
+    labels = 'instance="10.0.0.1:9100",job="node"'
+    port = f'{labels},device="mlx5_0",port="1"'
+    om = ["# TYPE node_uname_info gauge"]
+    om += [f'node_uname_info{{{labels},nodename="node-a"}} 1 {t0.timestamp() + k * 30:.0f}'
+           for k in range(41)]  # fmt: skip
+    om += ["# TYPE node_infiniband_symbol_error counter"]
+    for k in range(41):
+        value = 10 + (4 if k >= 4 else 0) + (2 if k >= 25 else 0)  # +4 at 120 s, +2 at 750 s
+        om.append(
+            f"node_infiniband_symbol_error_total{{{port}}} {value} {t0.timestamp() + k * 30:.0f}"
+        )
+    (tmp_path / "data.om").write_text("\n".join([*om, "# EOF"]) + "\n")
+    backfill = [promtool, "tsdb", "create-blocks-from", "openmetrics"]
+    subprocess.run([*backfill, str(tmp_path / "data.om"), str(tmp_path / "tsdb")], check=True,
+                   capture_output=True)  # fmt: skip
+    config = scrape_config(tmp_path / "prometheus.yml", {})
+    prom = Prometheus(prometheus, config, tmp_path, retention="30d")
+    try:
+        assert prom.ready(), prom.tail()
+        start, end = t0 + timedelta(seconds=45), t0 + timedelta(minutes=20)
+        t = read_cluster(PromClient(prom.base, timeout_s=20), ["node-a"], start, end)
+        assert {a.status for a in t.asks} == {"ok"}, t.asks
+        rises = t.ports.filter(pl.col("metric") == "symbol_error_total")
+        got = [((ts - t0).total_seconds(), v) for ts, v in rises.select("ts", "value").iter_rows()]
+        assert got == [(165.0, 4.0), (765.0, 2.0)], got
+    finally:
+        prom.close()
 
 
 def test_range_answers_read_fast_are_read_as_json_would() -> None:

@@ -6,14 +6,20 @@
 2. Range queries over the window, every ``step_s`` (the window / 240, between 15 s and
    300 s), for those instances only (:data:`QUERIES`):
 
-   - ``ports_errors``: node_exporter's InfiniBand error counters as
-     ``increase(...[r]) > 0`` every ``r`` (the step, 60 s at least: two scrapes at 30 s):
-     sparse, a healthy fabric returns nothing, and the steps' increases add up;
+   - ``ports_errors``: node_exporter's InfiniBand error counters' rise since the step
+     before, ``(x - x offset r) > 0`` every ``r`` (the step, 60 s at least): sparse, a
+     healthy fabric returns nothing, and the steps' rises add up to the counter's, a
+     jump between two scrapes counted once wherever it falls (``increase(x[r])`` at
+     steps ``r`` apart reads each window's own samples only, and misses a jump between
+     the last scrape of one window and the first of the next: half the single bursts
+     at 30 s scrapes and r = 60 s); a series that began within the step, its
+     ``increase``.  A counter that went back (its exporter restarted) counts nothing for
+     that step;
    - ``ports_rates``: transmit wait and data, ``rate(...[r])`` per second;
    - ``ports_state``: the link's logical and physical state only where not ACTIVE (4) /
      LinkUp (5); ``ports_static``: its rate (``rate_bytes_per_second``) at a quarter of
      the window;
-   - ``gpus_events``: dcgm-exporter's error counters as increases (ECC, PCIe replays,
+   - ``gpus_events``: dcgm-exporter's error counters' rises, so (ECC, PCIe replays,
      NVLink CRC/replay/recovery, remapped rows), and its XID (the last XID's code) and
      row-remap failure gauges where not 0: sparse;
    - ``gpus_gauges``: clocks-event (throttle) reasons and (where enabled) the PCIe
@@ -58,6 +64,9 @@ __all__ = [
     "PORT_COUNTERS",
     "PORT_RATES",
     "QUERIES",
+    "STOPS",
+    "alternation",
+    "promql_string",
     "read_cluster",
     "step_for",
 ]
@@ -176,7 +185,7 @@ def step_for(start: datetime, end: datetime) -> float:
     return float(round(min(max(window / STEPS, STEP_MIN_S), STEP_MAX_S)))
 
 
-def _quote(text: str) -> str:
+def promql_string(text: str) -> str:
     """A PromQL string literal (Go's escapes, as JSON writes them)."""
     out = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
     return f'"{out}"'
@@ -185,12 +194,17 @@ def _quote(text: str) -> str:
 _RE2_SPECIAL = re.compile(r"([\\.+*?()|\[\]{}^$])")
 
 
-def _alternation(values: Iterable[str]) -> str:
+def alternation(values: Iterable[str]) -> str:
+    """``values`` as a regular expression's alternatives, each matched literally.
+
+    >>> alternation(["node-b", "10.0.0.1:9100"])
+    '10\\\\.0\\\\.0\\\\.1:9100|node-b'
+    """
     return "|".join(_RE2_SPECIAL.sub(r"\\\1", v) for v in sorted(set(values)))
 
 
 def _named(expr: str, metric: str) -> str:
-    return f'label_replace({expr}, "{_METRIC}", {_quote(metric)}, "", "")'
+    return f'label_replace({expr}, "{_METRIC}", {promql_string(metric)}, "", "")'
 
 
 def _either(parts: list[str]) -> str:
@@ -207,15 +221,21 @@ class Query:
     table: str  # ports | gpus | telemetry
     expr: Callable[[str, float, float], str]
     coarse: bool = False
-    #: counters' increases: read every ``max(step, 60 s)`` over as long, so that the
-    #: steps' increases do not overlap and add up to the counter's
+    #: counters' rises: read every ``max(step, 60 s)``, each since the step before, so
+    #: that they add up to the counter's
     increases: bool = False
 
 
+def _rise(series: str, r: float) -> str:
+    """How much the counter ``series`` rose since ``r`` seconds before, where it did;
+    where it has no sample then (its exporter began scraping since), its ``increase``
+    over the samples it has."""
+    before = f"{series} offset {r:g}s"
+    return f"({series} - {before}) > 0 or (increase({series}[{r:g}s]) > 0 unless {before})"
+
+
 def _ports_errors(sel: str, _step: float, r: float) -> str:
-    return _either(
-        [_named(f"increase({_IB}{c}{{{sel}}}[{r:g}s]) > 0", f"increase:{c}") for c in PORT_COUNTERS]
-    )
+    return _either([_named(_rise(f"{_IB}{c}{{{sel}}}", r), f"increase:{c}") for c in PORT_COUNTERS])
 
 
 def _ports_rates(sel: str, _step: float, r: float) -> str:
@@ -235,13 +255,13 @@ def _ports_static(sel: str, _step: float, _r: float) -> str:
 
 
 def _gpus_events(sel: str, _step: float, r: float) -> str:
-    parts = [_named(f"increase({c}{{{sel}}}[{r:g}s]) > 0", f"increase:{c}") for c in GPU_COUNTERS]
+    parts = [_named(_rise(f"{c}{{{sel}}}", r), f"increase:{c}") for c in GPU_COUNTERS]
     parts += [_named(f"{g}{{{sel}}} {cond}", f"gauge:{g}") for g, cond in GPU_EVENTS.items()]
     return _either(parts)
 
 
 def _names(names: Iterable[str]) -> str:
-    return _quote("|".join(names))
+    return promql_string("|".join(names))
 
 
 def _gpus_gauges(sel: str, _step: float, _r: float) -> str:
@@ -268,7 +288,8 @@ QUERIES = (
     Query("agent_static", "telemetry", _agent_static, coarse=True),
 )
 
-_STOPS = ("timeout", "unreachable")
+#: Answers after which nothing more is asked (what was not yet asked would wait as long).
+STOPS = ("timeout", "unreachable")
 #: A read that answered but found none of these series for the job's hosts says so.
 _NO_DATA = {"ports_rates": "InfiniBand port", "gpus_gauges": "dcgm-exporter GPU",
             "agent": "agent"}  # fmt: skip
@@ -362,7 +383,7 @@ def read_cluster(
         problems.append("no scraped instance is a host of the logs: nothing more was read")
         return _with(out, instances=_kept(instances))
     where = {(r["instance"]): r["host"] for r in matched.iter_rows(named=True)}
-    sel = f"instance=~{_quote(_alternation(where))}"
+    sel = f"instance=~{promql_string(alternation(where))}"
     r = max(step, RANGE_MIN_S)
     match = HostMatcher(hosts)
     ports = _Rows(("host", "device", "port", "metric", "kind"))
@@ -382,7 +403,7 @@ def read_cluster(
             q_step = r
         q_step = float(round(q_step))
         answer = client.range(q.expr(sel, q_step, r), start, end, q_step, what=q.what)
-        if answer.ask.status in _STOPS:
+        if answer.ask.status in STOPS:
             stop.set()
         return answer
 
@@ -392,9 +413,7 @@ def read_cluster(
     order = {q.what: k for k, q in enumerate(QUERIES)}
     client.asks.sort(key=lambda a: order.get(a.what, -1))
     problems.extend(
-        _stopped(a, "what was not yet asked then was not")
-        for a in client.asks
-        if a.status in _STOPS
+        _stopped(a, "what was not yet asked then was not") for a in client.asks if a.status in STOPS
     )
     skipped = [q.what for q, answer in zip(QUERIES, answers, strict=True) if answer is None]
     if skipped:

@@ -102,7 +102,7 @@ def _job(out: list[str], doc: dict[str, Any]) -> None:
         # Loggers print local time without a zone: which one was assumed matters
         # wherever a time meets another clock (telemetry, the agent's, a reader's).
         zone = job["log_zone"]
-        said = {"given": "(--log-tz)", "telemetry": "(learned by the agent, from its telemetry)"}
+        said = {"given": "(--log-tz)", "telemetry": "(learned by the agent)"}
         source = job["log_zone_source"]
         evidence = job.get("log_zone_evidence")
         if source in said:
