@@ -4,8 +4,8 @@
 - A real Prometheus scrapes, every second, Debian's ``prometheus-node-exporter`` on two
   nodes (its InfiniBand collector reading a sysfs tree built as the kernel lays it out,
   its uname a fully qualified ``node-a.cluster.local``), a dcgm-exporter stand-in per
-  node (dcgm-exporter's names and labels, ``Hostname`` short) and an agent stand-in
-  saying ranks of job ``train-1`` run on ``node-a`` (as the logs spell it), with
+  node (dcgm-exporter's names and labels, ``Hostname`` short) and an agent (``ncclscope
+  replay``, the agent's live path) whose log puts both ranks on ``node-a``, with
   ``grafana/ncclscope-rules.yml`` evaluated every second.  A port of each node goes
   down: ``NcclscopeIbPortFlapping`` names node-a's port only (no job runs on node-b);
   node-a's GPU throws XID 79 and node-b's counts an uncorrectable ECC error and a
@@ -23,12 +23,14 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import pytest
 from cluster_env import DcgmStandIn, NodeExporter, scrape_config, wait_for
-from prom import Prometheus, free_port, get, need, tools
+from conftest import sample_lines
+from prom import Prometheus, free_port, get, need, stop, tools
 
 from ncclscope.export.grafana import DASHBOARDS, queries, substitute
 from ncclscope.export.grafana.fabric import (
@@ -44,19 +46,19 @@ RULES_TEST = REPO / "grafana" / "ncclscope-rules.test.yml"
 JOINED = {name for name, *_rest in fabric_alerts()}
 
 
-def _agent(host: str, ranks: list[int]) -> tuple[Any, str]:
-    """An agent's identity and its ranks' host (``ncclscope_rank_info``), served."""
-    from prometheus_client import CollectorRegistry, Gauge, start_http_server
-
-    registry = CollectorRegistry()
-    Gauge("ncclscope_build_info", "version", ["version", "python", "polars"],
-          registry=registry).labels("0.1.0", "3.11.7", "1.0.0").set(1)  # fmt: skip
-    info = Gauge("ncclscope_rank_info", "ranks' host", ["rank", "hostname"], registry=registry)
-    for rank in ranks:
-        info.labels(str(rank), host).set(1)
+def _agent(log: Path, host: str, out: BinaryIO) -> tuple[subprocess.Popen[bytes], str]:
+    """A real agent's live path for ``host``: ``ncclscope replay`` of the sample log with
+    both ranks on ``host`` (its ``ncclscope_rank_info``), serving until stopped."""
+    text = "\n".join(ln.text.replace("node-b", host).replace("node-a", host)
+                     for ln in sample_lines())  # fmt: skip
+    log.write_text(text + "\n")
     port = free_port()
-    server, _thread = start_http_server(port, "127.0.0.1", registry)
-    return server, f"127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ncclscope", "replay", str(log), "--hostname", host,
+         "--speed", "100", "--linger", "600", "--listen", f"127.0.0.1:{port}"],
+        stdout=out, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    return proc, f"127.0.0.1:{port}"
 
 
 def _extend(dcgm: DcgmStandIn) -> None:
@@ -86,7 +88,8 @@ def test_joined_rules_and_panels_on_real_exporters(tmp_path: Path) -> None:
     dcgms = [DcgmStandIn(h) for h in ("node-a", "node-b")]
     for d in dcgms:
         _extend(d)
-    agent, agent_address = _agent("node-a", [0, 1])
+    agent_out = (tmp_path / "agent.out").open("wb")
+    agent, agent_address = _agent(tmp_path / "job.log", "node-a", agent_out)
     rules = tmp_path / "rules.yml"
     rules.write_text(RULES.read_text().replace("    interval: 15s\n", "    interval: 1s\n"))
     config = scrape_config(
@@ -118,7 +121,14 @@ def test_joined_rules_and_panels_on_real_exporters(tmp_path: Path) -> None:
         dcgms[1].fields["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"].labels(*dcgms[1].gpus[0]).set(1)
         dcgms[1].fields["DCGM_FI_DEV_CLOCKS_EVENT_REASONS"].labels(*dcgms[1].gpus[0]).set(0x44)
 
-        assert wait_for(lambda: _alerts(server, "NcclscopeIbPortFlapping"), 30), server.tail()
+        # The alert's text is drawn again at each evaluation: the XID shows once the GPU's
+        # scrape, whenever in the second it falls, has reached its recording rule.
+        def flapping_with_xid() -> bool:
+            return any("XID 79" in a["annotations"]["description"]
+                       for a in _alerts(server, "NcclscopeIbPortFlapping"))  # fmt: skip
+
+        assert wait_for(flapping_with_xid, 30), (_alerts(server, "NcclscopeIbPortFlapping"),
+                                                 server.tail())  # fmt: skip
         flapping = _alerts(server, "NcclscopeIbPortFlapping")
         assert [(a["labels"]["host"], a["labels"]["device"]) for a in flapping] == [
             ("node-a", "mlx5_0")
@@ -176,8 +186,8 @@ def test_joined_rules_and_panels_on_real_exporters(tmp_path: Path) -> None:
             n.close()
         for d in dcgms:
             d.close()
-        agent.shutdown()
-        agent.server_close()
+        stop(agent)
+        agent_out.close()
 
 
 #: Ways to break the join, each with the joined alerts whose unit tests must then fail.
