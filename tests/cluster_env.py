@@ -4,7 +4,8 @@
   broken or odd Prometheus would (per request kind: ``ok``, ``error``, ``timeout_doc``,
   ``slow``, ``warnings``, ``garbage``, ``many``), with canned series for the job's hosts;
   ``relabelled`` names instances by IP address and hosts in upper case with a domain;
-  ``offset_s``: the agents learned the logs' clock is that far from UTC.
+  ``offset_s``: the agents learned the logs' clock is that far from UTC; ``clean``: no
+  error counter moved (``changed`` answers nothing).
 - :class:`NodeExporter`: Debian's ``prometheus-node-exporter`` reading a sysfs tree built
   here as the kernel lays out ``class/infiniband/<dev>/ports/<n>/counters``, its node's
   name from a textfile ``node_uname_info`` (every exporter of a test runs on this one
@@ -59,6 +60,7 @@ def request_kind(endpoint: str, query: str) -> str:
         return "identity"
     marks = (
         ("zone", "last_over_time(ncclscope_log_utc_offset_seconds"),
+        ("changed", "changes(node_infiniband_"),
         ("ports_errors", "node_infiniband_symbol_error_total"),
         ("ports_rates", "node_infiniband_port_transmit_wait_total"),
         ("ports_state", "node_infiniband_state_id"),
@@ -89,8 +91,10 @@ class FakeProm:
         delay_s: float = 3.0,
         many: int = 50,
         offset_s: float | None = None,
+        clean: bool = False,
     ) -> None:
         self.hosts = hosts
+        self.clean = clean
         self.offset_s = offset_s
         self.modes = modes or {}
         self.relabelled = relabelled
@@ -159,6 +163,8 @@ class FakeProm:
             data: Any = self.identity()
         elif what == "zone":
             data = {"resultType": "vector", "result": self.zone(params)}
+        elif what == "changed":
+            data = {"resultType": "vector", "result": self.changed(params)}
         else:
             result = many_series(self.many) if mode == "many" else self.matrix(what, params)
             data = {"resultType": "matrix", "result": result}
@@ -213,6 +219,19 @@ class FakeProm:
                  "value": [at, "1"]},
             ]  # fmt: skip
         return out
+
+    def changed(self, params: dict[str, list[str]]) -> list[dict[str, Any]]:
+        """The instances whose counters moved (``read_cluster``'s ``changed``): the first
+        host's port (its errors below) and the last host's GPU (its XID)."""
+        at = float(params.get("time", ["0"])[0])
+        if self.clean:
+            return []
+        return [
+            {"metric": {"instance": self._inst(0, 9100), "job": "node", "device": "mlx5_0",
+                        "port": "1", "ncclscope_metric": "ports"}, "value": [at, "2"]},
+            {"metric": {"instance": self._inst(len(self.hosts) - 1, 9400), "job": "dcgm",
+                        "gpu": "0", "ncclscope_metric": "gpus"}, "value": [at, "79"]},
+        ]  # fmt: skip
 
     def matrix(self, what: str, params: dict[str, list[str]]) -> list[dict[str, Any]]:
         start = float(params.get("start", ["0"])[0])

@@ -123,8 +123,9 @@ def test_not_an_http_url_is_not_opened() -> None:
 
 
 def test_a_slow_prometheus_times_out_and_stops_the_read(fake: Any) -> None:
-    """Every range query slow: the first few (in flight together) time out, the rest are
-    not asked; what came before (the instances) is kept."""
+    """Every query after the identities slow: the first few (in flight together: where
+    the counters moved, and the first dense queries) time out, the rest are not asked;
+    what came before (the instances) is kept."""
     prom = fake(modes={"*": "slow", "identity": "ok"}, delay_s=3.0)
     client = PromClient(prom.url, timeout_s=0.4)
     t = read_cluster(client, HOSTS, T0, T1)
@@ -133,13 +134,28 @@ def test_a_slow_prometheus_times_out_and_stops_the_read(fake: Any) -> None:
     got = [(a.what, a.status) for a in client.asks]
     assert got[0] == ("identity", "ok")
     assert 1 <= len(got) - 1 <= 3, got
-    assert [w for w, _s in got[1:]] == ["ports_errors", "ports_rates", "ports_state"][
-        : len(got) - 1
-    ]
+    assert [w for w, _s in got[1:]] == ["changed", "ports_rates", "ports_state"][: len(got) - 1]
     assert {s for _w, s in got[1:]} == {"timeout"}, got
     assert set(t.instances["host"].drop_nulls()) == set(HOSTS)
-    assert any("timeout at ports_errors" in p for p in t.problems)
+    assert any("timeout at changed" in p for p in t.problems)
     assert any(p.startswith("not asked: ") and "gpus_events" in p for p in t.problems)
+
+
+def test_a_clean_fabric_is_not_asked_for_its_counters_rises(fake: Any) -> None:
+    """Where no error counter moved in the window, the dense rises are not asked (they
+    cost the most), and that is no problem: the ports are measured and clean."""
+    prom = fake(clean=True)
+    client = PromClient(prom.url)
+    t = read_cluster(client, HOSTS, T0, T1)
+    asked = [a.what for a in client.asks]
+    assert asked[:2] == ["identity", "changed"]
+    assert "ports_errors" not in asked
+    assert "gpus_events" not in asked
+    assert not any("not asked" in p for p in t.problems), t.problems
+    assert t.ports.filter(kind="increase").is_empty()
+    assert not t.ports.filter(kind="rate_per_s").is_empty()
+    moved = read_cluster(PromClient(fake().url), HOSTS, T0, T1)
+    assert not moved.ports.filter(kind="increase").is_empty()
 
 
 def test_one_slow_query_times_out_and_the_rest_is_read(fake: Any) -> None:
@@ -167,8 +183,8 @@ def test_an_error_document_is_an_error_ask_and_the_rest_is_read(fake: Any) -> No
     prom = fake(modes={"ports_errors": "error"})
     client = PromClient(prom.url)
     t = read_cluster(client, HOSTS, T0, T1)
-    ask = client.asks[1]
-    assert (ask.what, ask.status) == ("ports_errors", "error")
+    ask = next(a for a in client.asks if a.what == "ports_errors")
+    assert ask.status == "error"
     assert ask.message is not None
     assert "bad_data: parse error" in ask.message
     assert t.ports.filter(kind="increase").is_empty()
@@ -293,13 +309,14 @@ def test_analyze_joins_the_cluster(fake: Any, tmp_path: Path) -> None:
     assert text.exit_code == plain.exit_code, text.output
     out = text.stdout
     assert "CLUSTER (Prometheus " + prom.url in out
-    assert "10 requests" in out  # the agents' clock, the identities, 8 range queries
+    # the agents' clock, the identities, where counters moved, 8 range queries
+    assert "11 requests" in out
     assert "node-a mlx5_0 port 1: link_error_recovery_total +1, symbol_error_total +8" in out
     assert "node-b gpu 0: XID 79" in out
     assert "TELEMETRY" in out  # the agent's series from Prometheus, as --telemetry's
     doc = json.loads(_run([str(log), "--prometheus", prom.url, "--format", "json"]).stdout)
     c = doc["cluster"]
-    assert c["requests"] == 10
+    assert c["requests"] == 11
     assert {a["status"] for a in c["asks"]} == {"ok"}
     assert c["start"] == "2026-03-01T12:02:01+00:00"  # the first COLL line, 5 min earlier
     port = next(p for p in c["ports"] if p["host"] == "node-a")

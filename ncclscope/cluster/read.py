@@ -238,6 +238,19 @@ def _ports_errors(sel: str, _step: float, r: float) -> str:
     return _either([_named(_rise(f"{_IB}{c}{{{sel}}}", r), f"increase:{c}") for c in PORT_COUNTERS])
 
 
+def _changed(sel: str, reach: str) -> str:
+    """The series (of ``sel``'s instances) whose error counters changed or whose event
+    gauges were not 0 in the last ``reach``, tagged by their table (``ports``,
+    ``gpus``): an instant query, each sample read once."""
+    parts = [_named(f"changes({_IB}{c}{{{sel}}}[{reach}]) > 0", "ports") for c in PORT_COUNTERS]
+    parts += [_named(f"changes({c}{{{sel}}}[{reach}]) > 0", "gpus") for c in GPU_COUNTERS]
+    for g in GPU_EVENTS:
+        parts += [
+            _named(f"{f}_over_time({g}{{{sel}}}[{reach}]) != 0", "gpus") for f in ("max", "min")
+        ]
+    return _either(parts)
+
+
 def _ports_rates(sel: str, _step: float, r: float) -> str:
     return _either(
         [_named(f"rate({_IB}{c}{{{sel}}}[{r:g}s])", f"rate_per_s:{c}") for c in PORT_RATES]
@@ -393,7 +406,7 @@ def read_cluster(
     seen: dict[str, int] = {}
     stop = threading.Event()
 
-    def ask(q: Query) -> Answer | None:
+    def ask(q: Query, on: str = sel) -> Answer | None:
         if stop.is_set():
             return None
         q_step = step
@@ -402,23 +415,61 @@ def read_cluster(
         elif q.increases:
             q_step = r
         q_step = float(round(q_step))
-        answer = client.range(q.expr(sel, q_step, r), start, end, q_step, what=q.what)
+        answer = client.range(q.expr(on, q_step, r), start, end, q_step, what=q.what)
         if answer.ask.status in STOPS:
             stop.set()
         return answer
 
-    # A few at once: Prometheus evaluates one while this process parses another.
+    def moved() -> dict[str, set[str]] | None:
+        """The instances, per table, whose error counters or event gauges moved."""
+        reach = f"{round((end - start).total_seconds() + r)}s"
+        answer = client.instant(_changed(sel, reach), end, what="changed")
+        if answer.ask.status in STOPS:
+            stop.set()
+        if not answer.answered:
+            return None
+        out: dict[str, set[str]] = {"ports": set(), "gpus": set()}
+        for s in answer.series:
+            out.setdefault(s.labels.get(_METRIC, ""), set()).add(s.labels.get("instance", ""))
+        return out
+
+    # A few at once: Prometheus evaluates one while this process parses another.  The
+    # counters' rises are dense to compute (two selections and a join, every step, for
+    # every port and GPU), so they are asked only of the instances whose counters moved
+    # at all in the window (one instant query): none, on a clean fabric.
+    answers: dict[str, Answer | None] = {}
+    needless: list[str] = []
+    dense_queries = [q for q in QUERIES if not q.increases]
     with ThreadPoolExecutor(max_workers=PARALLEL) as pool:
-        answers = list(pool.map(ask, QUERIES))
+        # The rises are asked before the rest of the dense queries, as soon as it is
+        # known where: an error counter says more than a rate.
+        changed = pool.submit(moved)
+        dense = {q.what: pool.submit(ask, q) for q in dense_queries[: PARALLEL - 1]}
+        where_moved = changed.result()
+        sparse = {}
+        for q in QUERIES:
+            if not q.increases:
+                continue
+            if where_moved is None:  # not known: every instance
+                sparse[q.what] = pool.submit(ask, q)
+            elif where_moved.get(q.table):
+                on = f"instance=~{promql_string(alternation(where_moved[q.table]))}"
+                sparse[q.what] = pool.submit(ask, q, on)
+            else:
+                needless.append(q.what)
+        dense |= {q.what: pool.submit(ask, q) for q in dense_queries[PARALLEL - 1 :]}
+        for what, fut in (dense | sparse).items():
+            answers[what] = fut.result()
     order = {q.what: k for k, q in enumerate(QUERIES)}
     client.asks.sort(key=lambda a: order.get(a.what, -1))
     problems.extend(
         _stopped(a, "what was not yet asked then was not") for a in client.asks if a.status in STOPS
     )
-    skipped = [q.what for q, answer in zip(QUERIES, answers, strict=True) if answer is None]
+    skipped = [q.what for q in QUERIES if q.what not in needless and answers.get(q.what) is None]
     if skipped:
         problems.append("not asked: " + ", ".join(skipped))
-    for q, answer in zip(QUERIES, answers, strict=True):
+    for q in QUERIES:
+        answer = answers.get(q.what)
         if answer is None:
             continue
         for s in answer.series:
