@@ -31,6 +31,7 @@ from typing import Any
 
 from ncclscope.analysis import build
 from ncclscope.diagnose import diagnose
+from ncclscope.findings import Finding
 from ncclscope.synth import SlowHost, StopRank, SynthSpec, generate
 from ncclscope.synth.cluster import (
     ClusterFault,
@@ -93,6 +94,34 @@ def _faults(case: str, truth: dict[str, Any], rng: random.Random) -> list[Cluste
     return []
 
 
+def score(case: str, truth: dict[str, Any], findings: list[Finding]) -> Counter[str]:
+    """One job's outcome: ``right``, ``wrong`` or ``missed``, and ``network_blamed_clean``
+    where the network was named with clean counters."""
+    out: Counter[str] = Counter()
+    causes = [f for f in findings if f.kind == "cluster_cause"]
+    named = {(f.evidence["cause"], tuple(f.hosts), tuple(f.ranks)) for f in causes}
+    if case not in ("port_errors",) and any(c in _NETWORK for c, _h, _r in named):
+        out["network_blamed_clean"] += 1
+    if case in ("slow_clean", "healthy"):
+        out["right" if not causes else "wrong"] += 1
+        return out
+    if case == "xid":
+        stop = next(f for f in truth["faults"] if f["kind"] == "StopRank")["fault"]
+        want: set[tuple[str, int | str]] = {("gpu", int(stop["rank"]))}
+        got: set[tuple[str, int | str]] = {(c, r) for c, _h, rs in named for r in rs}
+    else:
+        host = next(f for f in truth["faults"] if f["kind"] == "SlowHost")["details"]["host"]
+        want = {("fabric" if case == "port_errors" else "gpu_throttle", str(host))}
+        got = {(c, h) for c, hs, _r in named for h in hs}
+    if not causes:
+        out["missed"] += 1
+    elif want <= got and len(causes) == 1:
+        out["right"] += 1
+    else:
+        out["wrong"] += 1
+    return out
+
+
 def run_case(case: str, jobs: int, work: Path) -> Counter[str]:
     out: Counter[str] = Counter()
     for k in range(jobs):
@@ -102,27 +131,7 @@ def run_case(case: str, jobs: int, work: Path) -> Counter[str]:
         faults = _faults(case, truth, rng)
         tables = cluster_tables(truth, faults, seed=spec.seed, noise=noise)
         dx = diagnose(with_cluster(build([str(d / "job")], workdir=d / "w"), tables))
-        causes = [f for f in dx.findings if f.kind == "cluster_cause"]
-        named = {(f.evidence["cause"], tuple(f.hosts), tuple(f.ranks)) for f in causes}
-        if case not in ("port_errors",) and any(c in _NETWORK for c, _h, _r in named):
-            out["network_blamed_clean"] += 1
-        if case in ("slow_clean", "healthy"):
-            out["right" if not causes else "wrong"] += 1
-            continue
-        if case == "xid":
-            stop = next(f for f in truth["faults"] if f["kind"] == "StopRank")["fault"]
-            want = {("gpu", int(stop["rank"]))}
-            got = {(c, r) for c, _h, rs in named for r in rs}
-        else:
-            host = next(f for f in truth["faults"] if f["kind"] == "SlowHost")["details"]["host"]
-            want = {("fabric" if case == "port_errors" else "gpu_throttle", str(host))}
-            got = {(c, h) for c, hs, _r in named for h in hs}
-        if not causes:
-            out["missed"] += 1
-        elif want <= got and len(causes) == 1:
-            out["right"] += 1
-        else:
-            out["wrong"] += 1
+        out += score(case, truth, dx.findings)
     return out
 
 

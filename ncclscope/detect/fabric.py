@@ -258,19 +258,40 @@ def _pad(ctx: Context) -> timedelta:
     return timedelta(seconds=step) if step else _PAD
 
 
+#: The reads whose rows each stand for the range before them (``read_cluster``: a
+#: counter's rise since the step before, every ``max(step, 60 s)``; the XID gauge is
+#: read with them, at that step).
+_RISES = ("ports_errors", "gpus_events")
+
+
+def _late(ctx: Context) -> timedelta:
+    """How far past a window's end a rise (or an XID) read by Prometheus may be stamped
+    for what happened in it: the rises' own step, the pad at least."""
+    cluster = ctx.analysis.cluster
+    steps = [a.step_s for a in cluster.asks if a.what in _RISES and a.step_s] if cluster else []
+    return max(_pad(ctx), timedelta(seconds=max(steps, default=0.0)))
+
+
 def fabric_metric(ctx: Context) -> pl.DataFrame:
     """Per explained finding and per port or GPU of the job's hosts, the counters over the
     finding's window (module doc)."""
     cluster = ctx.analysis.cluster
     if cluster is None or (cluster.ports.is_empty() and cluster.gpus.is_empty()):
         return pl.DataFrame(schema=FABRIC_SCHEMA)
-    pad = _pad(ctx)
+    pad, late = _pad(ctx), _late(ctx)
+    # A rise at t counts what happened since the step before: one stamped up to a rise's
+    # step after the window's end happened (partly) in it.  Gauges are read every step.
+    rises = (pl.col("kind") == "increase") | (pl.col("metric") == _XID)
     frames = []
     for t in _targets(ctx):
         lo, hi = t.start - pad, t.end + pad
+        within = (pl.col("ts") >= lo) & (
+            pl.col("ts")
+            <= pl.when(rises).then(pl.lit(t.end + late, dtype=TS)).otherwise(pl.lit(hi, dtype=TS))
+        )
         on = pl.col("host").is_in(t.hosts)
-        ports = cluster.ports.filter(pl.col("ts").is_between(lo, hi))
-        gpus = cluster.gpus.filter(pl.col("ts").is_between(lo, hi))
+        ports = cluster.ports.filter(within)
+        gpus = cluster.gpus.filter(within)
         parts = [
             _port_rows(ports, on),
             _gpu_rows(gpus, on, cluster.gpus.filter(pl.col("ts") < lo)),

@@ -31,9 +31,11 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+import zlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import polars as pl
@@ -50,7 +52,9 @@ __all__ = [
     "PortCongestion",
     "PortErrors",
     "cluster_tables",
+    "exporter_openmetrics",
     "with_cluster",
+    "write_exporter_openmetrics",
 ]
 
 
@@ -300,3 +304,358 @@ def with_cluster(built: Built, tables: ClusterTables) -> Built:
         analysis=replace(built.analysis, cluster=tables),
         views=[(replace(v, cluster=tables), a) for v, a in built.views],
     )
+
+
+# ------------------------------------------------------------------- as exporters say it
+
+#: node_exporter's InfiniBand error counters (``collector/infiniband_linux.go``), less
+#: ``node_infiniband_``: exported for every port, counting or not.
+_IB_ERRORS = (
+    "symbol_error_total",
+    "link_downed_total",
+    "link_error_recovery_total",
+    "port_errors_received_total",
+    "port_receive_remote_physical_errors_total",
+    "local_link_integrity_errors_total",
+    "excessive_buffer_overrun_errors_total",
+    "port_discards_transmitted_total",
+)
+_IB = "node_infiniband_"
+#: ``state_id`` 4 (ACTIVE) goes with ``physical_state_id`` 5 (LinkUp); a port in any other
+#: state is retraining: 2 (Polling).
+_ACTIVE, _LINK_UP, _POLLING = 4.0, 5.0, 2.0
+#: Each exporter's port (its ``instance`` is ``address:port``), ``job`` and the network
+#: its address is on: node_exporter on the node's own address (host network),
+#: dcgm-exporter and the agent on pod addresses, as under Kubernetes.
+_NODE = (9100, "node", 0)
+_DCGM = (9400, "dcgm-exporter", 244)
+_AGENT = (9477, "ncclscope", 245)
+_MODEL = "NVIDIA H100 80GB HBM3"
+_DRIVER = "550.54.15"
+#: A counter starts at a value of its own below this (nodes were up before the job).
+_BASE = 100_000
+
+
+def _address(net: int, index: int, port: int) -> str:
+    """``10.<net>.x.y:port`` of host ``index`` (never the host's name: the reader must
+    map instances to hosts through the exporters' own labels)."""
+    return f"10.{net}.{index // 250}.{index % 250 + 1}:{port}"
+
+
+def _instance(hosts: dict[str, int], exporter: tuple[int, str, int]) -> pl.Expr:
+    port, _job, net = exporter
+    where = {h: _address(net, i, port) for h, i in hosts.items()}
+    return pl.col("host").replace_strict(where, return_dtype=pl.String).alias("_instance")
+
+
+def _grid(t: ClusterTables) -> pl.DataFrame:
+    """Every time the table has a sample at: the exporters' scrapes."""
+    return pl.concat([t.ports.select("ts"), t.gpus.select("ts")]).unique().sort("ts")
+
+
+def _counters(
+    frame: pl.DataFrame, keys: list[str], grid: pl.DataFrame, step_s: float, every: Sequence[str]
+) -> pl.DataFrame:
+    """``keys``, metric, ts and the counter's increase up to ts (0 where the table has no
+    row: its increases are sparse) for every counter series on every time of ``grid``;
+    ``every``: counters each of ``keys`` exports whether the table has them or not."""
+    counted = (
+        frame.filter(pl.col("kind") != "gauge")
+        .with_columns(
+            # a rate over the step before ts: the counter grew by rate x step
+            pl.when(pl.col("kind") == "rate_per_s")
+            .then(pl.col("value") * step_s)
+            .otherwise(pl.col("value"))
+            .alias("inc")
+        )
+        .group_by(*keys, "metric", "ts")
+        .agg(pl.col("inc").sum())
+    )
+    series = pl.concat(
+        [
+            counted.select(*keys, "metric"),
+            frame.select(keys).join(pl.DataFrame({"metric": list(every)}), how="cross"),
+        ]
+    ).unique()
+    return (
+        series.join(grid, how="cross")
+        .join(counted, on=[*keys, "metric", "ts"], how="left")
+        .with_columns(pl.col("inc").fill_null(0.0))
+    )
+
+
+def _cumulative(frames: list[pl.DataFrame], keys: list[str]) -> pl.DataFrame:
+    """The increases of every table as the counter's values: a running sum over time,
+    from a nonzero start of each series' own, continued from one table to the next."""
+    if not frames:
+        return pl.DataFrame()
+    every = pl.concat(frames).sort(*keys, "metric", "ts")
+    dup = every.select(*keys, "metric", "ts").is_duplicated()
+    if dup.any():
+        row = every.filter(dup).row(0, named=True)
+        raise ValueError(f"two tables sample the same series at the same time: {row}")
+    names = every.select(*keys, "metric").unique()
+    base = [
+        float(1 + zlib.crc32("/".join(str(v) for v in r).encode()) % _BASE)
+        for r in names.iter_rows()
+    ]
+    names = names.with_columns(pl.Series("_base", base, pl.Float64))
+    return (
+        every.join(names, on=[*keys, "metric"], how="left")
+        .with_columns(
+            (pl.col("_base") + pl.col("inc").cum_sum().over(*keys, "metric")).alias("value")
+        )
+        .drop("_base", "inc")
+    )
+
+
+def _label(name: str, value: pl.Expr | str) -> list[pl.Expr]:
+    """``name="value",`` (the values here need no escaping: host names, devices, ids)."""
+    text = pl.lit(value) if isinstance(value, str) else value
+    return [pl.lit(f'{name}="'), text, pl.lit('",')]
+
+
+def _samples(family: str, kind: str, name: pl.Expr, labels: list[pl.Expr]) -> list[pl.Expr]:
+    return [
+        pl.lit(family).alias("family"),
+        pl.lit(kind).alias("type"),
+        name.alias("name"),
+        pl.concat_str(labels).str.strip_suffix(",").alias("labels"),
+        pl.col("ts").dt.epoch("ms").alias("ms"),
+        pl.col("value"),
+    ]
+
+
+def _family(metric: str, counter: bool) -> str:
+    return metric.removesuffix("_total") if counter else metric
+
+
+def _exporter_samples(tables: Sequence[ClusterTables], domain: str) -> pl.DataFrame:
+    """One row per sample the exporters would have been scraped for: family, type, name,
+    labels (their text), ms, value."""
+    hosts = sorted(
+        {h for t in tables for h in t.ports["host"].to_list() + t.gpus["host"].to_list()}
+    )
+    index = {h: i for i, h in enumerate(hosts)}
+    port_keys, gpu_keys = ["host", "device", "port"], ["host", "gpu", "uuid"]
+    port_counts: list[pl.DataFrame] = []
+    gpu_counts: list[pl.DataFrame] = []
+    gauges: list[pl.DataFrame] = []
+    ident: list[pl.DataFrame] = []
+    for t in tables:
+        grid = _grid(t)
+        step = float(t.step_s or 15.0)
+        ports = t.ports
+        gpus = t.gpus.with_columns(
+            pl.col("uuid").fill_null(pl.format("GPU-{}-{}", pl.col("host"), pl.col("gpu")))
+        )
+        port_counts.append(_counters(ports, port_keys, grid, step, _IB_ERRORS))
+        gpu_counts.append(_counters(gpus, gpu_keys, grid, step, ()))
+        state = ports.filter((pl.col("kind") == "gauge") & (pl.col("metric") == "state_id"))
+        physical = state.with_columns(
+            pl.lit("physical_state_id").alias("metric"),
+            pl.when(pl.col("value") == _ACTIVE).then(_LINK_UP).otherwise(_POLLING).alias("value"),
+        )
+        gauges.append(
+            pl.concat([ports.filter(pl.col("kind") == "gauge"), physical])
+            .drop("kind")
+            .with_columns(
+                pl.lit("ports").alias("_table"),
+                pl.lit(None, pl.String).alias("gpu"),
+                pl.lit(None, pl.String).alias("uuid"),
+            )
+        )
+        gauges.append(
+            gpus.filter(pl.col("kind") == "gauge")
+            .drop("kind")
+            .with_columns(
+                pl.lit("gpus").alias("_table"),
+                pl.lit(None, pl.String).alias("device"),
+                pl.lit(None, pl.String).alias("port"),
+            )
+        )
+        names = pl.concat([ports.select("host"), gpus.select("host")]).unique()
+        ident.append(names.join(grid, how="cross"))
+    out: list[pl.DataFrame] = []
+    node, dcgm, agent = (_instance(index, e) for e in (_NODE, _DCGM, _AGENT))
+
+    def node_labels() -> list[pl.Expr]:
+        return [*_label("instance", pl.col("_instance")), *_label("job", _NODE[1])]
+
+    def port_labels() -> list[pl.Expr]:
+        return [
+            *_label("device", pl.col("device")),
+            *node_labels(),
+            *_label("port", pl.col("port")),
+        ]
+
+    def gpu_labels() -> list[pl.Expr]:
+        gpu = pl.col("gpu")
+        return [
+            *_label("DCGM_FI_DRIVER_VERSION", _DRIVER),
+            *_label("Hostname", pl.col("host")),
+            *_label("UUID", pl.col("uuid")),
+            *_label("device", pl.concat_str(pl.lit("nvidia"), gpu)),
+            *_label("gpu", gpu),
+            *_label("instance", pl.col("_instance")),
+            *_label("job", _DCGM[1]),
+            *_label("modelName", _MODEL),
+        ]
+
+    counts = _cumulative(port_counts, port_keys)
+    for metric in counts["metric"].unique().sort().to_list() if counts.height else []:
+        family = _IB + _family(metric, True)
+        rows = counts.filter(pl.col("metric") == metric).with_columns(node)
+        out.append(rows.select(_samples(family, "counter", pl.lit(_IB + metric), port_labels())))
+    counts = _cumulative(gpu_counts, gpu_keys)
+    for metric in counts["metric"].unique().sort().to_list() if counts.height else []:
+        # dcgm-exporter's counters (..._TOTAL, ..._COUNTER) are no OpenMetrics counters
+        rows = counts.filter(pl.col("metric") == metric).with_columns(dcgm)
+        out.append(rows.select(_samples(metric, "gauge", pl.lit(metric), gpu_labels())))
+    every = pl.concat(gauges, how="diagonal_relaxed").sort("ts")
+    for (table, metric), rows in sorted(every.group_by("_table", "metric"), key=lambda g: g[0]):
+        if table == "ports":
+            family = _IB + str(metric)
+            rows = rows.with_columns(node)
+            out.append(rows.select(_samples(family, "gauge", pl.lit(family), port_labels())))
+        else:
+            rows = rows.with_columns(dcgm)
+            out.append(
+                rows.select(_samples(str(metric), "gauge", pl.lit(str(metric)), gpu_labels()))
+            )
+    seen = pl.concat(ident).unique().with_columns(pl.lit(1.0).alias("value"))
+    full = pl.concat_str(pl.col("host"), pl.lit(domain))
+    for exporter, instance in ((_NODE, node), (_DCGM, dcgm), (_AGENT, agent)):
+        out.append(
+            seen.with_columns(instance).select(
+                _samples(
+                    "up",
+                    "gauge",
+                    pl.lit("up"),
+                    [*_label("instance", pl.col("_instance")), *_label("job", exporter[1])],
+                )
+            )
+        )
+    uname = [
+        *_label("domainname", "(none)"),
+        *_label("machine", "x86_64"),
+        *_label("nodename", full),
+        *_label("release", "5.15.0-105-generic"),
+        *_label("sysname", "Linux"),
+    ]
+    out.append(
+        seen.with_columns(node).select(
+            _samples(
+                "node_uname_info", "gauge", pl.lit("node_uname_info"), [*uname, *node_labels()]
+            )
+        )
+    )
+    out.append(
+        seen.with_columns(agent).select(
+            _samples(
+                "ncclscope_node",
+                "info",
+                pl.lit("ncclscope_node_info"),
+                [
+                    *_label("hostname", full),
+                    *_label("instance", pl.col("_instance")),
+                    *_label("job", _AGENT[1]),
+                ],
+            )
+        )
+    )
+    return pl.concat(out).sort("family", "labels", "ms", maintain_order=True)
+
+
+def _chunks(samples: pl.DataFrame) -> Iterator[str]:
+    """The OpenMetrics text, a family at a time (its samples together, each series in
+    time order, as ``promtool tsdb create-blocks-from openmetrics`` wants them)."""
+    ms = pl.col("ms")
+    lines = samples.select(
+        "family",
+        "type",
+        pl.concat_str(
+            pl.col("name"),
+            pl.lit("{"),
+            pl.col("labels"),
+            pl.lit("} "),
+            # whole numbers as integers (counters, codes, bits), as exporters print them
+            pl.when((pl.col("value") == pl.col("value").round(0)) & (pl.col("value").abs() < 1e15))
+            .then(pl.col("value").cast(pl.Int64).cast(pl.String))
+            .otherwise(pl.col("value").cast(pl.String)),
+            pl.lit(" "),
+            (ms // 1000).cast(pl.String),
+            pl.lit("."),
+            (ms % 1000).cast(pl.String).str.zfill(3),
+            pl.lit("\n"),
+        ).alias("line"),
+    )
+    for (family, kind), part in lines.group_by("family", "type", maintain_order=True):
+        yield f"# TYPE {family} {kind}\n"
+        yield "".join(part["line"].to_list())
+    yield "# EOF\n"
+
+
+def exporter_openmetrics(
+    tables: ClusterTables | Sequence[ClusterTables], *, domain: str = ".cluster.internal"
+) -> str:
+    """The series the cluster's exporters would have been scraped for, as OpenMetrics
+    text for ``promtool tsdb create-blocks-from openmetrics``: what ``cluster_tables``
+    measured (one or more jobs' tables, each series continued across them in time order;
+    two tables must not sample the same host at the same time) turned back into raw
+    series, one sample per table time (the scrapes):
+
+    - node_exporter (``job="node"``, ``instance`` the node's address ``10.0.x.y:9100``):
+      ``node_infiniband_*`` with ``device``/``port``: the error counters (all eight, flat
+      where nothing counts) and the rates' counters as running sums of the table's
+      increases (rate x step) from a nonzero start; ``state_id``, ``physical_state_id``
+      (LinkUp where ACTIVE, else Polling) and ``rate_bytes_per_second`` as gauges;
+      ``node_uname_info{nodename="<host><domain>"}``;
+    - dcgm-exporter (``job="dcgm-exporter"``, a pod address ``10.244.x.y:9400``): every
+      ``DCGM_FI_DEV_*`` field of the table with ``gpu``, ``UUID``, ``device``,
+      ``modelName`` and ``Hostname`` (the host as the logs spell it);
+    - the agent (``job="ncclscope"``, ``10.245.x.y:9477``):
+      ``ncclscope_node_info{hostname="<host><domain>"}``;
+    - ``up`` for each of those targets.
+
+    No instance carries a host's name: the reader must tie them to hosts by the labels.
+
+    >>> truth = {"first_ts": "2025-03-14T09:00:00", "last_ts": "2025-03-14T09:00:15",
+    ...          "ranks": [{"host": "node-0", "nvml_dev": 0}]}
+    >>> text = exporter_openmetrics(cluster_tables(truth, pad_s=0.0))
+    >>> lines = text.splitlines()
+    >>> symbol = [line for line in lines if line.startswith("node_infiniband_symbol")]
+    >>> print("\\n".join(line.replace("{", "\\n  {") for line in symbol))
+    node_infiniband_symbol_error_total
+      {device="mlx5_0",instance="10.0.0.1:9100",job="node",port="1"} 29984 1741942800.000
+    node_infiniband_symbol_error_total
+      {device="mlx5_0",instance="10.0.0.1:9100",job="node",port="1"} 29984 1741942815.000
+    >>> uname = next(line for line in lines if line.startswith("node_uname_info"))
+    >>> [label for label in uname.split(",") if label.startswith(("nodename", "instance"))]
+    ['nodename="node-0.cluster.internal"', 'instance="10.0.0.1:9100"']
+    """
+    many = [tables] if isinstance(tables, ClusterTables) else list(tables)
+    return "".join(_chunks(_exporter_samples(many, domain)))
+
+
+def write_exporter_openmetrics(
+    tables: ClusterTables | Sequence[ClusterTables],
+    path: Path,
+    *,
+    domain: str = ".cluster.internal",
+) -> int:
+    """:func:`exporter_openmetrics` written to ``path`` a family at a time (a long run of
+    jobs makes hundreds of MB); returns the number of samples.
+
+    >>> import tempfile
+    >>> truth = {"first_ts": "2025-03-14T09:00:00", "last_ts": "2025-03-14T09:00:15",
+    ...          "ranks": [{"host": "node-0", "nvml_dev": 0}]}
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     write_exporter_openmetrics(cluster_tables(truth, pad_s=0.0), Path(d) / "x.om")
+    48
+    """
+    many = [tables] if isinstance(tables, ClusterTables) else list(tables)
+    samples = _exporter_samples(many, domain)
+    with path.open("w", encoding="utf-8") as out:
+        out.writelines(_chunks(samples))
+    return samples.height
