@@ -3,25 +3,29 @@
 
 1. ``identity`` (``/api/v1/series``): every target (``up``) and the series that name
    their node (``ncclscope.cluster.hosts``): which instances are the job's hosts.
-2. Range queries over the window, every ``step_s`` (the window / 240, between 15 s and
+2. ``changed`` (an instant query at the window's end, each sample read once): the
+   instances whose error counters changed or whose event gauges were not 0 in the
+   window; none on a clean fabric.
+3. Range queries over the window, every ``step_s`` (the window / 240, between 15 s and
    300 s), for those instances only (:data:`QUERIES`):
 
-   - ``ports_errors``: node_exporter's InfiniBand error counters' rise since the step
-     before, ``(x - x offset r) > 0`` every ``r`` (the step, 60 s at least): sparse, a
-     healthy fabric returns nothing, and the steps' rises add up to the counter's, a
-     jump between two scrapes counted once wherever it falls (``increase(x[r])`` at
-     steps ``r`` apart reads each window's own samples only, and misses a jump between
-     the last scrape of one window and the first of the next: half the single bursts
-     at 30 s scrapes and r = 60 s); a series that began within the step, its
-     ``increase``.  A counter that went back (its exporter restarted) counts nothing for
-     that step;
+   - ``ports_errors`` (only of the instances ``changed`` named; not asked where it named
+     none): node_exporter's InfiniBand error counters' rise since the step before,
+     ``(x - x offset r) > 0`` every ``r`` (the step, 60 s at least): sparse, and the
+     steps' rises add up to the counter's, a jump between two scrapes counted once
+     wherever it falls (``increase(x[r])`` at steps ``r`` apart reads each window's own
+     samples only, and misses a jump between the last scrape of one window and the
+     first of the next: half the single bursts at 30 s scrapes and r = 60 s); a series
+     that began within the step, its ``increase``.  A counter that went back (its
+     exporter restarted) counts nothing for that step.  A row at ``t`` stands for
+     ``(t - r, t]``;
    - ``ports_rates``: transmit wait and data, ``rate(...[r])`` per second;
    - ``ports_state``: the link's logical and physical state only where not ACTIVE (4) /
      LinkUp (5); ``ports_static``: its rate (``rate_bytes_per_second``) at a quarter of
      the window;
-   - ``gpus_events``: dcgm-exporter's error counters' rises, so (ECC, PCIe replays,
-     NVLink CRC/replay/recovery, remapped rows), and its XID (the last XID's code) and
-     row-remap failure gauges where not 0: sparse;
+   - ``gpus_events`` (as ``ports_errors``): dcgm-exporter's error counters' rises (ECC,
+     PCIe replays, NVLink CRC/replay/recovery, remapped rows), and its XID (the last
+     XID's code) and row-remap failure gauges where not 0, every ``r``;
    - ``gpus_gauges``: clocks-event (throttle) reasons and (where enabled) the PCIe
      link's generation and width, every step;
    - ``agent`` and ``agent_static``: the agent's own series the detectors read (GPU
@@ -30,10 +34,12 @@
      (totals, capacities, identity, the PCIe link, ECC) at a quarter of the window.
 
 The dense queries bound the read's time: at 128 nodes (8 ports, 8 GPUs each) over 6
-hours about 50 series a node come back 241 samples each (benchmarks/README.md).
+hours about 50 series a node come back 241 samples each (benchmarks/README.md).  The
+rises are the costliest to compute (two selections and a join per step and series):
+asked of every port they took 3x the time ``increase`` did, hence ``changed`` first.
 
-Every request is an :class:`~ncclscope.cluster.tables.Ask`; nothing raises.  The range
-queries go :data:`PARALLEL` at a time; a timeout or an unreachable server stops the read
+Every request is an :class:`~ncclscope.cluster.tables.Ask`; nothing raises.  The
+requests go :data:`PARALLEL` at a time; a timeout or an unreachable server stops the read
 there (what was not yet asked would wait as long): what was read is kept, and
 ``problems`` says what was not.
 """
