@@ -178,10 +178,10 @@ def read_for_job(analysis: Analysis, client: PromClient) -> ClusterTables:
             asks=client.asks,
             problems=["the logs have no times: no window to read Prometheus over, nothing read"],
         )
-    if any(a.status in STOPS for a in client.asks):
-        return ClusterTables(url=client.url, asks=client.asks, problems=[
-            "Prometheus did not answer the first request: nothing more was asked"])  # fmt: skip
     start, end = window[0] - MARGIN, window[1] + MARGIN
+    if any(a.status in STOPS for a in client.asks):
+        return ClusterTables(url=client.url, start=start, end=end, asks=client.asks, problems=[
+            "Prometheus did not answer the first request: nothing more was asked"])  # fmt: skip
     return read_cluster(client, list(analysis.hosts), start, end)
 
 

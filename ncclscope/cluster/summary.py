@@ -146,7 +146,8 @@ def cluster_lines(doc: dict[str, Any] | None) -> list[str]:
     step = f", every {doc['step_s']:g} s" if doc["step_s"] else ""
     out = [
         f"CLUSTER (Prometheus {doc['url']})",
-        f"  {span}{step}: {doc['requests']} requests, {doc['series']:,} series, "
+        f"  {span}{step}: {doc['requests']} request{'' if doc['requests'] == 1 else 's'}, "
+        f"{doc['series']:,} series, "
         f"{doc['samples']:,} samples, {doc['seconds']:.2f} s",
     ]
     for a in doc["asks"]:
