@@ -541,7 +541,8 @@ def test_a_real_agent_beside_node_exporter_teaches_analyze_the_logs_clock(tmp_pa
         prom = Prometheus(prometheus, config, tmp_path)
         assert prom.ready(), prom.tail()
         p = prom
-        assert wait_for(lambda: len(p.query("up == 1")) == 2, 20), prom.tail()
+        # the agent's imports take seconds on a busy machine
+        assert wait_for(lambda: len(p.query("up == 1")) == 2, 60), prom.tail()
         lines = [ln for ln in sample_lines() if ln.rank is not None]
         for k in range(0, len(lines), 8):  # a job writing: batches a poll or more apart
             with log.open("a", encoding="utf-8") as f:
@@ -553,7 +554,7 @@ def test_a_real_agent_beside_node_exporter_teaches_analyze_the_logs_clock(tmp_pa
             time.sleep(0.7)
         learned = "ncclscope_log_utc_offset_seconds == 32400"
         errors = "increase(node_infiniband_symbol_error_total[1m]) > 0"
-        assert wait_for(lambda: bool(p.query(learned)) and bool(p.query(errors)), 20), (
+        assert wait_for(lambda: bool(p.query(learned)) and bool(p.query(errors)), 40), (
             agent_out.name,
             p.query("ncclscope_log_utc_offset_seconds"),
         )
