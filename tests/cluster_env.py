@@ -385,13 +385,14 @@ class NodeExporter:
 
 class DcgmStandIn:
     """dcgm-exporter's series for ``gpus`` GPUs of ``host`` (and the agent's identity and
-    GPU memory), served by prometheus_client on a free loopback port."""
+    GPU memory), served by prometheus_client on a free loopback port; ``host_label``:
+    ``Hostname``, or ``hostname`` as dcgm-exporter spells it since May 2026."""
 
-    def __init__(self, host: str, gpus: int = 2) -> None:
+    def __init__(self, host: str, gpus: int = 2, host_label: str = "Hostname") -> None:
         from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
         self.registry = CollectorRegistry()
-        labels = ["gpu", "UUID", "device", "modelName", "Hostname"]
+        labels = ["gpu", "UUID", "device", "modelName", host_label]
         # dcgm-exporter exposes every field as a gauge (counters too: their values as read).
         self.fields = {
             name: Gauge(name, help_, labels, registry=self.registry)

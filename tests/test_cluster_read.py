@@ -263,15 +263,19 @@ def test_host_matching() -> None:
              "nodename": "dgx002"},
             {"__name__": "DCGM_FI_DEV_GPU_TEMP", "instance": "10.1.1.1:9400", "job": "dcgm",
              "Hostname": "dgx002"},
+            # dcgm-exporter since its May 2026 rename (NVIDIA/dcgm-exporter#655)
+            {"__name__": "DCGM_FI_DEV_XID_ERRORS", "instance": "10.1.1.3:9400",
+             "job": "dcgm", "hostname": "dgx003.cluster.local"},
             {"__name__": "up", "instance": "10.1.1.9:9100", "job": "node"},
         ],
-        ["dgx001", "dgx002"],
+        ["dgx001", "dgx002", "dgx003"],
     )  # fmt: skip
     rows = {r["instance"]: (r["host"], r["how"]) for r in frame.iter_rows(named=True)}
     assert rows == {
         "dgx001:9100": ("dgx001", "instance"),
         "10.1.1.1:9100": ("dgx002", "uname"),
         "10.1.1.1:9400": ("dgx002", "dcgm"),
+        "10.1.1.3:9400": ("dgx003", "dcgm"),
         "10.1.1.9:9100": (None, "instance"),
     }
 
@@ -464,7 +468,8 @@ def test_real_node_exporter_and_dcgm_scraped_by_prometheus(tmp_path: Path) -> No
         for h in HOSTS:
             (tmp_path / h).mkdir()
             nodes.append(NodeExporter(node_exporter, tmp_path / h, h))
-            dcgms.append(DcgmStandIn(h))
+            # node-b's dcgm-exporter spells its label as since NVIDIA/dcgm-exporter#655
+            dcgms.append(DcgmStandIn(h, host_label="hostname" if h == "node-b" else "Hostname"))
         config = scrape_config(
             tmp_path / "prometheus.yml",
             {"node": [n.address for n in nodes], "dcgm": [d.address for d in dcgms]},

@@ -6,7 +6,9 @@ its first dot.  The exporters say their node's name in their own labels, which a
 preferred to the address, in this order (:data:`IDENTITY`):
 
 - node_exporter's ``node_uname_info{nodename}`` (``how``: ``uname``);
-- dcgm-exporter's ``Hostname`` label, on every field it exports (``dcgm``);
+- dcgm-exporter's ``Hostname`` label, on every field it exports (``hostname`` since
+  its May 2026 rename, NVIDIA/dcgm-exporter#655; its ``NODE_NAME`` where set, as its
+  Helm chart sets it, else its container's host name) (``dcgm``);
 - the agent's ``ncclscope_node_info{hostname}`` (``agent``);
 - else the instance's own host part (``dgx001:9100`` -> ``dgx001``: ``instance``).
 
@@ -26,22 +28,35 @@ import polars as pl
 
 from ncclscope.schema import CLUSTER_INSTANCES_SCHEMA
 
-__all__ = ["IDENTITY", "IDENTITY_MATCHES", "HostMatcher", "instance_host", "map_instances"]
+__all__ = [
+    "DCGM_HOST_LABELS",
+    "IDENTITY",
+    "IDENTITY_MATCHES",
+    "HostMatcher",
+    "instance_host",
+    "map_instances",
+]
 
 
 @dataclass(frozen=True)
 class Identity:
-    """A series that names its node: the label holding the name, and ``how`` it is said."""
+    """A series that names its node: the labels that may hold the name (the first
+    present), and ``how`` it is said."""
 
-    label: str
+    labels: tuple[str, ...]
     how: str
 
+    def name(self, labels: Mapping[str, str]) -> str | None:
+        return next((labels[k] for k in self.labels if labels.get(k)), None)
 
+
+#: dcgm-exporter's label naming its node, as it was spelt, then as it is.
+DCGM_HOST_LABELS = ("Hostname", "hostname")
 #: Series name -> the label naming the node (``DCGM_FI_`` series by prefix).
 IDENTITY: dict[str, Identity] = {
-    "node_uname_info": Identity("nodename", "uname"),
-    "DCGM_FI_": Identity("Hostname", "dcgm"),
-    "ncclscope_node_info": Identity("hostname", "agent"),
+    "node_uname_info": Identity(("nodename",), "uname"),
+    "DCGM_FI_": Identity(DCGM_HOST_LABELS, "dcgm"),
+    "ncclscope_node_info": Identity(("hostname",), "agent"),
 }
 #: Preference among the ways (lower first).
 _RANK = {"uname": 0, "dcgm": 1, "agent": 2, "instance": 3}
@@ -124,7 +139,7 @@ def map_instances(
         tries: list[tuple[str | None, str]] = [(match(instance_host(instance)), "instance")]
         ident = _identity(labels)
         if ident is not None:
-            tries.insert(0, (match(labels.get(ident.label)), ident.how))
+            tries.insert(0, (match(ident.name(labels)), ident.how))
         for host, how in tries:
             rank = _RANK[how] + (0 if host is not None else 10)
             old = best.get(key)

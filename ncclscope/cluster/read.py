@@ -56,7 +56,7 @@ from datetime import datetime
 import polars as pl
 
 from ncclscope.catalog import by_name
-from ncclscope.cluster.hosts import IDENTITY_MATCHES, HostMatcher, map_instances
+from ncclscope.cluster.hosts import IDENTITY, IDENTITY_MATCHES, HostMatcher, map_instances
 from ncclscope.cluster.prometheus import Answer, PromClient, Series
 from ncclscope.cluster.tables import Ask, ClusterTables
 from ncclscope.schema import GPU_SAMPLES_SCHEMA, PORT_SAMPLES_SCHEMA, TELEMETRY_SCHEMA, TS
@@ -481,7 +481,7 @@ def read_cluster(
         for s in answer.series:
             host = where.get(s.labels.get("instance", ""))
             if q.table == "gpus":
-                host = match(s.labels.get("Hostname")) or host
+                host = match(IDENTITY["DCGM_FI_"].name(s.labels)) or host
             if host is None:
                 continue
             seen[q.what] = seen.get(q.what, 0) + 1

@@ -8,8 +8,9 @@ The three sources name a node each their own way:
 - the agent: ``ncclscope_node_info{hostname}`` and ``ncclscope_rank_info{hostname}``,
   the host as NCCL's log lines spell it (``gethostname()``: short or fully qualified);
 - node_exporter (``instance`` = ``host:9100``): ``node_uname_info{nodename}``;
-- dcgm-exporter (``instance`` = ``host:9400``): its ``Hostname`` label (the node's name;
-  ``NODE_NAME`` under Kubernetes), else nothing but the instance.
+- dcgm-exporter (``instance`` = ``host:9400``): its ``Hostname`` label (``hostname``
+  since NVIDIA/dcgm-exporter#655, May 2026; the node's name, ``NODE_NAME`` under
+  Kubernetes), else nothing but the instance.
 
 The rules give each a ``host`` label, the short name (the part before the first dot),
 and join on it; an exporter's instance is never compared with another's (ports differ,
@@ -32,6 +33,7 @@ adds; ``DCGM_FI_DEV_CLOCK_THROTTLE_REASONS`` is the reasons' name before DCGM 3.
 
 from __future__ import annotations
 
+from ncclscope.cluster.hosts import DCGM_HOST_LABELS
 from ncclscope.export.grafana.panels import Panel, Target
 
 __all__ = [
@@ -80,7 +82,7 @@ ALERT_SEEN = "1m"
 #: normal state).
 HW_SLOWDOWN_BITS = (0x8, 0x20, 0x40, 0x80)
 #: dcgm-exporter's labels on every field.
-DCGM_LABELS = ("gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id")
+DCGM_LABELS = ("gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id", "hostname")
 #: dcgm-exporter fields that say a GPU is failing: recorded where they rose.
 DCGM_FAULT_FIELDS = (
     "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
@@ -142,10 +144,13 @@ def _host_of(expr: str, label: str) -> str:
 
 
 def dcgm_host(expr: str) -> str:
-    """``expr`` (dcgm-exporter's labels) with ``host``: from ``Hostname``, else from the
-    instance's host part (a label_replace that does not match leaves the label as is)."""
+    """``expr`` (dcgm-exporter's labels) with ``host``: from ``Hostname`` or ``hostname``
+    (its spelling since May 2026), else from the instance's host part (a label_replace
+    that does not match leaves the label as is)."""
     inner = f'label_replace({expr}, "host", "$1", "instance", "{_SHORT_INSTANCE}")'
-    return _host_of(inner, "Hostname")
+    for label in DCGM_HOST_LABELS:
+        inner = _host_of(inner, label)
+    return inner
 
 
 def _named(kind: str, value: str, expr: str) -> str:
