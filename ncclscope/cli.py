@@ -192,7 +192,16 @@ def cli(verbose: int) -> None:
     "ports, dcgm-exporter's GPU health and the agent's own series (used as --telemetry "
     "where none is given). A handful of bounded requests; what was asked and what came "
     "back is in the report's CLUSTER section. Never fatal: an unreachable or slow "
-    "Prometheus is said, the logs' analysis is unchanged.",
+    "Prometheus is said, the logs' analysis is unchanged. Behind a proxy that asks for "
+    "a login: https://user:password@host (the password is never printed).",
+)
+@click.option(
+    "--prometheus-token-file",
+    "prometheus_token_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="A bearer token for --prometheus, read from FILE (as Prometheus' "
+    "bearer_token_file; in a pod: /var/run/secrets/kubernetes.io/serviceaccount/token).",
 )
 @click.option(
     "--prometheus-timeout",
@@ -216,6 +225,7 @@ def analyze(
     html_out: Path | None,
     exclude_list: str | None,
     prometheus: str | None,
+    prometheus_token_file: Path | None,
     prometheus_timeout: float,
 ) -> None:
     """Analyse NCCL_DEBUG=INFO logs: versions, ranks, communicators, collectives, errors.
@@ -284,7 +294,10 @@ def analyze(
                 from ncclscope.cluster.prometheus import PromClient
 
                 progress.update("reading Prometheus", 0, 0)
-                client = PromClient(prometheus, timeout_s=prometheus_timeout)
+                token = None
+                if prometheus_token_file is not None:
+                    token = prometheus_token_file.read_text(errors="replace").strip() or None
+                client = PromClient(prometheus, timeout_s=prometheus_timeout, token=token)
                 zone_problems: list[str] = []
                 if zone is None and learned is None:
                     # The logs' zone decides their window: the agents' learned one first.
@@ -302,7 +315,7 @@ def analyze(
                 if any(a.status not in ("ok", "partial") for a in cluster.asks):
                     failed = next(a for a in cluster.asks if a.status not in ("ok", "partial"))
                     click.echo(
-                        f"ncclscope: --prometheus {prometheus}: {failed.what} {failed.status}"
+                        f"ncclscope: --prometheus {client.url}: {failed.what} {failed.status}"
                         f" ({failed.message or 'no message'}); see the report's CLUSTER section",
                         err=True,
                     )

@@ -5,7 +5,8 @@
   ``slow``, ``warnings``, ``garbage``, ``many``), with canned series for the job's hosts;
   ``relabelled`` names instances by IP address and hosts in upper case with a domain;
   ``offset_s``: the agents learned the logs' clock is that far from UTC; ``clean``: no
-  error counter moved (``changed`` answers nothing).
+  error counter moved (``changed`` answers nothing); ``auth``: the Authorization header
+  a login proxy in front wants (else a 401 page).
 - :class:`NodeExporter`: Debian's ``prometheus-node-exporter`` reading a sysfs tree built
   here as the kernel lays out ``class/infiniband/<dev>/ports/<n>/counters``, its node's
   name from a textfile ``node_uname_info`` (every exporter of a test runs on this one
@@ -92,9 +93,12 @@ class FakeProm:
         many: int = 50,
         offset_s: float | None = None,
         clean: bool = False,
+        auth: str | None = None,
     ) -> None:
         self.hosts = hosts
         self.clean = clean
+        self.auth = auth
+        self.authorizations: set[str] = set()  # the Authorization headers received
         self.offset_s = offset_s
         self.modes = modes or {}
         self.relabelled = relabelled
@@ -118,7 +122,13 @@ class FakeProm:
 
             def _answer(self, params: dict[str, list[str]]) -> None:
                 endpoint = urllib.parse.urlsplit(self.path).path.rsplit("/", 1)[-1]
-                code, body = fake.answer(endpoint, params)
+                said = self.headers.get("Authorization")
+                if said:
+                    fake.authorizations.add(said)
+                if fake.auth is not None and said != fake.auth:  # a login proxy's page
+                    code, body = 401, b"<html><body>401 Authorization Required</body></html>"
+                else:
+                    code, body = fake.answer(endpoint, params)
                 try:
                     self.send_response(code)
                     self.send_header("Content-Type", "application/json")

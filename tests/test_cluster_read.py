@@ -442,6 +442,42 @@ def test_logs_on_stdin_are_not_read_again_the_zone_to_give_is_said(
     assert any("give --log-tz +09:00" in p for p in doc["cluster"]["problems"])
 
 
+def test_credentials_in_the_url_or_a_token_file_and_never_said(fake: Any, tmp_path: Path) -> None:
+    """A Prometheus behind a login proxy: a user and password in the URL go as Basic
+    authentication, a token file as a bearer token; the password and the token appear
+    nowhere in what is printed.  Without credentials, the 401 says what to give."""
+    import base64
+
+    log = stamped_log(tmp_path / "job.log", T0)
+    basic = "Basic " + base64.b64encode(b"ops:s3cr@t").decode()
+    prom = fake(auth=basic)
+    url = prom.url.replace("http://", "http://ops:s3cr%40t@")
+    got = _run([str(log), "--prometheus", url, "--format", "json"])
+    assert got.exit_code == 0, got.output
+    c = json.loads(got.stdout)["cluster"]
+    assert {a["status"] for a in c["asks"]} == {"ok"}, c["asks"]
+    assert c["url"] == prom.url.replace("http://", "http://ops:***@")
+    assert "s3cr" not in got.output
+    assert prom.authorizations == {basic}
+
+    token = tmp_path / "token"
+    token.write_text("eyJhbGciOi.secret-token\n")
+    bearer = fake(auth="Bearer eyJhbGciOi.secret-token")
+    args = [str(log), "--prometheus", bearer.url, "--prometheus-token-file", str(token)]
+    got = _run(args)
+    assert got.exit_code == 0, got.output
+    assert "secret-token" not in got.output
+    assert "11 requests" in got.stdout, got.stdout
+
+    refused = _run([str(log), "--prometheus", bearer.url, "--format", "json"])
+    assert refused.exit_code == 0, refused.output
+    c = json.loads(refused.stdout)["cluster"]
+    assert c["asks"][0]["status"] == "error"
+    assert "HTTP 401" in c["asks"][0]["message"]
+    assert "https://user:pass@host, or --prometheus-token-file" in c["asks"][0]["message"]
+    assert "HTTP 401" in refused.stderr
+
+
 def test_logs_without_times_read_nothing(fake: Any, tmp_path: Path) -> None:
     log = write_sample(tmp_path / "plain.log")
     prom = fake()

@@ -10,10 +10,17 @@ error document) and, a little longer, the client's socket timeout (a server that
 answer at all); at most ``max_series`` series are kept per answer (the rest dropped, the
 ask ``truncated``).  Values are parsed as Prometheus writes them (``"NaN"``, ``"+Inf"``);
 non-finite values are dropped and counted (``PromClient.nonfinite``).
+
+Credentials, for a Prometheus behind an authenticating proxy: a user and password in
+the URL (``https://user:pass@prom.example:443``) go as HTTP Basic authentication, a
+``token`` as a bearer token (a Kubernetes service account's, as Prometheus'
+``bearer_token_file``); the password is never said (``url`` shows ``user:***@``), nor
+the token.
 """
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import re
@@ -75,12 +82,45 @@ def _short(text: str) -> str:
     return text if len(text) <= _MESSAGE_CHARS else text[: _MESSAGE_CHARS - 3] + "..."
 
 
-class PromClient:
-    """Prometheus at ``url`` (``http://host:9090``, a path prefix kept).  ``asks`` holds
-    every request made, in order; ``nonfinite`` the values dropped as NaN or infinite."""
+def _credentials(url: str) -> tuple[str, str, str | None]:
+    """``url`` less its user and password, as it may be shown, and the Basic
+    authorization they make (None without).
 
-    def __init__(self, url: str, *, timeout_s: float = 10.0, max_series: int = 20000) -> None:
-        self.url = url.rstrip("/")
+    >>> _credentials("https://ops:s3cret@prom.example:9090/prom/")[:2]
+    ('https://prom.example:9090/prom', 'https://ops:***@prom.example:9090/prom')
+    """
+    parts = urllib.parse.urlsplit(url.rstrip("/"))
+    if parts.username is None or "@" not in parts.netloc:
+        return url.rstrip("/"), url.rstrip("/"), None
+    host = parts.netloc.rsplit("@", 1)[1]
+    bare = urllib.parse.urlunsplit(parts._replace(netloc=host))
+    user = urllib.parse.unquote(parts.username)
+    password = urllib.parse.unquote(parts.password or "")
+    shown = urllib.parse.urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
+    basic = base64.b64encode(f"{user}:{password}".encode()).decode()
+    return bare, shown, f"Basic {basic}"
+
+
+class PromClient:
+    """Prometheus at ``url`` (``http://host:9090``, a path prefix kept; a user and
+    password in it are sent as Basic authentication), ``token`` a bearer token.
+    ``url`` is the address as it may be shown (no password); ``asks`` holds every
+    request made, in order; ``nonfinite`` the values dropped as NaN or infinite."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float = 10.0,
+        max_series: int = 20000,
+        token: str | None = None,
+    ) -> None:
+        self._base, self.url, basic = _credentials(url)
+        self._headers = {"Content-Type": "application/x-www-form-urlencoded"}
+        if token:
+            self._headers["Authorization"] = f"Bearer {token}"
+        elif basic:
+            self._headers["Authorization"] = basic
         self.timeout_s = float(timeout_s)
         self.socket_s = self.timeout_s + min(_SOCKET_GRACE_MAX_S, self.timeout_s / 2)
         self.max_series = int(max_series)
@@ -137,12 +177,14 @@ class PromClient:
         series: list[Series] = []
         samples = 0
         message: str | None = None
-        body, status, message = self._post(f"{self.url}/api/v1/{endpoint}", items)
+        body, status, message = self._post(f"{self._base}/api/v1/{endpoint}", items)
         if body is not None:
             try:
                 status, message, series = self._read(body, endpoint, status, message)
             except _MalformedError as err:
-                status, message, series = "error", f"malformed answer: {err}", []
+                # An HTTP error's page (a proxy's) is no document: its status says more.
+                said = message if status == "error" and message else f"malformed answer: {err}"
+                status, message, series = "error", said, []
             samples = sum(len(s.values) for s in series)
         ask = Ask(
             what=what,
@@ -168,12 +210,7 @@ class PromClient:
         if parts.scheme not in ("http", "https") or not parts.netloc:
             return None, "unreachable", f"not an http(s) URL: {self.url!r}"
         data = urllib.parse.urlencode(items).encode()
-        request = urllib.request.Request(
-            url,
-            data=data,
-            method="POST",
-            headers={"Content-Type": "application/x-www-form-urlencoded"},
-        )
+        request = urllib.request.Request(url, data=data, method="POST", headers=self._headers)
         try:
             with urllib.request.urlopen(request, timeout=self.socket_s) as r:
                 return r.read(), "ok", None
@@ -184,7 +221,15 @@ class PromClient:
                 body = b""
             finally:
                 err.close()
-            return body or None, "error", f"HTTP {err.code} {err.reason}"
+            said = f"HTTP {err.code} {err.reason}"
+            if err.code in (401, 403):
+                said += (
+                    ": Prometheus wants credentials (a user and password in the URL, "
+                    "https://user:pass@host, or --prometheus-token-file)"
+                    if "Authorization" not in self._headers
+                    else ": the credentials given were refused"
+                )
+            return body or None, "error", said
         except urllib.error.URLError as err:
             if isinstance(err.reason, TimeoutError):
                 return None, "timeout", f"no answer in {self.socket_s:g} s"
