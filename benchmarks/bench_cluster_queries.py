@@ -23,17 +23,18 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tsdb_server import Server
 
 from ncclscope.cluster.prometheus import PromClient
 from ncclscope.cluster.read import read_cluster
@@ -46,12 +47,6 @@ IB_COUNTERS = (
     "port_discards_transmitted_total",
 )  # fmt: skip
 GPUS = 8
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Writer:
@@ -234,25 +229,12 @@ def main() -> int:
         print(f"promtool backfill: {time.monotonic() - w0:.1f} s")
         om.unlink()
         window.write_text(f"{start.isoformat()} {end.isoformat()}\n")
-    port = _free_port()
-    config = folder / "prometheus.yml"
-    config.write_text("global:\n  scrape_interval: 15s\nscrape_configs: []\n")
-    log = (folder / "prometheus.log").open("wb")
-    proc = subprocess.Popen(
-        [prometheus, f"--config.file={config}", f"--storage.tsdb.path={tsdb}",
-         f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=30d"],
-        stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
+    server = Server(tsdb, folder)
+    url = server.url
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"{url}/-/ready", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.5)
+        if not server.ready():
+            print(f"Prometheus did not start: see {server.log_path}", file=sys.stderr)
+            return 1
         hosts = [f"dgx{k:03d}" for k in range(args.nodes)]
         for run in ("cold", "warm"):
             client = PromClient(url, timeout_s=30)
@@ -276,9 +258,7 @@ def main() -> int:
                                     for g in doc["gpus"]])  # fmt: skip
         print("problems:", doc["problems"])
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        log.close()
+        server.close()
         if args.keep is None:
             shutil.rmtree(folder, ignore_errors=True)
     return 0

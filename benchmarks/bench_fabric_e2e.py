@@ -30,8 +30,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -42,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_fabric import CASES, _faults, _job, _ts, score
+from tsdb_server import Server
 
 from ncclscope.analysis import build
 from ncclscope.cluster.job import read_for_job
@@ -105,54 +104,6 @@ def generate_jobs(cases: list[str], jobs: int, work: Path) -> list[Job]:
             out.append(Job(case, k, spec, truth, folder, tables))
             start = _next_start(truth)
     return out
-
-
-class Server:
-    """A Prometheus serving ``tsdb`` on a free loopback port (retention long enough for
-    the jobs' past times; no compaction of the backfilled blocks while it serves)."""
-
-    def __init__(self, tsdb: Path, folder: Path) -> None:
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        config = folder / "prometheus.yml"
-        config.write_text("global:\n  scrape_interval: 15s\nscrape_configs: []\n")
-        self.url = f"http://127.0.0.1:{port}"
-        self.log_path = folder / "prometheus.log"
-        self._log = self.log_path.open("wb")
-        self.proc = subprocess.Popen(
-            [str(shutil.which("prometheus")), f"--config.file={config}",
-             f"--storage.tsdb.path={tsdb}", f"--web.listen-address=127.0.0.1:{port}",
-             "--storage.tsdb.retention.time=36500d",
-             "--storage.tsdb.min-block-duration=2h", "--storage.tsdb.max-block-duration=2h"],
-            stdout=self._log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-
-    def ready(self, timeout_s: float = 120.0) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                return False
-            try:
-                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as r:
-                    if r.status == 200:
-                        return True
-            except (urllib.error.URLError, ConnectionError):
-                pass
-            time.sleep(0.2)
-        return False
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
 
 
 def _outcome(c: Counter[str]) -> str:

@@ -16,11 +16,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import polars as pl
 import pytest
-from prom import free_port, stop, tools
+from cluster_env import scrape_config
+from prom import Prometheus, tools
 
 from ncclscope.analysis import build
 from ncclscope.cluster.job import read_for_job
@@ -169,47 +170,6 @@ class _Job:
     truth: dict[str, Any]
 
 
-class _Prometheus:
-    """A Prometheus on ``tsdb``: retention far longer than the data's age (the jobs'
-    times are the synth's, in the past), no compaction of the backfilled blocks."""
-
-    def __init__(self, binary: str, tsdb: Path, folder: Path) -> None:
-        import urllib.request
-
-        self._urlopen = urllib.request.urlopen
-        port = free_port()
-        config = folder / "prometheus.yml"
-        config.write_text("global:\n  scrape_interval: 15s\nscrape_configs: []\n")
-        self.url = f"http://127.0.0.1:{port}"
-        self.log_path = folder / "prometheus.log"
-        self._log: BinaryIO = self.log_path.open("wb")
-        self.proc = subprocess.Popen(
-            [binary, f"--config.file={config}", f"--storage.tsdb.path={tsdb}",
-             f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=36500d",
-             "--storage.tsdb.min-block-duration=2h", "--storage.tsdb.max-block-duration=2h"],
-            stdout=self._log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-
-    def ready(self, timeout_s: float = 30.0) -> bool:
-        import time
-        import urllib.error
-
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and self.proc.poll() is None:
-            try:
-                with self._urlopen(f"{self.url}/-/ready", timeout=2) as r:
-                    if r.status == 200:
-                        return True
-            except (urllib.error.URLError, ConnectionError):
-                pass
-            time.sleep(0.2)
-        return False
-
-    def close(self) -> None:
-        stop(self.proc)
-        self._log.close()
-
-
 def _jobs(work: Path) -> tuple[list[_Job], list[ClusterTables]]:
     """A slow node whose port errs, a slow node whose GPU throttles, a rank that stops
     with its GPU's XID: each half an hour after the last (the jobs share host names)."""
@@ -256,10 +216,12 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[_Job
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    server = _Prometheus(prometheus, work / "tsdb", work)
+    # the jobs' times are the synth's, in the past: a retention longer than their age
+    config = scrape_config(work / "prometheus.yml", {})
+    server = Prometheus(prometheus, config, work, retention="36500d")
     try:
-        assert server.ready(), server.log_path.read_text(errors="replace")[-2000:]
-        yield jobs, server.url
+        assert server.ready(), server.tail()
+        yield jobs, server.base
     finally:
         server.close()
 

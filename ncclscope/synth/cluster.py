@@ -40,6 +40,7 @@ from typing import Any
 
 import polars as pl
 
+from ncclscope.cluster.read import PORT_COUNTERS
 from ncclscope.cluster.tables import ClusterTables
 from ncclscope.model import Built
 from ncclscope.schema import GPU_SAMPLES_SCHEMA, PORT_SAMPLES_SCHEMA
@@ -308,18 +309,6 @@ def with_cluster(built: Built, tables: ClusterTables) -> Built:
 
 # ------------------------------------------------------------------- as exporters say it
 
-#: node_exporter's InfiniBand error counters (``collector/infiniband_linux.go``), less
-#: ``node_infiniband_``: exported for every port, counting or not.
-_IB_ERRORS = (
-    "symbol_error_total",
-    "link_downed_total",
-    "link_error_recovery_total",
-    "port_errors_received_total",
-    "port_receive_remote_physical_errors_total",
-    "local_link_integrity_errors_total",
-    "excessive_buffer_overrun_errors_total",
-    "port_discards_transmitted_total",
-)
 _IB = "node_infiniband_"
 #: ``state_id`` 4 (ACTIVE) goes with ``physical_state_id`` 5 (LinkUp); a port in any other
 #: state is retraining: 2 (Polling).
@@ -449,7 +438,8 @@ def _exporter_samples(tables: Sequence[ClusterTables], domain: str) -> pl.DataFr
         gpus = t.gpus.with_columns(
             pl.col("uuid").fill_null(pl.format("GPU-{}-{}", pl.col("host"), pl.col("gpu")))
         )
-        port_counts.append(_counters(ports, port_keys, grid, step, _IB_ERRORS))
+        # node_exporter exports every error counter of every port, counting or not
+        port_counts.append(_counters(ports, port_keys, grid, step, PORT_COUNTERS))
         gpu_counts.append(_counters(gpus, gpu_keys, grid, step, ()))
         state = ports.filter((pl.col("kind") == "gauge") & (pl.col("metric") == "state_id"))
         physical = state.with_columns(
