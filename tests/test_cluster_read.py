@@ -585,14 +585,14 @@ def test_a_real_agent_beside_node_exporter_teaches_analyze_the_logs_clock(tmp_pa
         # the agent's imports take seconds on a busy machine
         assert wait_for(lambda: len(p.query("up == 1")) == 2, 60), prom.tail()
         lines = [ln for ln in sample_lines() if ln.rank is not None]
-        for k in range(0, len(lines), 8):  # a job writing: batches a poll or more apart
+        for k in range(0, len(lines), 8):  # a job writing: batches in polls of their own
             with log.open("a", encoding="utf-8") as f:
                 for ln in lines[k : k + 8]:
                     text = ln.text.replace("node-a", host).replace("node-b", host)
                     f.write(f"[{datetime.now(UTC) + ahead:%Y-%m-%d %H:%M:%S.%f}] {text}\n")
             if k == 16:
                 node.bump("mlx5_1", "symbol_error", 7)
-            time.sleep(0.7)
+            time.sleep(0.35)
         learned = "ncclscope_log_utc_offset_seconds == 32400"
         errors = "increase(node_infiniband_symbol_error_total[1m]) > 0"
         assert wait_for(lambda: bool(p.query(learned)) and bool(p.query(errors)), 40), (

@@ -83,6 +83,8 @@ STEP_MIN_S = 15.0
 STEP_MAX_S = 300.0
 #: Counters' increases and rates look back at least this far (two scrapes at 30 s).
 RANGE_MIN_S = 60.0
+#: Prometheus' lookback: an instant selector reads the latest sample this far back.
+_LOOKBACK_S = 300.0
 #: Requests in flight at once (after ``identity``).
 PARALLEL = 3
 #: Unmatched instances kept in ``ClusterTables.instances`` (a cluster's other nodes).
@@ -428,7 +430,9 @@ def read_cluster(
 
     def moved() -> dict[str, set[str]] | None:
         """The instances, per table, whose error counters or event gauges moved."""
-        reach = f"{round((end - start).total_seconds() + r)}s"
+        # back to the first rise's own baseline: a step before the window, and the
+        # lookback (5 min) within which its sample may lie
+        reach = f"{round((end - start).total_seconds() + r + _LOOKBACK_S)}s"
         answer = client.instant(_changed(sel, reach), end, what="changed")
         if answer.ask.status in STOPS:
             stop.set()
