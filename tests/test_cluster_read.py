@@ -426,6 +426,20 @@ def test_agents_that_disagree_change_nothing_and_say_so(tmp_path: Path) -> None:
     assert "node-b UTC+9 h" in said[0]
 
 
+@pytest.mark.parametrize("offset_s", [1e9, -5e4, 1234.5])
+def test_an_offset_no_zone_has_is_said_not_applied(
+    fake: Any, tmp_path: Path, offset_s: float
+) -> None:
+    """A damaged or foreign ``ncclscope_log_utc_offset_seconds`` (past a day, past
+    UTC-12, not a quarter hour) is no clock: said, the logs read as before."""
+    log = stamped_log(tmp_path / "job.log", T0)
+    got = _run([str(log), "--prometheus", fake(offset_s=offset_s).url, "--format", "json"])
+    assert got.exit_code == 0, got.output
+    doc = json.loads(got.stdout)
+    assert doc["job"]["log_zone_source"] == "assumed"
+    assert any("no zone's, left unused" in p for p in doc["cluster"]["problems"])
+
+
 def test_logs_on_stdin_are_not_read_again_the_zone_to_give_is_said(
     fake: Any, tmp_path: Path
 ) -> None:

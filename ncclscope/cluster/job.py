@@ -113,19 +113,36 @@ def agents_zone(analysis: Analysis, client: PromClient) -> AgentsZone:
         elif s.values:
             offsets[key] = s.values[-1]
     per_host = {host[k]: v for k, v in offsets.items() if k in host}
+    # An agent exports a zone's offset (a quarter hour, UTC-12..+14); anything else is
+    # no clock (a damaged or foreign series) and is said, not applied.
+    odd = {
+        h: v
+        for h, v in per_host.items()
+        if not -_BEHIND.total_seconds() <= v <= _AHEAD.total_seconds() or v % 900
+    }
+    problems = (
+        [
+            "an agent's learned clock is no zone's, left unused: "
+            + ", ".join(f"{h} {v:g} s" for h, v in sorted(odd.items()))
+        ]
+        if odd
+        else []
+    )
+    per_host = {h: v for h, v in per_host.items() if h not in odd}
     if not per_host:
-        return AgentsZone()
+        return AgentsZone(problems=problems)
     seen = Counter(per_host.values())
     if len(seen) > 1:
         said = ", ".join(f"{h} UTC{v / 3600:+g} h" for h, v in sorted(per_host.items()))
         return AgentsZone(
             hosts=len(per_host),
             problems=[
+                *problems,
                 "the agents learned different clocks for the logs' hosts (" + said + "): "
-                "their times were read as the logs said them (--log-tz sets one zone)"
+                "their times were read as the logs said them (--log-tz sets one zone)",
             ],
         )
-    return AgentsZone(offset_s=next(iter(seen)), hosts=len(per_host))
+    return AgentsZone(offset_s=next(iter(seen)), hosts=len(per_host), problems=problems)
 
 
 def zone_from_agents(
