@@ -65,16 +65,15 @@ def log_window(analysis: Analysis) -> tuple[datetime, datetime] | None:
 @dataclass(frozen=True)
 class AgentsZone:
     """The logs' clock as the agents on their hosts learned it: ``offset_s`` (local time
-    less UTC) where they agree, else None; ``problems`` in words; ``stopped`` where
-    Prometheus did not answer in time (nothing more should be asked)."""
+    less UTC) where they agree, else None; ``problems`` in words."""
 
     offset_s: float | None = None
-    hosts: int = 0
     problems: list[str] = field(default_factory=list)
-    stopped: bool = False
 
 
-def agents_zone(analysis: Analysis, client: PromClient) -> AgentsZone:
+def agents_zone(
+    analysis: Analysis, client: PromClient, window: tuple[datetime, datetime] | None = None
+) -> AgentsZone:
     """``ncclscope_log_utc_offset_seconds`` of the agents that ran on the logs' hosts, in
     one instant query over every hour the logs could have been written in (their times
     read as UTC, from UTC-12 to UTC+14): where the logs' zone was not given, their window
@@ -82,8 +81,9 @@ def agents_zone(analysis: Analysis, client: PromClient) -> AgentsZone:
     ``ncclscope_node_info``::
 
         ncclscope_log_utc_offset_seconds{instance="10.0.0.7:9477",job="ncclscope"} 32400
-    """
-    window = log_window(analysis)
+
+    ``window``: the logs' (:func:`log_window`), where the caller has it."""
+    window = window or log_window(analysis)
     if window is None or not analysis.hosts:
         return AgentsZone()
     lo, hi = window
@@ -100,7 +100,7 @@ def agents_zone(analysis: Analysis, client: PromClient) -> AgentsZone:
     answer = client.instant(expr, at, what="zone")
     if not answer.answered:
         why = f"Prometheus {answer.ask.status} at zone ({answer.ask.message or 'no message'})"
-        return AgentsZone(problems=[why], stopped=answer.ask.status in STOPS)
+        return AgentsZone(problems=[why])
     match = HostMatcher(list(analysis.hosts))
     host: dict[tuple[str, str], str] = {}
     offsets: dict[tuple[str, str], float] = {}
@@ -135,14 +135,13 @@ def agents_zone(analysis: Analysis, client: PromClient) -> AgentsZone:
     if len(seen) > 1:
         said = ", ".join(f"{h} UTC{v / 3600:+g} h" for h, v in sorted(per_host.items()))
         return AgentsZone(
-            hosts=len(per_host),
             problems=[
                 *problems,
                 "the agents learned different clocks for the logs' hosts (" + said + "): "
                 "their times were read as the logs said them (--log-tz sets one zone)",
             ],
         )
-    return AgentsZone(offset_s=next(iter(seen)), hosts=len(per_host), problems=problems)
+    return AgentsZone(offset_s=next(iter(seen)), problems=problems)
 
 
 def zone_from_agents(
@@ -155,8 +154,8 @@ def zone_from_agents(
     cannot be read again: a problem says which ``--log-tz`` to give.  Returns the build
     and the problems, in words."""
     a = built.analysis
-    got = agents_zone(a, client)
     window = log_window(a)
+    got = agents_zone(a, client, window)
     if got.offset_s is None or window is None:
         return built, got.problems
     learned = timezone(timedelta(seconds=got.offset_s))
