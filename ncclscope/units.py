@@ -156,3 +156,20 @@ XID_NAMES: dict[int, str] = {
     119: "GSP RPC timeout",
     120: "GSP error",
 }
+
+
+#: DCGM's ``DCGM_CLOCKS_EVENT_REASON_*`` bits (a 1:1 map of NVML's clocks event reasons).
+CLOCK_EVENT_BITS = {
+    0x1: "gpu_idle",
+    0x2: "clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal",
+    0x40: "hw_thermal",
+    0x80: "hw_power_brake",
+    0x100: "display_clocks",
+}
+#: Bits that slow a GPU down for its hardware's sake, whatever its peers do (HW slowdown,
+#: SW and HW thermal, HW power brake); the power cap (0x4) is a loaded GPU's normal state.
+SLOWDOWN_BITS = 0x8 | 0x20 | 0x40 | 0x80

@@ -671,6 +671,24 @@ def test_a_burst_between_two_steps_is_counted_once(tmp_path: Path) -> None:
         prom.close()
 
 
+def test_a_power_capped_gpu_is_no_event_a_thermal_one_is() -> None:
+    """GPUs at their power cap (0x4) all the time are busy, not failing: only a GPU whose
+    reasons carry a slowdown bit (0x40 HW thermal here) is listed, with every bit seen."""
+    from ncclscope.cluster.summary import cluster_doc
+    from ncclscope.cluster.tables import ClusterTables
+
+    rows = [
+        (T0 + timedelta(seconds=15 * k), "node-a", gpu, f"GPU-{gpu}",
+         "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "gauge", value)
+        for k in range(4)
+        for gpu, value in (("0", 4.0), ("1", 0x44 if k == 2 else 4.0), ("2", 1.0))
+    ]  # fmt: skip
+    gpus = pl.DataFrame(rows, schema=GPU_SAMPLES_SCHEMA, orient="row")
+    doc = cluster_doc(ClusterTables(url="http://x", gpus=gpus))
+    assert doc is not None
+    assert [(g["gpu"], g["clocks_event_reasons"]) for g in doc["gpus"]] == [("1", 0x44)]
+
+
 def test_range_answers_read_fast_are_read_as_json_would() -> None:
     """Prometheus' compact answers are read by labels and a regular expression over the
     values; whatever is not laid out so (spaces, a marker inside a label) is read as JSON,

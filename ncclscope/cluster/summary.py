@@ -9,6 +9,7 @@ from typing import Any
 import polars as pl
 
 from ncclscope.cluster.tables import ClusterTables
+from ncclscope.units import SLOWDOWN_BITS
 
 __all__ = ["cluster_doc", "cluster_lines"]
 
@@ -72,8 +73,11 @@ def _ports(t: ClusterTables) -> list[dict[str, Any]]:
 
 
 def _gpus(t: ClusterTables) -> list[dict[str, Any]]:
-    # Only the GPUs with something to say: increases, XIDs, clocks-event reasons.
-    reason = pl.col("metric").is_in(_REASONS) & (pl.col("value") > _IDLE)
+    # Only the GPUs with something to say: increases, XIDs, clocks-event reasons that
+    # slow a GPU for its hardware's sake (a power cap alone is a loaded GPU's normal
+    # state; its bits are said with the others where one of those is there).
+    bits = pl.col("value").cast(pl.Int64, strict=False)
+    reason = pl.col("metric").is_in(_REASONS) & ((bits & SLOWDOWN_BITS) > 0)
     xid = (pl.col("metric") == _XID) & (pl.col("value") != 0)
     g = t.gpus.filter((pl.col("kind") == "increase") | reason | xid)
     if g.is_empty():

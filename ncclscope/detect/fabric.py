@@ -69,7 +69,7 @@ from ncclscope.detect.collective_cost import MIN_NET_RATIO
 from ncclscope.detect.context import Context
 from ncclscope.findings import severity_at_least
 from ncclscope.schema import TS
-from ncclscope.units import APPLICATION_XIDS, XID_NAMES
+from ncclscope.units import APPLICATION_XIDS, CLOCK_EVENT_BITS, SLOWDOWN_BITS, XID_NAMES
 
 __all__ = [
     "APPLICATION_XIDS",
@@ -116,20 +116,6 @@ WAIT_SHARE = 0.10
 #: ... and, for one host's port, this many times the median of the job's other ports.
 WAIT_OVER_PEERS = 4.0
 
-#: DCGM's ``DCGM_CLOCKS_EVENT_REASON_*`` bits (a 1:1 map of NVML's clocks event reasons).
-CLOCK_EVENT_BITS = {
-    0x1: "gpu_idle",
-    0x2: "clocks_setting",
-    0x4: "sw_power_cap",
-    0x8: "hw_slowdown",
-    0x10: "sync_boost",
-    0x20: "sw_thermal",
-    0x40: "hw_thermal",
-    0x80: "hw_power_brake",
-    0x100: "display_clocks",
-}
-#: Bits that slow a GPU down whatever its peers do.
-SLOWDOWN_BITS = 0x8 | 0x20 | 0x40 | 0x80
 _POWER_CAP = 0x4
 #: Share of the window's samples a slowdown reason must cover.
 THROTTLE_SHARE = 0.5

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from ncclscope.cluster.hosts import DCGM_HOST_LABELS
 from ncclscope.export.grafana.panels import Panel, Target
+from ncclscope.units import CLOCK_EVENT_BITS, SLOWDOWN_BITS
 
 __all__ = [
     "DCGM_FAULT_FIELDS",
@@ -80,7 +81,7 @@ ALERT_SEEN = "1m"
 #: NVML clocks-event reasons that slow a GPU down for its hardware's sake: HW slowdown,
 #: SW thermal, HW thermal, HW power brake (the SW power cap, 0x4, is a loaded GPU's
 #: normal state).
-HW_SLOWDOWN_BITS = (0x8, 0x20, 0x40, 0x80)
+HW_SLOWDOWN_BITS = tuple(b for b in CLOCK_EVENT_BITS if b & SLOWDOWN_BITS)
 #: dcgm-exporter's labels on every field.
 DCGM_LABELS = ("gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id", "hostname")
 #: dcgm-exporter fields that say a GPU is failing: recorded where they rose.
