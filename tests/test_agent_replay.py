@@ -266,13 +266,18 @@ def test_replay_cli_hostname_and_a_shared_start(tmp_path: Path) -> None:
         try:
             body, answered = "", None
             deadline = time.monotonic() + 30
+            # Until the replay says how many lines it read: its server answers (with its
+            # identity) before its first tick has published the rest.
             while time.monotonic() < deadline:
                 try:
                     body = _scrape(port)
-                    answered = time.time()
-                    break
                 except OSError:
                     time.sleep(0.1)
+                    continue
+                answered = time.time()
+                if "ncclscope_log_lines_read_total" in body:
+                    break
+                time.sleep(0.05)
             assert answered is not None, (tmp_path / f"replay-{attempt}.out").read_text()
             assert 'hostname="node-7"' in body
             if answered < start_at - 0.3:
