@@ -779,11 +779,26 @@ def test_before_slurm_22_05_the_agent_step_takes_no_gpus(tmp_path: Path) -> None
     work = tmp_path / "naive"
     env = _batch_env(work, "21.08.8")
     (work / "logs" / "4242").mkdir(parents=True)
-    Path(env["NCCLSCOPE_TEST_DONE"]).write_text("0")  # a training step that starts ends
-    done = subprocess.run(
-        ["bash", str(naive)], cwd=work, env=env, capture_output=True, text=True, timeout=60
-    )
-    assert "Slurm would keep it waiting forever" in done.stdout + done.stderr
+    # The training step holds the GPUs until told to end, so that the two steps overlap
+    # whichever starts first (a training step ended before the agent's asked would leave
+    # nothing to refuse): told once one was refused, or after 60 s.
+    said = work / "naive.out"
+    with said.open("wb") as out_file:
+        naive_run = subprocess.Popen(
+            ["bash", str(naive)], cwd=work, env=env, stdout=out_file, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and "waiting forever" not in said.read_text():
+                time.sleep(0.1)
+            Path(env["NCCLSCOPE_TEST_DONE"]).write_text("0")
+            naive_run.wait(timeout=60)
+        finally:
+            if naive_run.poll() is None:
+                os.killpg(naive_run.pid, signal.SIGKILL)
+                naive_run.wait()
+    assert "Slurm would keep it waiting forever" in said.read_text()
 
 
 @pytest.mark.slow
