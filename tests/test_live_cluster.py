@@ -300,10 +300,13 @@ def _run_wave(wave: Wave, prometheus: str, folder: Path, rules: Path) -> None:
             for j in wave.jobs
             if j.scenario.kill
         }
-        # Each job until its watchdog has fired (or its log has ended), plus a margin.
-        ends = [wave.to_wall(j.watchdog_s or j.end_s) + 3.0 for j in wave.jobs]
-        deadline = max(ends)
-        while time.time() < deadline:
+        # Each job until its watchdog has fired (or its log has ended), plus a margin; a
+        # job that does not hang (the slow node) only until its alert has fired, a few
+        # seconds more (its log runs minutes of its time past that).
+        ends = {j.scenario.job: wave.to_wall(j.watchdog_s or j.end_s) + 3.0 for j in wave.jobs}
+        early = {j.scenario.job: j.scenario.alert for j in wave.jobs
+                 if j.scenario.alert and j.watchdog_s is None}  # fmt: skip
+        while time.time() < max(ends.values()):
             for key, at in list(kills.items()):
                 # Killed once its ranks have stopped and the rules know its host (a node
                 # lost before Prometheus ever scraped it is no one's to name).
@@ -317,6 +320,9 @@ def _run_wave(wave: Wave, prometheus: str, folder: Path, rules: Path) -> None:
                 key = tuple(f"{k}={v}" for k, v in sorted(labels.items()))
                 if key not in wave.seen:
                     wave.seen[key] = Seen(labels, float(alert["value"]), _active_at(alert))
+                    job = labels.get("job", "")
+                    if early.get(job) == labels["alertname"]:
+                        ends[job] = min(ends[job], time.time() + 3.0)
             time.sleep(0.5)
         for job in wave.jobs:
             wave.state[job.scenario.job] = _state(prom, job.scenario.job)
