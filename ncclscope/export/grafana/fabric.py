@@ -424,7 +424,6 @@ def fabric_panels() -> list[list[Panel]]:
         "max without (__name__) ("
         '{__name__=~"DCGM_FI_DEV_CLOCKS_EVENT_REASONS|DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"})'
     )
-    names = {0x8: "HW slowdown", 0x20: "SW thermal", 0x40: "HW thermal", 0x80: "HW power brake"}
     return [
         [
             Panel(
@@ -549,7 +548,9 @@ def fabric_panels() -> list[list[Panel]]:
                 "state-timeline",
                 "GPU hardware slowdown (dcgm-exporter clocks-event reasons)",
                 tuple(
-                    Target(_gpus(f"floor({reasons} / {bit}) % 2"), f"{_GPU} {names[bit]}")
+                    Target(
+                        _gpus(f"floor({reasons} / {bit}) % 2"), f"{_GPU} {CLOCK_EVENT_BITS[bit]}"
+                    )
                     for bit in HW_SLOWDOWN_BITS
                 ),
                 w=8,
